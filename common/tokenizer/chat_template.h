@@ -1,0 +1,26 @@
+// Chat formatting. Qwen3's ChatML template (what its tokenizer_config.json's Jinja
+// template renders for plain messages), with enable_thinking.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace moeshard {
+
+struct ChatMessage {
+  std::string role;     // system | user | assistant | tool
+  std::string content;
+};
+
+struct ChatOptions {
+  bool add_generation_prompt = true;
+  bool enable_thinking = true;  // false appends an empty <think></think> block
+};
+
+// Errors: empty message list, unknown role, a system message not first.
+absl::StatusOr<std::string> RenderChatMl(const std::vector<ChatMessage>& messages,
+                                         const ChatOptions& options);
+
+}  // namespace moeshard
