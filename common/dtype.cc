@@ -9,7 +9,7 @@ namespace moeshard {
 const float kE2M1Values[16] = {0.f,  0.5f,  1.f,  1.5f,  2.f,  3.f,  4.f,  6.f,
                                -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
 
-std::string_view DTypeName(DType t) {
+const char* DTypeName(DType t) {
   switch (t) {
     case DType::kF32: return "F32";
     case DType::kF16: return "F16";
@@ -42,7 +42,7 @@ absl::StatusOr<DType> DTypeFromSafetensors(std::string_view n) {
   if (n == "BOOL") return DType::kBool;
   if (n == "F8_E4M3") return DType::kF8E4M3;
   if (n == "F8_E5M2") return DType::kF8E5M2;
-  return absl::InvalidArgumentError(absl::StrCat("unsupported safetensors dtype '", n, "'"));
+  return absl::InvalidArgumentError(absl::StrCat("unsupported safetensors dtype '", std::string(n), "'"));
 }
 
 int DTypeBlock(DType t) {

@@ -17,7 +17,7 @@ enum class DType : uint8_t {
   kMXFP4,  // GGUF: blocks of 32 e2m1 with one e8m0 scale (17 bytes)
 };
 
-std::string_view DTypeName(DType t);
+const char* DTypeName(DType t);
 absl::StatusOr<DType> DTypeFromSafetensors(std::string_view name);
 
 // Bytes taken by `n` elements (n must be a multiple of the block size for block formats).

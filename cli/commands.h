@@ -1,0 +1,14 @@
+// The subcommands of the `moeshard` binary. Each takes its arguments (after the
+// subcommand name) and returns the process exit code; errors are printed to stderr.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace moeshard {
+
+int GenerateCommand(const std::vector<std::string>& args);
+int CheckCommand(const std::vector<std::string>& args);
+int MakeModelCommand(const std::vector<std::string>& args);
+
+}  // namespace moeshard

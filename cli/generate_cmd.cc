@@ -1,0 +1,123 @@
+// `moeshard generate`: loads a model folder or .gguf file in this process, streams the
+// continuation of a prompt (optionally chat-formatted), then prints prompt and generation
+// speed.
+#include <cstdio>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "common/status.h"
+#include "common/tokenizer/chat_template.h"
+#include "worker/generation.h"
+#include "worker/model_loader.h"
+
+namespace moeshard {
+namespace {
+
+// Length of the longest prefix of s that does not end inside a UTF-8 sequence.
+size_t CompleteUtf8Prefix(const std::string& s) {
+  size_t n = s.size(), i = n;
+  int back = 0;
+  while (i > 0 && back < 4) {
+    unsigned char c = s[i - 1];
+    if ((c & 0xC0) != 0x80) {
+      int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
+      return (n - (i - 1) >= static_cast<size_t>(len)) ? n : i - 1;
+    }
+    --i;
+    ++back;
+  }
+  return n;
+}
+
+absl::Status Run(const Args& a) {
+  ASSIGN_OR_RETURN(std::string path, a.Required("model"));
+  ASSIGN_OR_RETURN(int64_t n, a.GetInt("max-tokens", 32));
+  ASSIGN_OR_RETURN(double temp, a.GetDouble("temperature", 0.0));
+  ASSIGN_OR_RETURN(int64_t seed, a.GetInt("seed", -1));
+  ASSIGN_OR_RETURN(int64_t top_k, a.GetInt("top-k", 0));
+  ASSIGN_OR_RETURN(double top_p, a.GetDouble("top-p", 1.0));
+  ASSIGN_OR_RETURN(double min_p, a.GetDouble("min-p", 0.0));
+  if (n < 0 || n > 1000000) return absl::InvalidArgumentError("-n must be between 0 and 1000000");
+  ASSIGN_OR_RETURN(LoadedModel m, LoadModel(path));
+  std::vector<int32_t> prompt;
+  if (a.Has("prompt-ids")) {
+    for (auto piece : absl::StrSplit(a.Get("prompt-ids"), ',', absl::SkipEmpty())) {
+      int32_t id;
+      if (!absl::SimpleAtoi(piece, &id)) return absl::InvalidArgumentError("--prompt-ids needs comma-separated integers");
+      prompt.push_back(id);
+    }
+  } else {
+    ASSIGN_OR_RETURN(std::string text, a.Required("prompt"));
+    if (m.tokenizer == nullptr) return absl::FailedPreconditionError("this model has no tokenizer; use --prompt-ids");
+    if (a.Flag("chat")) {
+      ChatOptions co;
+      co.enable_thinking = !a.Flag("no-think");
+      ASSIGN_OR_RETURN(text, RenderChatMl({{"user", text}}, co));
+    }
+    ASSIGN_OR_RETURN(prompt, m.tokenizer->Encode(text));
+  }
+  RunnerOptions ro;
+  ro.num_kv_blocks = (static_cast<int64_t>(prompt.size()) + n) / ro.block_size + 2;
+  ShardSpec shard{0, m.config.num_layers, 0, 1, true, true};
+  ASSIGN_OR_RETURN(auto runner, ModelRunner::Create(m.config, *m.source, shard, ro));
+  BlockAllocator blocks(ro.num_kv_blocks);
+  GenerateOptions go;
+  go.max_new_tokens = n;
+  go.sampling.temperature = static_cast<float>(temp);
+  go.sampling.top_k = static_cast<int32_t>(top_k);
+  go.sampling.top_p = static_cast<float>(top_p);
+  go.sampling.min_p = static_cast<float>(min_p);
+  go.sampling.has_seed = seed >= 0;
+  go.sampling.seed = static_cast<uint64_t>(seed);
+  go.eos_ids = m.config.eos_token_ids;
+  go.tokenizer = m.tokenizer.get();
+  if (a.Has("stop")) go.stop.push_back(a.Get("stop"));
+  std::string pending;
+  if (m.tokenizer) {
+    auto shown = m.tokenizer->Decode(prompt);
+    if (shown.ok()) std::fputs(shown->c_str(), stdout);
+  }
+  ASSIGN_OR_RETURN(GenerateResult r, Generate(*runner, blocks, prompt, go, [&](int32_t tok) {
+    if (!m.tokenizer) {
+      std::printf("%d ", tok);
+    } else if (auto b = m.tokenizer->TokenBytes(tok); b.ok()) {
+      pending += *b;
+      size_t k = CompleteUtf8Prefix(pending);
+      std::fwrite(pending.data(), 1, k, stdout);
+      pending.erase(0, k);
+    }
+    std::fflush(stdout);
+  }));
+  std::fwrite(pending.data(), 1, pending.size(), stdout);
+  std::printf("\n");
+  std::fprintf(stderr, "prompt: %zu tokens, %.1f tok/s | generation: %zu tokens, %.1f tok/s | finish: %s\n",
+               prompt.size(), r.prefill_seconds > 0 ? prompt.size() / r.prefill_seconds : 0.0, r.tokens.size(),
+               r.decode_seconds > 0 ? r.tokens.size() / r.decode_seconds : 0.0, r.finish_reason.c_str());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int GenerateCommand(const std::vector<std::string>& argv) {
+  std::vector<std::string> norm;
+  for (auto& s : argv) norm.push_back(s == "-n" ? "--max-tokens" : s);
+  auto a = Args::Parse(norm, {"model", "prompt", "prompt-ids", "max-tokens", "temperature", "seed", "top-k", "top-p", "min-p", "stop"},
+                       {"chat", "no-think", "help"});
+  if (!a.ok() || a->Flag("help")) {
+    std::fprintf(stderr,
+                 "usage: moeshard generate --model PATH (--prompt TEXT | --prompt-ids 1,2,3) [-n N] [--chat [--no-think]]\n"
+                 "       [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--stop STRING]\n%s\n",
+                 a.ok() ? "" : std::string(a.status().message()).c_str());
+    return a.ok() ? 0 : 2;
+  }
+  absl::Status st = Run(*a);
+  if (!st.ok()) {
+    std::fprintf(stderr, "generate: %s\n", std::string(st.message()).c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace moeshard

@@ -1,0 +1,54 @@
+// `moeshard make-model`: random weights with the real tensor names, any size, written as
+// a Hugging Face model folder (config.json, model.safetensors, tokenizer.json,
+// generation_config.json). Tests and benchmarks build their models with it.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "cli/random_model.h"
+#include "common/status.h"
+
+namespace moeshard {
+
+int MakeModelCommand(const std::vector<std::string>& argv) {
+  auto args = Args::Parse(argv, {"arch", "preset", "out", "seed", "layers", "vocab", "hidden", "experts", "top-k",
+                                 "heads", "kv-heads", "head-dim", "intermediate", "latent", "window"},
+                          {"nvfp4", "help"});
+  if (!args.ok() || args->Flag("help")) {
+    std::fprintf(stderr,
+                 "usage: moeshard make-model --arch muse_spark|qwen3_moe --preset tiny|small|full-layer --out DIR\n"
+                 "       [--nvfp4] [--seed S] [--layers N] [--vocab V] [--hidden H] [--experts E] [--top-k K]\n"
+                 "       [--heads N] [--kv-heads N] [--head-dim D] [--intermediate I] [--latent L] [--window W]\n%s\n",
+                 args.ok() ? "" : std::string(args.status().message()).c_str());
+    return args.ok() ? 0 : 2;
+  }
+  RandomModelSpec spec;
+  spec.arch = args->Get("arch", "muse_spark");
+  spec.preset = args->Get("preset", "tiny");
+  spec.nvfp4 = args->Flag("nvfp4");
+  auto st = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(int64_t seed, args->GetInt("seed", 1));
+    spec.seed = seed;
+    for (const char* k : {"layers", "vocab", "hidden", "experts", "top-k", "heads", "kv-heads", "head-dim",
+                          "intermediate", "latent", "window"}) {
+      ASSIGN_OR_RETURN(int64_t v, args->GetInt(k, 0));
+      if (v < 0) return absl::InvalidArgumentError(absl::StrCat("--", k, " must be positive"));
+      if (v > 0) spec.overrides[k] = v;
+    }
+    ASSIGN_OR_RETURN(std::string out, args->Required("out"));
+    return WriteRandomModel(spec, out);
+  }();
+  if (!st.ok()) {
+    std::fprintf(stderr, "make-model: %s\n", std::string(st.message()).c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "make-model: wrote %s\n", args->Get("out").c_str());
+  return 0;
+}
+
+}  // namespace moeshard

@@ -1,0 +1,28 @@
+// The `moeshard` command: dispatches to a subcommand.
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+
+int main(int argc, char** argv) {
+  using namespace moeshard;
+  const char* usage =
+      "usage: moeshard <command> [flags]\n"
+      "  generate     run a model in this process and stream a continuation\n"
+      "  check        compare a model with a goldens file\n"
+      "  make-model   write a model with random weights\n"
+      "Run `moeshard <command> --help` for its flags.\n";
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "help")) {
+    std::fputs(usage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  std::string cmd = argv[1];
+  std::vector<std::string> args(argv + 2, argv + argc);
+  if (cmd == "generate") return GenerateCommand(args);
+  if (cmd == "check") return CheckCommand(args);
+  if (cmd == "make-model") return MakeModelCommand(args);
+  std::fprintf(stderr, "moeshard: unknown command '%s'\n%s", cmd.c_str(), usage);
+  return 2;
+}

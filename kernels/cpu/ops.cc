@@ -1,0 +1,157 @@
+#include "kernels/cpu/ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "common/thread_pool.h"
+#include "kernels/cpu/dequant.h"
+
+namespace moeshard {
+namespace {
+
+inline float Dot(const float* a, const float* b, int64_t n) {
+  float s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    s0 += a[i] * b[i];
+    s1 += a[i + 1] * b[i + 1];
+    s2 += a[i + 2] * b[i + 2];
+    s3 += a[i + 3] * b[i + 3];
+    s4 += a[i + 4] * b[i + 4];
+    s5 += a[i + 5] * b[i + 5];
+    s6 += a[i + 6] * b[i + 6];
+    s7 += a[i + 7] * b[i + 7];
+  }
+  for (; i < n; ++i) s0 += a[i] * b[i];
+  return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7));
+}
+
+}  // namespace
+
+void MatMul(const float* x, int64_t T, const WeightRef& w, float* y, const float* bias) {
+  const int64_t N = w.rows, K = w.cols;
+  constexpr int64_t kRowsPerBlock = 4;
+  int64_t grain = std::max<int64_t>(kRowsPerBlock, 16384 / std::max<int64_t>(1, K * std::max<int64_t>(T, 1)));
+  ThreadPool::Default().ParallelFor((N + kRowsPerBlock - 1) / kRowsPerBlock, std::max<int64_t>(1, grain / kRowsPerBlock),
+                                    [&](int64_t b0, int64_t b1) {
+    std::vector<float> rows(kRowsPerBlock * K);
+    for (int64_t b = b0; b < b1; ++b) {
+      int64_t n0 = b * kRowsPerBlock, nn = std::min(kRowsPerBlock, N - n0);
+      for (int64_t r = 0; r < nn; ++r) DequantRow(w, n0 + r, rows.data() + r * K);
+      for (int64_t t = 0; t < T; ++t) {
+        const float* xt = x + t * K;
+        float* yt = y + t * N + n0;
+        for (int64_t r = 0; r < nn; ++r) {
+          yt[r] = Dot(xt, rows.data() + r * K, K) + (bias ? bias[n0 + r] : 0.f);
+        }
+      }
+    }
+  });
+}
+
+void RmsNorm(const float* x, int64_t T, int64_t D, const float* weight, float eps, float* out) {
+  for (int64_t t = 0; t < T; ++t) {
+    const float* xt = x + t * D;
+    double ss = 0;
+    for (int64_t i = 0; i < D; ++i) ss += static_cast<double>(xt[i]) * xt[i];
+    float inv = static_cast<float>(1.0 / std::sqrt(ss / D + eps));
+    float* ot = out + t * D;
+    for (int64_t i = 0; i < D; ++i) ot[i] = xt[i] * inv * (weight ? weight[i] : 1.f);
+  }
+}
+
+void RopeNeox(float* x, int64_t T, int64_t heads, int64_t hd, const int32_t* pos, double theta) {
+  const int64_t half = hd / 2;
+  std::vector<float> cs(half), sn(half);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t i = 0; i < half; ++i) {
+      double inv = 1.0 / std::pow(theta, static_cast<double>(2 * i) / hd);
+      double a = static_cast<double>(pos[t]) * inv;
+      cs[i] = static_cast<float>(std::cos(a));
+      sn[i] = static_cast<float>(std::sin(a));
+    }
+    for (int64_t h = 0; h < heads; ++h) {
+      float* v = x + (t * heads + h) * hd;
+      for (int64_t i = 0; i < half; ++i) {
+        float a = v[i], b = v[i + half];
+        v[i] = a * cs[i] - b * sn[i];
+        v[i + half] = b * cs[i] + a * sn[i];
+      }
+    }
+  }
+}
+
+void TopKRouting(const float* logits, int64_t T, int64_t E, int64_t k, bool softmax_topk_only,
+                 bool renormalize, int32_t* ids, float* weights) {
+  std::vector<int32_t> order(E);
+  std::vector<float> probs(E);
+  for (int64_t t = 0; t < T; ++t) {
+    const float* l = logits + t * E;
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+      return l[a] > l[b] || (l[a] == l[b] && a < b);
+    });
+    int32_t* it = ids + t * k;
+    float* wt = weights + t * k;
+    for (int64_t j = 0; j < k; ++j) it[j] = order[j];
+    if (softmax_topk_only) {
+      float m = l[it[0]];
+      double sum = 0;
+      for (int64_t j = 0; j < k; ++j) sum += std::exp(static_cast<double>(l[it[j]]) - m);
+      for (int64_t j = 0; j < k; ++j) wt[j] = static_cast<float>(std::exp(static_cast<double>(l[it[j]]) - m) / sum);
+    } else {
+      float m = l[it[0]];
+      double sum = 0;
+      for (int64_t e = 0; e < E; ++e) sum += std::exp(static_cast<double>(l[e]) - m);
+      double picked = 0;
+      for (int64_t j = 0; j < k; ++j) {
+        wt[j] = static_cast<float>(std::exp(static_cast<double>(l[it[j]]) - m) / sum);
+        picked += wt[j];
+      }
+      if (renormalize) {
+        for (int64_t j = 0; j < k; ++j) wt[j] = static_cast<float>(wt[j] / picked);
+      }
+    }
+  }
+}
+
+void Attention(const float* q, int64_t T, int64_t nq, int64_t nkv, int64_t hd, int64_t pos0,
+               const PagedKv& kv, int64_t window, float* out) {
+  const int64_t group = nq / nkv;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const int64_t slot = nkv * hd;
+  ThreadPool::Default().ParallelFor(T * nq, 4, [&](int64_t i0, int64_t i1) {
+    std::vector<float> scores;
+    for (int64_t i = i0; i < i1; ++i) {
+      int64_t t = i / nq, h = i % nq, g = h / group;
+      int64_t p = pos0 + t;
+      int64_t first = 0;
+      if (window > 0) first = std::max<int64_t>(0, p - window + 1);
+      const float* qh = q + (t * nq + h) * hd;
+      scores.resize(p - first + 1);
+      float m = -std::numeric_limits<float>::infinity();
+      for (int64_t kp = first; kp <= p; ++kp) {
+        const float* kh = kv.k + (kv.block_table[kp / kv.block_size] * kv.block_size + kp % kv.block_size) * slot + g * hd;
+        float s = Dot(qh, kh, hd) * scale;
+        scores[kp - first] = s;
+        m = std::max(m, s);
+      }
+      double sum = 0;
+      for (auto& s : scores) {
+        s = std::exp(s - m);
+        sum += s;
+      }
+      float* oh = out + (t * nq + h) * hd;
+      std::fill(oh, oh + hd, 0.f);
+      for (int64_t kp = first; kp <= p; ++kp) {
+        const float* vh = kv.v + (kv.block_table[kp / kv.block_size] * kv.block_size + kp % kv.block_size) * slot + g * hd;
+        float wgt = static_cast<float>(scores[kp - first] / sum);
+        for (int64_t d = 0; d < hd; ++d) oh[d] += wgt * vh[d];
+      }
+    }
+  });
+}
+
+}  // namespace moeshard

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# `moeshard check` passes on every testdata model and fails (non-zero) once a weight is
+# perturbed. Usage: check_cli_test.sh path/to/moeshard
+set -u
+bin=$1
+td=${MOESHARD_TESTDATA:-../shared/testdata}
+if [ ! -d "$td/qwen3moe-tiny" ]; then echo "SKIPPED: shared testdata not found at $td"; exit 77; fi
+fail=0
+run() {  # expect_rc model goldens
+  "$bin" check --model "$2" --goldens "$3" > /tmp/check_out.$$ 2>&1
+  rc=$?
+  if { [ "$1" = 0 ] && [ $rc -ne 0 ]; } || { [ "$1" != 0 ] && [ $rc -eq 0 ]; }; then
+    echo "FAIL: check $2 exited $rc (wanted $1)"; cat /tmp/check_out.$$; fail=1
+  else
+    echo "ok: check $2 exited $rc"
+  fi
+}
+for m in qwen3moe-tiny muse-spark-tiny muse-spark-tiny-nvfp4 qwen3moe-tok; do
+  run 0 "$td/$m" "$td/$m/goldens.safetensors"
+done
+run 0 "$td/qwen3moe-tok/model-f16.gguf" "$td/qwen3moe-tok/goldens.safetensors"
+run 0 "$td/qwen3moe-tok/model-q8_0.gguf" "$td/qwen3moe-tok/goldens.safetensors"
+# Perturb 16 bytes in the middle of the weights of a copy: check must now fail.
+for m in qwen3moe-tiny muse-spark-tiny-nvfp4; do
+  tmp=$(mktemp -d)
+  cp "$td/$m/config.json" "$td/$m/model.safetensors" "$tmp/"
+  size=$(stat -c %s "$tmp/model.safetensors")
+  printf '\x3f\x80\x3f\x80\x3f\x80\x3f\x80\x3f\x80\x3f\x80\x3f\x80\x3f\x80' |
+    dd of="$tmp/model.safetensors" bs=1 seek=$((size / 2)) conv=notrunc status=none
+  run 1 "$tmp" "$td/$m/goldens.safetensors"
+  rm -rf "$tmp"
+done
+rm -f /tmp/check_out.$$
+exit $fail

@@ -1,0 +1,61 @@
+// The engine against the shared goldens (computed by Hugging Face transformers and by the
+// reference muse_spark.py, not by us): every position of seq0-2 whole, batched and as
+// prefill + decode steps, and gen0's greedy tokens, for every testdata model and format.
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "cli/golden_check.h"
+#include "gtest/gtest.h"
+#include "worker/model_loader.h"
+
+namespace moeshard {
+namespace {
+
+std::string TestData() {
+  const char* d = std::getenv("MOESHARD_TESTDATA");
+  return d ? d : "../shared/testdata";
+}
+
+struct Case {
+  const char* model;    // path under testdata
+  const char* goldens;  // path under testdata
+  Tolerance tol;
+};
+
+class GoldenTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GoldenTest, MatchesReference) {
+  const Case& c = GetParam();
+  std::string model = TestData() + "/" + c.model, goldens = TestData() + "/" + c.goldens;
+  if (!std::filesystem::exists(model)) GTEST_SKIP() << "shared testdata not found at " << model;
+  auto m = LoadModel(model, /*load_tokenizer=*/false);
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto rep = CheckModel(*m, goldens, c.tol);
+  ASSERT_TRUE(rep.ok()) << rep.status();
+  EXPECT_EQ(rep->seqs.size(), 9u);  // 3 sequences x (whole, batched, decode)
+  EXPECT_EQ(rep->gens.size(), 1u);
+  EXPECT_TRUE(rep->pass()) << rep->Format();
+  if (c.tol == Tolerance::kFp32) {
+    for (const auto& s : rep->seqs) EXPECT_EQ(s.top1, 1.0) << s.name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    TestData, GoldenTest,
+    ::testing::Values(Case{"qwen3moe-tiny", "qwen3moe-tiny/goldens.safetensors", Tolerance::kFp32},
+                      Case{"muse-spark-tiny", "muse-spark-tiny/goldens.safetensors", Tolerance::kFp32},
+                      Case{"muse-spark-tiny-nvfp4", "muse-spark-tiny-nvfp4/goldens.safetensors", Tolerance::kFp32},
+                      Case{"qwen3moe-tok", "qwen3moe-tok/goldens.safetensors", Tolerance::kFp32},
+                      Case{"qwen3moe-tok/model-f16.gguf", "qwen3moe-tok/goldens.safetensors", Tolerance::kFp32},
+                      Case{"qwen3moe-tok/model-q8_0.gguf", "qwen3moe-tok/goldens.safetensors", Tolerance::kQ8_0}),
+    [](const ::testing::TestParamInfo<Case>& i) {
+      std::string n = i.param.model;
+      for (auto& ch : n) {
+        if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+      }
+      return n;
+    });
+
+}  // namespace
+}  // namespace moeshard

@@ -1,0 +1,96 @@
+#include "worker/sampler.h"
+
+#include <cmath>
+#include <map>
+
+#include "gtest/gtest.h"
+
+namespace moeshard {
+namespace {
+
+TEST(SamplerTest, GreedyIsArgmax) {
+  std::vector<float> l = {0.1f, 2.0f, -1.0f, 1.9f};
+  Sampler s(SamplingParams{});
+  EXPECT_EQ(s.Sample(l.data(), 4), 1);
+}
+
+TEST(SamplerTest, SeededRunsRepeat) {
+  std::vector<float> l = {0.5f, 0.4f, 0.3f, 0.2f, 0.1f};
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.seed = 42;
+  p.has_seed = true;
+  Sampler a(p), b(p);
+  std::vector<int32_t> ra, rb;
+  for (int i = 0; i < 50; ++i) {
+    ra.push_back(a.Sample(l.data(), 5));
+    rb.push_back(b.Sample(l.data(), 5));
+  }
+  EXPECT_EQ(ra, rb);
+  std::map<int32_t, int> seen;
+  for (auto t : ra) seen[t]++;
+  EXPECT_GT(seen.size(), 1u) << "temperature 1 over near-equal logits must not always pick one token";
+}
+
+TEST(SamplerTest, FrequenciesFollowSoftmax) {
+  std::vector<float> l = {1.0f, 0.0f, -1.0f};
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.seed = 7;
+  p.has_seed = true;
+  Sampler s(p);
+  const int n = 20000;
+  std::vector<int> count(3);
+  for (int i = 0; i < n; ++i) count[s.Sample(l.data(), 3)]++;
+  double z = std::exp(1.0) + 1.0 + std::exp(-1.0);
+  double want[3] = {std::exp(1.0) / z, 1.0 / z, std::exp(-1.0) / z};
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(count[i] / double(n), want[i], 0.015) << i;
+}
+
+TEST(SamplerTest, FiltersKeepTheTop) {
+  std::vector<float> l = {3.0f, 2.9f, 0.0f, -5.0f};
+  for (int variant = 0; variant < 3; ++variant) {
+    SamplingParams p;
+    p.temperature = 1.0f;
+    p.has_seed = true;
+    p.seed = variant;
+    if (variant == 0) p.top_k = 1;
+    if (variant == 1) p.top_p = 0.01f;
+    if (variant == 2) p.min_p = 0.99f;
+    Sampler s(p);
+    for (int i = 0; i < 100; ++i) EXPECT_EQ(s.Sample(l.data(), 4), 0) << "variant " << variant;
+  }
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.top_k = 2;
+  p.has_seed = true;
+  Sampler s(p);
+  for (int i = 0; i < 200; ++i) EXPECT_LT(s.Sample(l.data(), 4), 2);
+}
+
+TEST(SamplerTest, ValidateRejectsBadParams) {
+  SamplingParams p;
+  p.temperature = -1;
+  EXPECT_FALSE(p.Validate().ok());
+  p = SamplingParams{};
+  p.top_p = 0;
+  EXPECT_FALSE(p.Validate().ok());
+  p = SamplingParams{};
+  p.min_p = 1.5f;
+  EXPECT_FALSE(p.Validate().ok());
+  p = SamplingParams{};
+  p.temperature = NAN;
+  EXPECT_FALSE(p.Validate().ok());
+  EXPECT_TRUE(SamplingParams{}.Validate().ok());
+}
+
+TEST(SamplerTest, LogProbs) {
+  std::vector<float> l = {0.0f, std::log(3.0f)};
+  EXPECT_NEAR(LogProb(l.data(), 2, 1), std::log(0.75), 1e-6);
+  auto top = TopLogProbs(l.data(), 2, 1);
+  ASSERT_EQ(top.size(), 1u);
+  EXPECT_EQ(top[0].first, 1);
+}
+
+}  // namespace
+}  // namespace moeshard

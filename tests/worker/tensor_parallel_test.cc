@@ -1,0 +1,123 @@
+// Multi-rank forward passes in one process, one thread per rank over LocalGroup: tensor
+// parallel (heads and experts split, fp32 all-reduce) and layer split (hidden states
+// handed from stage to stage) must give the single-worker logits.
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+
+#include "common/comm/local_communicator.h"
+#include "gtest/gtest.h"
+#include "worker/model_loader.h"
+#include "worker/model_runner.h"
+
+namespace moeshard {
+namespace {
+
+std::string TestData() {
+  const char* d = std::getenv("MOESHARD_TESTDATA");
+  return d ? d : "../shared/testdata";
+}
+
+std::vector<int32_t> Ids(int n, int vocab) {
+  std::vector<int32_t> v;
+  for (int i = 0; i < n; ++i) v.push_back((i * 37 + 11) % vocab);
+  return v;
+}
+
+std::vector<SeqChunk> Batch(int vocab) {
+  std::vector<SeqChunk> b = {{Ids(23, vocab), 0, {}, true}, {Ids(9, vocab), 0, {}, true}};
+  b[0].block_table = {0, 1};
+  b[1].block_table = {2};
+  return b;
+}
+
+double MaxDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(static_cast<double>(a[i]) - b[i]));
+  return m;
+}
+
+class MultiRankTest : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    std::string path = TestData() + "/" + GetParam();
+    if (!std::filesystem::exists(path)) GTEST_SKIP() << "shared testdata not found at " << path;
+    auto m = LoadModel(path, false);
+    ASSERT_TRUE(m.ok()) << m.status();
+    model_ = std::make_unique<LoadedModel>(std::move(*m));
+    auto r = ModelRunner::Create(model_->config, *model_->source, {0, model_->config.num_layers, 0, 1, true, true}, opts_);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE((*r)->Forward(Batch(model_->config.vocab_size), &reference_).ok());
+  }
+  RunnerOptions opts_{8, 16};
+  std::unique_ptr<LoadedModel> model_;
+  std::vector<float> reference_;
+};
+
+TEST_P(MultiRankTest, TensorParallelMatchesOneWorker) {
+  for (int tp : {2, 4}) {
+    const ModelConfig& c = model_->config;
+    if (c.num_kv_heads % tp || c.num_experts % tp) continue;
+    auto group = LocalGroup::Create(tp);
+    std::vector<std::vector<float>> out(tp);
+    std::vector<absl::Status> st(tp);
+    std::vector<std::thread> th;
+    for (int r = 0; r < tp; ++r) {
+      th.emplace_back([&, r] {
+        auto comm = group->Rank(r);
+        auto runner = ModelRunner::Create(c, *model_->source, {0, c.num_layers, r, tp, true, true}, opts_, comm.get());
+        if (!runner.ok()) {
+          st[r] = runner.status();
+          comm->Abort();
+          return;
+        }
+        st[r] = (*runner)->Forward(Batch(c.vocab_size), &out[r]);
+      });
+    }
+    for (auto& t : th) t.join();
+    for (int r = 0; r < tp; ++r) {
+      ASSERT_TRUE(st[r].ok()) << "tp " << tp << " rank " << r << ": " << st[r];
+      EXPECT_LT(MaxDiff(out[r], reference_), 2e-4) << "tp " << tp << " rank " << r;
+    }
+  }
+}
+
+TEST_P(MultiRankTest, LayerSplitMatchesOneWorker) {
+  const ModelConfig& c = model_->config;
+  // Uneven: stage 0 takes one layer, stage 1 the rest.
+  ShardSpec s0{0, 1, 0, 1, true, false}, s1{1, c.num_layers, 0, 1, false, true};
+  auto r0 = ModelRunner::Create(c, *model_->source, s0, opts_);
+  auto r1 = ModelRunner::Create(c, *model_->source, s1, opts_);
+  ASSERT_TRUE(r0.ok() && r1.ok());
+  auto batch = Batch(c.vocab_size);
+  std::vector<float> hidden, logits;
+  ASSERT_TRUE((*r0)->Embed(batch, &hidden).ok());
+  ASSERT_TRUE((*r0)->RunLayers(batch, &hidden).ok());
+  ASSERT_TRUE((*r1)->RunLayers(batch, &hidden).ok());
+  ASSERT_TRUE((*r1)->Head(batch, hidden, &logits).ok());
+  EXPECT_EQ(MaxDiff(logits, reference_), 0.0);
+}
+
+TEST_P(MultiRankTest, BadShardsAreRefused) {
+  const ModelConfig& c = model_->config;
+  EXPECT_FALSE(ModelRunner::Create(c, *model_->source, {0, c.num_layers + 1, 0, 1, true, true}, opts_).ok());
+  EXPECT_FALSE(ModelRunner::Create(c, *model_->source, {0, c.num_layers, 0, 3, true, true}, opts_).ok());
+  auto r = ModelRunner::Create(c, *model_->source, {0, c.num_layers, 0, 1, true, true}, opts_);
+  ASSERT_TRUE(r.ok());
+  std::vector<float> l;
+  EXPECT_FALSE((*r)->Forward({{{static_cast<int32_t>(c.vocab_size)}, 0, {0}, false}}, &l).ok()) << "token out of range";
+  EXPECT_FALSE((*r)->Forward({{{1, 2}, 0, {99}, false}}, &l).ok()) << "block id out of range";
+  EXPECT_FALSE((*r)->Forward({{{1, 2}, 16, {0}, false}}, &l).ok()) << "table too short";
+}
+
+INSTANTIATE_TEST_SUITE_P(TestData, MultiRankTest, ::testing::Values("qwen3moe-tiny", "muse-spark-tiny", "muse-spark-tiny-nvfp4"),
+                         [](const auto& i) {
+                           std::string n = i.param;
+                           for (auto& ch : n) ch = isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+                           return n;
+                         });
+
+}  // namespace
+}  // namespace moeshard
