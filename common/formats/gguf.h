@@ -1,6 +1,10 @@
 // GGUF v2/v3 files (llama.cpp's format), memory-mapped. Metadata key-value pairs and
-// tensors F32, F16, BF16, Q8_0 and MXFP4 (others are listed but refused by Find's users).
+// tensors F32, F16, BF16, Q8_0 and MXFP4 (also the plain I8/I16/I32/I64/F64 types).
+// Tensors of other ggml types (Q4_K, ...) do not stop the file from loading: Find() returns
+// nullptr for them and Names() leaves them out, while TensorStatus() says why
+// ("unsupported ggml type N for tensor X") so a loader can report it.
 // Every count, length, offset, alignment and type is checked against the file size.
+// Thread-safety: immutable after Open; all const methods may be called concurrently.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +14,7 @@
 #include <variant>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/formats/tensor_source.h"
 #include "common/mapped_file.h"
@@ -36,6 +41,11 @@ class GgufFile : public TensorSource {
 
   const TensorInfo* Find(const std::string& name) const override;
   std::vector<std::string> Names() const override;
+  // OK when Find(name) succeeds; NotFound when the file has no such tensor; Unimplemented
+  // "unsupported ggml type N for tensor X" when it has one of a type this engine cannot read.
+  absl::Status TensorStatus(const std::string& name) const;
+  // Tensors left out of Find()/Names(), with their ggml type.
+  const std::map<std::string, uint32_t>& unsupported_tensors() const { return unsupported_; }
 
   bool Has(const std::string& key) const { return kv_.count(key) != 0; }
   const GgufValue* Get(const std::string& key) const;
@@ -56,6 +66,7 @@ class GgufFile : public TensorSource {
   uint32_t version_ = 0;
   std::map<std::string, GgufValue> kv_;
   std::map<std::string, TensorInfo> tensors_;
+  std::map<std::string, uint32_t> unsupported_;  // name -> ggml type
 };
 
 }  // namespace moeshard
