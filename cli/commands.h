@@ -11,4 +11,13 @@ int GenerateCommand(const std::vector<std::string>& args);
 int CheckCommand(const std::vector<std::string>& args);
 int MakeModelCommand(const std::vector<std::string>& args);
 
+// Commands that need the cluster (gRPC, HTTP). A core-only build links an empty table.
+struct ClusterCommand {
+  const char* name;
+  const char* help;
+  int (*run)(const std::vector<std::string>& args);
+};
+const std::vector<ClusterCommand>& ClusterCommands();
+int UpCommand(const std::vector<std::string>& args);
+
 }  // namespace moeshard

@@ -12,10 +12,12 @@ int main(int argc, char** argv) {
       "usage: moeshard <command> [flags]\n"
       "  generate     run a model in this process and stream a continuation\n"
       "  check        compare a model with a goldens file\n"
-      "  make-model   write a model with random weights\n"
-      "Run `moeshard <command> --help` for its flags.\n";
+      "  make-model   write a model with random weights\n";
+  std::string all = usage;
+  for (const auto& c : ClusterCommands()) all += std::string("  ") + c.name + std::string(13 - std::strlen(c.name), ' ') + c.help + "\n";
+  all += "Run `moeshard <command> --help` for its flags.\n";
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "help")) {
-    std::fputs(usage, argc < 2 ? stderr : stdout);
+    std::fputs(all.c_str(), argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
   }
   std::string cmd = argv[1];
@@ -23,6 +25,9 @@ int main(int argc, char** argv) {
   if (cmd == "generate") return GenerateCommand(args);
   if (cmd == "check") return CheckCommand(args);
   if (cmd == "make-model") return MakeModelCommand(args);
-  std::fprintf(stderr, "moeshard: unknown command '%s'\n%s", cmd.c_str(), usage);
+  for (const auto& c : ClusterCommands()) {
+    if (cmd == c.name) return c.run(args);
+  }
+  std::fprintf(stderr, "moeshard: unknown command '%s'\n%s", cmd.c_str(), all.c_str());
   return 2;
 }

@@ -1,0 +1,175 @@
+// `moeshard up`: starts a whole cluster on this machine — workers, a coordinator per
+// replica, and the router — on free loopback ports, prints the URL, and stops everything
+// on Ctrl-C or as soon as any process dies. The same binaries run one per container in
+// deploy/.
+//
+// Pools (--pools FILE): {"pools": [{"name": "32k", "max_model_len": 32768, "replicas": 1,
+//   "workers": 2, "mode": "tensor-parallel", "layer_split": "2,1"}]}; without it one pool
+// "default" of one replica with --workers/--mode/--layer-split.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "cli/process.h"
+#include "common/mapped_file.h"
+#include "common/status.h"
+#include "httplib.h"
+#include "nlohmann/json.hpp"
+
+namespace moeshard {
+namespace {
+
+std::atomic<bool> g_stop{false};
+void OnSignal(int) { g_stop = true; }
+
+struct PoolSpec {
+  std::string name = "default";
+  int64_t max_model_len = 0;
+  int64_t replicas = 1, workers = 1;
+  std::string mode = "layer-split", layer_split;
+};
+
+absl::StatusOr<std::vector<PoolSpec>> ReadPools(const Args& a) {
+  std::vector<PoolSpec> pools;
+  if (!a.Has("pools")) {
+    PoolSpec p;
+    ASSIGN_OR_RETURN(p.workers, a.GetInt("workers", 1));
+    ASSIGN_OR_RETURN(p.max_model_len, a.GetInt("max-model-len", 0));
+    p.mode = a.Get("mode", "layer-split");
+    p.layer_split = a.Get("layer-split");
+    pools.push_back(p);
+    return pools;
+  }
+  ASSIGN_OR_RETURN(std::string text, ReadFileToString(a.Get("pools")));
+  auto j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("pools") || !j["pools"].is_array() || j["pools"].empty()) {
+    return absl::InvalidArgumentError("pools config: needs {\"pools\": [ ... ]}");
+  }
+  for (const auto& e : j["pools"]) {
+    PoolSpec p;
+    if (!e.is_object() || !e.contains("name") || !e["name"].is_string()) return absl::InvalidArgumentError("pools config: each pool needs a name");
+    p.name = e["name"];
+    p.max_model_len = e.value("max_model_len", 0);
+    p.replicas = e.value("replicas", 1);
+    p.workers = e.value("workers", 1);
+    p.mode = e.value("mode", std::string("layer-split"));
+    p.layer_split = e.value("layer_split", std::string());
+    if (p.replicas < 1 || p.workers < 1) return absl::InvalidArgumentError(absl::StrCat("pools config: pool ", p.name, " needs replicas and workers >= 1"));
+    pools.push_back(p);
+  }
+  return pools;
+}
+
+absl::Status Up(const Args& a) {
+  ASSIGN_OR_RETURN(std::string model, a.Required("model"));
+  ASSIGN_OR_RETURN(auto pools, ReadPools(a));
+  ASSIGN_OR_RETURN(int64_t port, a.GetInt("port", 0));
+  const std::string host = a.Get("host", "127.0.0.1"), dir = SelfDir();
+  std::vector<std::unique_ptr<ChildProcess>> procs;
+  nlohmann::json router_pools = nlohmann::json::array();
+  for (const PoolSpec& p : pools) {
+    nlohmann::json coords = nlohmann::json::array();
+    for (int64_t r = 0; r < p.replicas; ++r) {
+      std::string workers;
+      for (int64_t w = 0; w < p.workers; ++w) {
+        ASSIGN_OR_RETURN(auto c, ChildProcess::Start({dir + "/moeshard-worker", "--model", model, "--host", host}, 120));
+        ASSIGN_OR_RETURN(std::string addr, FieldAfter(c->first_line(), "grpc"));
+        absl::StrAppend(&workers, workers.empty() ? "" : ",", addr);
+        procs.push_back(std::move(c));
+      }
+      std::vector<std::string> cargs = {dir + "/moeshard-coordinator", "--model", model, "--workers", workers, "--mode", p.mode,
+                                        "--host", host};
+      if (!p.layer_split.empty()) cargs.insert(cargs.end(), {"--layer-split", p.layer_split});
+      if (p.max_model_len > 0) cargs.insert(cargs.end(), {"--max-model-len", std::to_string(p.max_model_len)});
+      for (const char* f : {"num-kv-blocks", "max-num-seqs", "max-tokens-per-step", "comm-timeout-ms"}) {
+        if (a.Has(f)) cargs.insert(cargs.end(), {absl::StrCat("--", f), a.Get(f)});
+      }
+      ASSIGN_OR_RETURN(auto c, ChildProcess::Start(cargs, 120));
+      ASSIGN_OR_RETURN(std::string addr, FieldAfter(c->first_line(), "grpc"));
+      coords.push_back(addr);
+      procs.push_back(std::move(c));
+    }
+    router_pools.push_back({{"name", p.name}, {"max_model_len", p.max_model_len}, {"coordinators", coords}});
+  }
+  char tmpl[] = "/tmp/moeshard-pools-XXXXXX";
+  int fd = mkstemp(tmpl);
+  if (fd < 0) return absl::InternalError("cannot write the router's pools file");
+  close(fd);
+  std::ofstream(tmpl) << nlohmann::json({{"pools", router_pools}}).dump(2);
+  std::vector<std::string> rargs = {dir + "/moeshard-router", "--model", model, "--pools", tmpl, "--host", host,
+                                    "--port", std::to_string(port)};
+  for (const char* f : {"grpc-port", "api-key", "api-key-file", "served-model-name"}) {
+    if (a.Has(f)) rargs.insert(rargs.end(), {absl::StrCat("--", f), a.Get(f)});
+  }
+  ASSIGN_OR_RETURN(auto router, ChildProcess::Start(rargs, 120));
+  ASSIGN_OR_RETURN(std::string url, FieldAfter(router->first_line(), "moeshard-router:"));
+  std::string grpc_addr = FieldAfter(router->first_line(), "grpc").value_or("");
+  procs.push_back(std::move(router));
+  std::printf("moeshard up: %s grpc %s\n", url.c_str(), grpc_addr.c_str());
+  std::fflush(stdout);
+  // Wait for readiness (a real step has succeeded), then until a signal or a death.
+  httplib::Client cli(url);
+  cli.set_connection_timeout(1);
+  bool ready = false;
+  auto t0 = std::chrono::steady_clock::now();
+  absl::Status result = absl::OkStatus();
+  while (!g_stop) {
+    for (auto& p : procs) {
+      int st;
+      if (p->Poll(&st)) {
+        result = absl::AbortedError(absl::StrCat(p->name(), " (pid ", p->pid(), ") exited with status ", WEXITSTATUS(st)));
+        g_stop = true;
+      }
+    }
+    if (!ready && !g_stop) {
+      auto r = cli.Get("/ready");
+      if (r && r->status == 200) {
+        ready = true;
+        std::fprintf(stderr, "moeshard up: ready after %.1f s\n",
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        std::printf("moeshard up: ready\n");
+        std::fflush(stdout);
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  std::fprintf(stderr, "moeshard up: stopping %zu processes\n", procs.size());
+  for (auto it = procs.rbegin(); it != procs.rend(); ++it) (*it)->Stop(5);
+  unlink(tmpl);
+  return result;
+}
+
+}  // namespace
+
+int UpCommand(const std::vector<std::string>& argv) {
+  auto a = Args::Parse(argv, {"model", "workers", "mode", "layer-split", "pools", "port", "grpc-port", "host", "api-key",
+                              "api-key-file", "served-model-name", "max-model-len", "num-kv-blocks", "max-num-seqs",
+                              "max-tokens-per-step", "comm-timeout-ms"},
+                       {"help"});
+  if (!a.ok() || a->Flag("help") || !a->Has("model")) {
+    std::fprintf(stderr,
+                 "usage: moeshard up --model PATH [--workers N] [--mode layer-split|tensor-parallel] [--layer-split 2,1]\n"
+                 "       [--pools FILE] [--port P] [--grpc-port P] [--host 127.0.0.1] [--api-key KEY] [--max-model-len N]\n%s\n",
+                 a.ok() ? "" : std::string(a.status().message()).c_str());
+    return (a.ok() && a->Flag("help")) ? 0 : 2;
+  }
+  signal(SIGINT, OnSignal);
+  signal(SIGTERM, OnSignal);
+  signal(SIGPIPE, SIG_IGN);
+  absl::Status st = Up(*a);
+  if (!st.ok()) {
+    std::fprintf(stderr, "moeshard up: %s\n", std::string(st.message()).c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace moeshard

@@ -1,0 +1,44 @@
+#include "common/metrics/metrics.h"
+
+#include "absl/strings/str_cat.h"
+#include "httplib.h"
+#include "prometheus/text_serializer.h"
+
+namespace moeshard {
+
+std::string RenderMetrics(prometheus::Registry& registry) {
+  prometheus::TextSerializer s;
+  return s.Serialize(registry.Collect());
+}
+
+prometheus::Histogram::BucketBoundaries LatencyBuckets() {
+  return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300};
+}
+
+MetricsServer::MetricsServer() = default;
+MetricsServer::~MetricsServer() { Stop(); }
+
+absl::StatusOr<int> MetricsServer::Start(const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry) {
+  registry_ = std::move(registry);
+  server_ = std::make_unique<httplib::Server>();
+  server_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(RenderMetrics(*registry_), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  server_->Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
+  int bound = port;
+  if (port == 0) {
+    bound = server_->bind_to_any_port(host);
+  } else if (!server_->bind_to_port(host, port)) {
+    bound = -1;
+  }
+  if (bound <= 0) return absl::UnavailableError(absl::StrCat("metrics: cannot bind ", host, ":", port));
+  thread_ = std::thread([this] { server_->listen_after_bind(); });
+  return bound;
+}
+
+void MetricsServer::Stop() {
+  if (server_) server_->stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace moeshard

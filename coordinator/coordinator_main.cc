@@ -1,0 +1,113 @@
+// moeshard-coordinator: holds the plan, the scheduler and the KV block manager of one
+// model replica, and drives its workers. Serves the Coordinator gRPC service and /metrics.
+#include <csignal>
+#include <cstdio>
+#include <random>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_split.h"
+#include "cli/args.h"
+#include "common/comm/kv_store.h"
+#include "common/metrics/metrics.h"
+#include "common/status.h"
+#include "coordinator/coordinator_service.h"
+#include "coordinator/engine.h"
+#include "worker/model_loader.h"
+
+namespace {
+std::unique_ptr<grpc::Server>* g_server = nullptr;
+void OnSignal(int) {
+  std::thread([] { if (g_server && *g_server) (*g_server)->Shutdown(); }).detach();
+}
+
+absl::StatusOr<moeshard::EngineOptions> Options(const moeshard::Args& a, const std::string& store_address) {
+  using namespace moeshard;
+  EngineOptions o;
+  ASSIGN_OR_RETURN(std::string model, a.Required("model"));
+  ASSIGN_OR_RETURN(std::string workers, a.Required("workers"));
+  ASSIGN_OR_RETURN(LoadedModel m, LoadModel(model, /*load_tokenizer=*/false));
+  o.config = m.config;
+  o.workers = absl::StrSplit(workers, ',', absl::SkipEmpty());
+  ASSIGN_OR_RETURN(ParallelMode mode, ParseMode(a.Get("mode", "layer-split")));
+  std::vector<double> weights;
+  if (a.Has("layer-split")) {
+    ASSIGN_OR_RETURN(weights, ParseLayerWeights(a.Get("layer-split")));
+  }
+  ASSIGN_OR_RETURN(o.plan, MakePlan(o.config, mode, static_cast<int>(o.workers.size()), weights));
+  ASSIGN_OR_RETURN(o.num_kv_blocks, a.GetInt("num-kv-blocks", 1024));
+  ASSIGN_OR_RETURN(int64_t bs, a.GetInt("block-size", 16));
+  o.block_size = static_cast<int32_t>(bs);
+  ASSIGN_OR_RETURN(o.max_num_seqs, a.GetInt("max-num-seqs", 64));
+  ASSIGN_OR_RETURN(o.max_tokens_per_step, a.GetInt("max-tokens-per-step", 512));
+  ASSIGN_OR_RETURN(o.max_model_len, a.GetInt("max-model-len", std::min<int64_t>(o.config.max_position_embeddings, 4096)));
+  ASSIGN_OR_RETURN(o.comm_timeout_ms, a.GetInt("comm-timeout-ms", 60000));
+  o.prefix_caching = !a.Flag("no-prefix-caching");
+  o.store_address = store_address;
+  o.model_name = a.Get("served-model-name", model);
+  if (o.num_kv_blocks < 1 || o.block_size < 1 || o.max_num_seqs < 1 || o.max_tokens_per_step < 1 || o.max_model_len < 1) {
+    return absl::InvalidArgumentError("sizes must be positive");
+  }
+  return o;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace moeshard;
+  auto a = Args::Parse(std::vector<std::string>(argv + 1, argv + argc),
+                       {"model", "workers", "mode", "layer-split", "host", "port", "metrics-port", "num-kv-blocks", "block-size",
+                        "max-num-seqs", "max-tokens-per-step", "max-model-len", "comm-timeout-ms", "served-model-name"},
+                       {"no-prefix-caching", "help"});
+  if (!a.ok() || a->Flag("help")) {
+    std::fprintf(stderr,
+                 "usage: moeshard-coordinator --model PATH --workers HOST:PORT[,HOST:PORT...] [--mode layer-split|tensor-parallel]\n"
+                 "       [--layer-split 2,1,1] [--host 127.0.0.1] [--port 0] [--metrics-port 0] [--num-kv-blocks 1024]\n"
+                 "       [--block-size 16] [--max-num-seqs 64] [--max-tokens-per-step 512] [--max-model-len N]\n"
+                 "       [--comm-timeout-ms 60000] [--no-prefix-caching]\n%s\n",
+                 a.ok() ? "" : std::string(a.status().message()).c_str());
+    return 2;
+  }
+  std::string host = a->Get("host", "127.0.0.1");
+  auto port = a->GetInt("port", 0), mport = a->GetInt("metrics-port", 0);
+  if (!port.ok() || !mport.ok()) return 2;
+  // Bind the gRPC port first: the workers reach the store through it.
+  InMemoryKvStore store;
+  grpc::ServerBuilder builder;
+  int bound = 0;
+  builder.AddListeningPort(host + ":" + std::to_string(*port), grpc::InsecureServerCredentials(), &bound);
+  // The service needs the engine, which needs the bound address: register a late-bound service.
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<CoordinatorServiceImpl> service;
+  // Build options with a placeholder store address, then fix it once the port is known.
+  auto opts = Options(*a, "");
+  if (!opts.ok()) {
+    std::fprintf(stderr, "moeshard-coordinator: %s\n", std::string(opts.status().message()).c_str());
+    return 1;
+  }
+  engine = std::make_unique<Engine>(*opts);
+  service = std::make_unique<CoordinatorServiceImpl>(engine.get(), &store);
+  builder.RegisterService(service.get());
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || bound == 0) {
+    std::fprintf(stderr, "moeshard-coordinator: cannot listen on %s:%ld\n", host.c_str(), static_cast<long>(*port));
+    return 1;
+  }
+  g_server = &server;
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  engine->SetStoreAddress(host + ":" + std::to_string(bound));
+  MetricsServer metrics;
+  auto mp = metrics.Start(host, static_cast<int>(*mport), engine->registry());
+  if (!mp.ok()) {
+    std::fprintf(stderr, "moeshard-coordinator: %s\n", std::string(mp.status().message()).c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "moeshard-coordinator: %s\n", opts->plan.Describe().c_str());
+  std::printf("moeshard-coordinator: grpc %s:%d metrics http://%s:%d/metrics\n", host.c_str(), bound, host.c_str(), *mp);
+  std::fflush(stdout);
+  engine->Start();
+  server->Wait();
+  engine->Stop();
+  metrics.Stop();
+  return 0;
+}

@@ -1,0 +1,70 @@
+#include "coordinator/coordinator_service.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdio>
+
+namespace moeshard {
+
+grpc::Status CoordinatorServiceImpl::Generate(grpc::ServerContext* ctx, const v1::SeqRequest* req,
+                                              grpc::ServerWriter<v1::SeqUpdate>* writer) {
+  auto s = engine_->Submit(*req);
+  if (!s.ok()) {
+    auto code = s.status().code() == absl::StatusCode::kUnavailable ? grpc::StatusCode::UNAVAILABLE
+                                                                      : grpc::StatusCode::INVALID_ARGUMENT;
+    return grpc::Status(code, std::string(s.status().message()));
+  }
+  std::shared_ptr<SeqStream> stream = *s;
+  for (;;) {
+    std::deque<v1::SeqUpdate> batch;
+    bool done = false;
+    {
+      std::unique_lock<std::mutex> l(stream->mu);
+      stream->cv.wait_for(l, std::chrono::milliseconds(20), [&] { return !stream->updates.empty() || stream->done; });
+      batch.swap(stream->updates);
+      done = stream->done;
+    }
+    if (ctx->IsCancelled()) {
+      std::fprintf(stderr, "moeshard-coordinator: [%s] client cancelled, aborting seq %ld\n", stream->request_id.c_str(),
+                   static_cast<long>(stream->seq_id));
+      engine_->Cancel(stream->seq_id);
+      return grpc::Status::CANCELLED;
+    }
+    for (auto& u : batch) {
+      if (!writer->Write(u)) {
+        engine_->Cancel(stream->seq_id);
+        return grpc::Status::CANCELLED;
+      }
+    }
+    if (done && batch.empty()) {
+      std::lock_guard<std::mutex> l(stream->mu);
+      if (stream->updates.empty()) break;
+    }
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorServiceImpl::GetStatus(grpc::ServerContext*, const v1::StatusRequest*, v1::StatusReply* rep) {
+  *rep = engine_->GetStatus();
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorServiceImpl::StoreSet(grpc::ServerContext*, const v1::StoreSetRequest* req, v1::StoreSetReply*) {
+  absl::Status st = store_->Set(req->key(), req->value());
+  if (!st.ok()) return grpc::Status(grpc::StatusCode::INTERNAL, std::string(st.message()));
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorServiceImpl::StoreGet(grpc::ServerContext*, const v1::StoreGetRequest* req, v1::StoreGetReply* rep) {
+  auto timeout = std::chrono::milliseconds(std::clamp<int64_t>(req->timeout_ms(), 0, 600000));
+  auto v = store_->Get(req->key(), timeout);
+  if (!v.ok()) {
+    auto code = v.status().code() == absl::StatusCode::kDeadlineExceeded ? grpc::StatusCode::DEADLINE_EXCEEDED
+                                                                           : grpc::StatusCode::INTERNAL;
+    return grpc::Status(code, std::string(v.status().message()));
+  }
+  rep->set_value(*v);
+  return grpc::Status::OK;
+}
+
+}  // namespace moeshard

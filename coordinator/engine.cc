@@ -1,0 +1,328 @@
+#include "coordinator/engine.h"
+
+#include <cstdio>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+
+namespace moeshard {
+namespace {
+
+SamplingParams FromProto(const v1::SamplingOptions& s) {
+  SamplingParams p;
+  p.temperature = s.temperature();
+  p.top_k = s.top_k();
+  p.top_p = s.top_p() > 0 ? s.top_p() : 1.f;
+  p.min_p = s.min_p();
+  p.has_seed = s.has_seed();
+  p.seed = s.seed();
+  return p;
+}
+
+void ToProto(const ChunkPlan& c, v1::ChunkProto* p) {
+  p->set_seq_id(c.seq_id);
+  p->set_start_pos(c.start_pos);
+  p->mutable_tokens()->Add(c.tokens.begin(), c.tokens.end());
+  p->mutable_block_table()->Add(c.block_table.begin(), c.block_table.end());
+  p->set_sample(c.sample);
+  if (c.sample) {
+    auto* s = p->mutable_sampling();
+    s->set_temperature(c.sampling.temperature);
+    s->set_top_k(c.sampling.top_k);
+    s->set_top_p(c.sampling.top_p);
+    s->set_min_p(c.sampling.min_p);
+    if (c.sampling.has_seed) s->set_seed(c.sampling.seed);
+    p->set_logprobs(c.logprobs);
+    p->set_top_logprobs(c.top_logprobs);
+  }
+}
+
+}  // namespace
+
+Engine::Engine(EngineOptions options) : o_(std::move(options)), workers_(o_.workers) {}
+
+Engine::~Engine() { Stop(); }
+
+void Engine::Start() { loop_ = std::thread([this] { Loop(); }); }
+
+void Engine::Stop() {
+  {
+    std::unique_lock<std::mutex> l(mu_);
+    stop_ = true;
+    cv_.notify_all();
+    cv_.wait_for(l, std::chrono::seconds(30), [&] { return in_flight_ == 0; });
+  }
+  if (loop_.joinable()) loop_.join();
+}
+
+absl::Status Engine::Connect() {
+  std::mt19937_64 rng(std::random_device{}());
+  HandshakeOptions ho;
+  ho.model_fingerprint = o_.config.Fingerprint();
+  ho.store_address = o_.store_address;
+  ho.group_id = absl::StrCat("g", rng(), "-", generation_++);
+  ho.num_kv_blocks = o_.num_kv_blocks;
+  ho.block_size = o_.block_size;
+  ho.timeout_ms = o_.comm_timeout_ms;
+  absl::Status st = workers_.Handshake(o_.plan, ho);
+  if (!st.ok()) return st;
+  std::lock_guard<std::mutex> l(mu_);
+  blocks_ = std::make_unique<BlockManager>(o_.num_kv_blocks, o_.block_size, o_.prefix_caching);
+  SchedulerConfig sc;
+  sc.max_num_seqs = o_.max_num_seqs;
+  sc.max_tokens_per_step = std::max(o_.max_tokens_per_step, o_.max_num_seqs);
+  sc.max_model_len = o_.max_model_len;
+  scheduler_ = std::make_unique<Scheduler>(sc, blocks_.get());
+  next_step_id_ = 0;
+  released_.clear();
+  // A warm-up sequence: readiness means a real step went through every worker.
+  SeqRequest warm;
+  warm.seq_id = next_seq_id_++;
+  warm.prompt = {0};
+  warm.max_new_tokens = 1;
+  warm.ignore_eos = true;
+  RETURN_IF_ERROR(scheduler_->Add(warm));
+  connected_ = true;
+  error_.clear();
+  last_ok_step_ = {};
+  cv_.notify_all();
+  return absl::OkStatus();
+}
+
+void Engine::Loop() {
+  const int64_t max_in_flight = o_.plan.mode == ParallelMode::kLayerSplit ? o_.plan.pp_size : 1;
+  while (true) {
+    bool need_connect;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      if (stop_) return;
+      need_connect = !connected_;
+      if (need_connect) cv_.wait(l, [&] { return stop_ || in_flight_ == 0; });
+      if (stop_) return;
+    }
+    if (need_connect) {
+      absl::Status st = Connect();
+      if (!st.ok()) {
+        std::fprintf(stderr, "moeshard-coordinator: workers not ready: %s\n", std::string(st.message()).c_str());
+        std::unique_lock<std::mutex> l(mu_);
+        error_ = std::string(st.message());
+        cv_.wait_for(l, std::chrono::seconds(1), [&] { return stop_; });
+      } else {
+        std::fprintf(stderr, "moeshard-coordinator: %d workers handshaken\n", workers_.size());
+      }
+      continue;
+    }
+    std::unique_lock<std::mutex> l(mu_);
+    metrics_.running->Set(static_cast<double>(scheduler_->num_running()));
+    metrics_.waiting->Set(static_cast<double>(scheduler_->num_waiting()));
+    metrics_.kv_usage->Set(blocks_->Usage());
+    if (!connected_ || in_flight_ >= max_in_flight || !scheduler_->HasWork()) {
+      cv_.wait_for(l, std::chrono::milliseconds(100));
+      continue;
+    }
+    std::optional<StepPlan> plan = scheduler_->Schedule();
+    if (!plan) {
+      cv_.wait_for(l, std::chrono::milliseconds(100));
+      continue;
+    }
+    auto now = std::chrono::steady_clock::now();
+    for (const auto& c : plan->chunks) {
+      auto it = timing_.find(c.seq_id);
+      if (it != timing_.end() && !it->second.scheduled) {
+        it->second.scheduled = true;
+        it->second.first_scheduled = now;
+      }
+    }
+    int64_t step_id = next_step_id_++;
+    ++in_flight_;
+    std::thread([this, p = std::move(*plan), step_id]() mutable { RunStep(std::move(p), step_id); }).detach();
+  }
+}
+
+void Engine::RunStep(StepPlan plan, int64_t step_id) {
+  v1::StepRequest req;
+  req.set_step_id(step_id);
+  for (const auto& c : plan.chunks) ToProto(c, req.add_chunks());
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    req.mutable_released_seqs()->Add(released_.begin(), released_.end());
+    released_.clear();
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  absl::StatusOr<v1::StepReply> rep = workers_.Step(req);
+  std::lock_guard<std::mutex> l(mu_);
+  --in_flight_;
+  cv_.notify_all();
+  if (!rep.ok()) {
+    metrics_.steps_failed->Increment();
+    std::fprintf(stderr, "moeshard-coordinator: step %ld failed: %s\n", static_cast<long>(step_id),
+                 std::string(rep.status().message()).c_str());
+    if (connected_) {
+      connected_ = false;
+      error_ = std::string(rep.status().message());
+      FailAll(error_);
+    }
+    return;
+  }
+  if (!connected_) return;  // a failure of another step already reset the engine
+  metrics_.steps_ok->Increment();
+  metrics_.step_time->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  last_ok_step_ = std::chrono::steady_clock::now();
+  std::vector<std::pair<int64_t, int32_t>> sampled;
+  std::map<int64_t, const v1::TokenOutput*> outputs;
+  for (int i = 0; i < rep->seq_ids_size() && i < rep->tokens_size(); ++i) {
+    sampled.push_back({rep->seq_ids(i), rep->tokens(i).token_id()});
+    outputs[rep->seq_ids(i)] = &rep->tokens(i);
+  }
+  std::vector<SeqEvent> events = scheduler_->OnStepDone(plan, sampled);
+  auto now = std::chrono::steady_clock::now();
+  for (const SeqEvent& e : events) {
+    if (e.preempted) metrics_.preemptions->Increment();
+    auto sit = streams_.find(e.seq_id);
+    if (sit == streams_.end()) {
+      if (e.finished) released_.push_back(e.seq_id);
+      continue;
+    }
+    SeqStream& s = *sit->second;
+    SeqTiming& t = timing_[e.seq_id];
+    v1::SeqUpdate u;
+    if (e.num_cached_tokens >= 0) {
+      u.set_cached_tokens(static_cast<int32_t>(e.num_cached_tokens));
+      u.set_prompt_tokens(static_cast<int32_t>(t.prompt_tokens));
+      metrics_.prefix_queries->Increment(static_cast<double>(t.prompt_tokens));
+      metrics_.prefix_hits->Increment(static_cast<double>(e.num_cached_tokens));
+      metrics_.prompt_tokens->Increment(static_cast<double>(t.prompt_tokens - e.num_cached_tokens));
+    }
+    if (e.token && !e.is_stop_token) {
+      auto o = outputs.find(e.seq_id);
+      v1::TokenOutput* out = u.add_tokens();
+      if (o != outputs.end()) *out = *o->second;
+      out->set_token_id(*e.token);
+      metrics_.generation_tokens->Increment();
+      if (!t.has_token) {
+        t.has_token = true;
+        t.first_token = now;
+        metrics_.ttft->Observe(std::chrono::duration<double>(now - t.arrival).count());
+      } else {
+        metrics_.itl->Observe(std::chrono::duration<double>(now - t.last_token).count());
+      }
+      t.last_token = now;
+      ++t.generated;
+    }
+    if (e.finished) {
+      u.set_finish_reason(e.finish_reason);
+      metrics_.Finished(t, e.finish_reason);
+      released_.push_back(e.seq_id);
+    }
+    {
+      std::lock_guard<std::mutex> sl(s.mu);
+      if (u.tokens_size() > 0 || !u.finish_reason().empty() || e.num_cached_tokens >= 0) s.updates.push_back(std::move(u));
+      if (e.finished) s.done = true;
+    }
+    s.cv.notify_all();
+    if (e.finished) {
+      streams_.erase(sit);
+      timing_.erase(e.seq_id);
+      remaining_.erase(e.seq_id);
+    }
+  }
+  metrics_.kv_usage->Set(blocks_->Usage());
+}
+
+void Engine::FailAll(const std::string& why) {
+  for (auto& [id, s] : streams_) {
+    v1::SeqUpdate u;
+    u.set_finish_reason("abort");
+    metrics_.Finished(timing_[id], "abort");
+    {
+      std::lock_guard<std::mutex> sl(s->mu);
+      s->updates.push_back(u);
+      s->done = true;
+    }
+    s->cv.notify_all();
+  }
+  streams_.clear();
+  timing_.clear();
+  remaining_.clear();
+}
+
+absl::StatusOr<std::shared_ptr<SeqStream>> Engine::Submit(const v1::SeqRequest& r) {
+  if (r.prompt_ids().empty()) return absl::InvalidArgumentError("the prompt is empty");
+  for (int32_t id : r.prompt_ids()) {
+    if (id < 0 || id >= o_.config.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("token id ", id, " is outside the vocabulary of ", o_.config.vocab_size));
+    }
+  }
+  const int64_t n = r.prompt_ids_size();
+  if (n >= o_.max_model_len) {
+    return absl::InvalidArgumentError(absl::StrCat("the prompt has ", n, " tokens; this model serves at most ", o_.max_model_len, " in all"));
+  }
+  if (r.max_tokens() < 0) return absl::InvalidArgumentError("max_tokens must not be negative");
+  SeqRequest sr;
+  sr.prompt.assign(r.prompt_ids().begin(), r.prompt_ids().end());
+  sr.max_new_tokens = r.max_tokens() == 0 ? o_.max_model_len - n : std::min<int64_t>(r.max_tokens(), o_.max_model_len - n);
+  sr.stop_token_ids.assign(r.stop_token_ids().begin(), r.stop_token_ids().end());
+  sr.eos_token_ids = o_.config.eos_token_ids;
+  sr.ignore_eos = r.ignore_eos();
+  sr.sampling = FromProto(r.sampling());
+  sr.logprobs = r.logprobs();
+  sr.top_logprobs = std::min(r.top_logprobs(), 20);
+  std::lock_guard<std::mutex> l(mu_);
+  if (!connected_) return absl::UnavailableError(absl::StrCat("workers are not ready: ", error_));
+  sr.seq_id = next_seq_id_++;
+  RETURN_IF_ERROR(scheduler_->Add(sr));
+  auto s = std::make_shared<SeqStream>();
+  s->seq_id = sr.seq_id;
+  s->request_id = r.request_id();
+  streams_[sr.seq_id] = s;
+  SeqTiming& t = timing_[sr.seq_id];
+  t.arrival = std::chrono::steady_clock::now();
+  t.prompt_tokens = n;
+  remaining_[sr.seq_id] = n + sr.max_new_tokens;
+  cv_.notify_all();
+  return s;
+}
+
+void Engine::Cancel(int64_t seq_id) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = streams_.find(seq_id);
+  if (it == streams_.end()) return;
+  if (scheduler_) scheduler_->Abort(seq_id);
+  released_.push_back(seq_id);
+  metrics_.Finished(timing_[seq_id], "abort");
+  {
+    std::lock_guard<std::mutex> sl(it->second->mu);
+    it->second->done = true;
+  }
+  it->second->cv.notify_all();
+  streams_.erase(it);
+  timing_.erase(seq_id);
+  remaining_.erase(seq_id);
+  if (blocks_) metrics_.kv_usage->Set(blocks_->Usage());
+  cv_.notify_all();
+}
+
+v1::StatusReply Engine::GetStatus() {
+  std::lock_guard<std::mutex> l(mu_);
+  v1::StatusReply r;
+  bool stepped = last_ok_step_ != std::chrono::steady_clock::time_point{};
+  r.set_ready(connected_ && stepped);
+  int64_t outstanding = 0;
+  for (auto& [id, t] : timing_) {
+    auto it = remaining_.find(id);
+    if (it != remaining_.end()) outstanding += std::max<int64_t>(0, it->second - t.generated);
+  }
+  r.set_outstanding_tokens(outstanding);
+  if (scheduler_) {
+    r.set_num_running(static_cast<int32_t>(scheduler_->num_running()));
+    r.set_num_waiting(static_cast<int32_t>(scheduler_->num_waiting()));
+  }
+  r.set_max_model_len(o_.max_model_len);
+  r.set_model(o_.model_name);
+  r.set_vocab_size(static_cast<int32_t>(o_.config.vocab_size));
+  if (blocks_) r.set_kv_usage(blocks_->Usage());
+  r.set_error(error_);
+  return r;
+}
+
+}  // namespace moeshard

@@ -1,0 +1,94 @@
+#include "coordinator/worker_pool.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <future>
+
+#include "absl/strings/str_cat.h"
+#include "worker/service/worker_service.h"
+
+namespace moeshard {
+
+WorkerPool::WorkerPool(std::vector<std::string> addresses) : addresses_(std::move(addresses)) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(256 << 20);
+  args.SetMaxSendMessageSize(256 << 20);
+  for (const auto& a : addresses_) {
+    stubs_.push_back(v1::Worker::NewStub(grpc::CreateCustomChannel(a, grpc::InsecureChannelCredentials(), args)));
+  }
+}
+
+absl::Status WorkerPool::Handshake(const Plan& plan, const HandshakeOptions& o) {
+  if (plan.num_workers != size()) {
+    return absl::InvalidArgumentError(absl::StrCat("plan is for ", plan.num_workers, " workers, ", size(), " given"));
+  }
+  std::vector<std::future<absl::Status>> done;
+  for (int w = 0; w < size(); ++w) {
+    done.push_back(std::async(std::launch::async, [&, w]() -> absl::Status {
+      const ShardSpec& s = plan.shards[w];
+      v1::HandshakeRequest req;
+      req.set_protocol_version(kProtocolVersion);
+      req.set_model_fingerprint(o.model_fingerprint);
+      req.set_worker_index(w);
+      req.set_num_workers(size());
+      auto* sp = req.mutable_shard();
+      sp->set_layer_begin(s.layer_begin);
+      sp->set_layer_end(s.layer_end);
+      sp->set_tp_rank(s.tp_rank);
+      sp->set_tp_size(s.tp_size);
+      sp->set_first_stage(s.first_stage);
+      sp->set_last_stage(s.last_stage);
+      sp->set_pp_rank(w / plan.tp_size);
+      sp->set_pp_size(plan.pp_size);
+      req.set_store_address(o.store_address);
+      req.set_group_id(o.group_id);
+      req.set_num_kv_blocks(o.num_kv_blocks);
+      req.set_block_size(o.block_size);
+      req.set_timeout_ms(o.timeout_ms);
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(o.timeout_ms + 600000));
+      ctx.set_wait_for_ready(true);
+      v1::HandshakeReply rep;
+      grpc::Status st = stubs_[w]->Handshake(&ctx, req, &rep);
+      if (!st.ok()) return absl::UnavailableError(absl::StrCat("worker ", w, " (", addresses_[w], "): ", st.error_message()));
+      if (rep.protocol_version() != kProtocolVersion) {
+        return absl::FailedPreconditionError(absl::StrCat("worker ", w, " speaks protocol ", rep.protocol_version()));
+      }
+      if (!rep.error().empty()) return absl::FailedPreconditionError(absl::StrCat("worker ", w, " (", addresses_[w], "): ", rep.error()));
+      return absl::OkStatus();
+    }));
+  }
+  absl::Status first = absl::OkStatus();
+  for (auto& f : done) {
+    absl::Status st = f.get();
+    if (first.ok() && !st.ok()) first = st;
+  }
+  for (int w = 0; w < size(); ++w) {
+    if (plan.shards[w].last_stage && plan.shards[w].tp_rank == 0) sampler_worker_ = w;
+  }
+  step_timeout_ms_ = o.timeout_ms * 4 + 60000;
+  return first;
+}
+
+absl::StatusOr<v1::StepReply> WorkerPool::Step(const v1::StepRequest& request) {
+  std::vector<v1::StepReply> replies(size());
+  std::vector<std::future<grpc::Status>> done;
+  for (int w = 0; w < size(); ++w) {
+    done.push_back(std::async(std::launch::async, [&, w] {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(step_timeout_ms_));
+      return stubs_[w]->Step(&ctx, request, &replies[w]);
+    }));
+  }
+  absl::Status first = absl::OkStatus();
+  for (int w = 0; w < size(); ++w) {
+    grpc::Status st = done[w].get();
+    if (!st.ok() && first.ok()) {
+      first = absl::UnavailableError(absl::StrCat("worker ", w, " (", addresses_[w], ") step ", request.step_id(), ": ", st.error_message()));
+    }
+  }
+  if (!first.ok()) return first;
+  return replies[sampler_worker_];
+}
+
+}  // namespace moeshard

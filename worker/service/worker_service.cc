@@ -1,0 +1,207 @@
+#include "worker/service/worker_service.h"
+
+#include <chrono>
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "common/comm/gloo_communicator.h"
+#include "common/metrics/metrics.h"
+#include "common/status.h"
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "worker/service/grpc_kv_store.h"
+#include "worker/service/instrumented_communicator.h"
+
+namespace moeshard {
+namespace {
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  grpc::StatusCode code = grpc::StatusCode::INTERNAL;
+  switch (s.code()) {
+    case absl::StatusCode::kInvalidArgument: code = grpc::StatusCode::INVALID_ARGUMENT; break;
+    case absl::StatusCode::kFailedPrecondition: code = grpc::StatusCode::FAILED_PRECONDITION; break;
+    case absl::StatusCode::kDeadlineExceeded: code = grpc::StatusCode::DEADLINE_EXCEEDED; break;
+    case absl::StatusCode::kNotFound: code = grpc::StatusCode::NOT_FOUND; break;
+    case absl::StatusCode::kUnavailable: code = grpc::StatusCode::UNAVAILABLE; break;
+    case absl::StatusCode::kAborted: code = grpc::StatusCode::ABORTED; break;
+    default: break;
+  }
+  return grpc::Status(code, std::string(s.message()));
+}
+
+SamplingParams FromProto(const v1::SamplingOptions& s) {
+  SamplingParams p;
+  p.temperature = s.temperature();
+  p.top_k = s.top_k();
+  p.top_p = s.top_p() > 0 ? s.top_p() : 1.f;
+  p.min_p = s.min_p();
+  p.has_seed = s.has_seed();
+  p.seed = s.seed();
+  return p;
+}
+
+}  // namespace
+
+WorkerServiceImpl::WorkerServiceImpl(WorkerOptions options, std::shared_ptr<prometheus::Registry> registry)
+    : options_(std::move(options)), registry_(std::move(registry)) {
+  step_seconds_ = &prometheus::BuildHistogram().Name("moeshard:worker_step_seconds")
+                       .Help("Time of one step on this worker, by phase").Register(*registry_);
+  auto& steps = prometheus::BuildCounter().Name("moeshard:worker_steps_total").Help("Steps run, by result").Register(*registry_);
+  steps_ok_ = &steps.Add({{"result", "ok"}});
+  steps_failed_ = &steps.Add({{"result", "error"}});
+  auto& mem = prometheus::BuildGauge().Name("moeshard:worker_memory_bytes")
+                  .Help("Memory this worker holds, by kind (weights are memory-mapped)").Register(*registry_);
+  weight_bytes_ = &mem.Add({{"kind", "weights"}});
+  kv_bytes_ = &mem.Add({{"kind", "kv_cache"}});
+}
+
+WorkerServiceImpl::~WorkerServiceImpl() {
+  if (comm_) comm_->Abort();
+}
+
+grpc::Status WorkerServiceImpl::Handshake(grpc::ServerContext*, const v1::HandshakeRequest* req, v1::HandshakeReply* rep) {
+  std::lock_guard<std::mutex> l(mu_);
+  rep->set_protocol_version(kProtocolVersion);
+  absl::Status st = DoHandshake(*req, rep);
+  if (!st.ok()) {
+    rep->set_error(std::string(st.message()));
+    std::fprintf(stderr, "moeshard-worker: handshake refused: %s\n", std::string(st.message()).c_str());
+  }
+  return grpc::Status::OK;
+}
+
+absl::Status WorkerServiceImpl::DoHandshake(const v1::HandshakeRequest& req, v1::HandshakeReply* rep) {
+  if (req.protocol_version() != kProtocolVersion) {
+    return absl::FailedPreconditionError(absl::StrCat("protocol version ", req.protocol_version(), " (this worker speaks ", kProtocolVersion, ")"));
+  }
+  // A new handshake replaces the previous group (the coordinator restarted it).
+  if (comm_) comm_->Abort();
+  runner_.reset();
+  comm_.reset();
+  ready_ = false;
+  broken_.clear();
+  samplers_.clear();
+  if (!model_) {
+    ASSIGN_OR_RETURN(LoadedModel m, LoadModel(options_.model_path, /*load_tokenizer=*/false));
+    model_ = std::make_unique<LoadedModel>(std::move(m));
+  }
+  rep->set_model_fingerprint(model_->config.Fingerprint());
+  if (req.model_fingerprint() != model_->config.Fingerprint()) {
+    return absl::FailedPreconditionError(absl::StrCat("model mismatch: coordinator has ", req.model_fingerprint(),
+                                                      ", this worker loaded ", model_->config.Fingerprint()));
+  }
+  const v1::ShardProto& sp = req.shard();
+  ShardSpec shard{sp.layer_begin(), sp.layer_end(), sp.tp_rank(), sp.tp_size(), sp.first_stage(), sp.last_stage()};
+  if (req.num_workers() < 1 || req.worker_index() < 0 || req.worker_index() >= req.num_workers()) {
+    return absl::InvalidArgumentError("handshake: worker index out of range");
+  }
+  auto timeout = std::chrono::milliseconds(req.timeout_ms() > 0 ? req.timeout_ms() : 60000);
+  GrpcKvStore store(req.store_address());
+  ASSIGN_OR_RETURN(auto comm, CreateGlooCommunicator(&store, req.group_id(), req.worker_index(), req.num_workers(),
+                                                     options_.host, timeout));
+  comm_ = std::make_unique<InstrumentedCommunicator>(std::move(comm), *registry_);
+  comm_->set_timeout(timeout);
+  RunnerOptions ro;
+  ro.num_kv_blocks = req.num_kv_blocks();
+  ro.block_size = req.block_size();
+  ASSIGN_OR_RETURN(runner_, ModelRunner::Create(model_->config, *model_->source, shard, ro,
+                                                shard.tp_size > 1 ? comm_.get() : nullptr));
+  shard_ = sp;
+  next_step_ = 0;
+  ready_ = true;
+  kv_bytes_->Set(static_cast<double>(runner_->kv_cache().bytes()));
+  rep->set_weight_bytes(0);
+  std::fprintf(stderr, "moeshard-worker: worker %d/%d ready, %s\n", req.worker_index(), req.num_workers(),
+               shard.DebugString().c_str());
+  return absl::OkStatus();
+}
+
+grpc::Status WorkerServiceImpl::Step(grpc::ServerContext* ctx, const v1::StepRequest* req, v1::StepReply* rep) {
+  std::unique_lock<std::mutex> l(mu_);
+  if (!ready_) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "worker has no plan: handshake first");
+  // Steps run in step_id order on every worker, so that the communicator calls match.
+  bool turn = cv_.wait_for(l, std::chrono::seconds(600), [&] { return next_step_ == req->step_id() || !ready_ || ctx->IsCancelled(); });
+  if (!turn || !ready_ || next_step_ != req->step_id()) {
+    return grpc::Status(grpc::StatusCode::ABORTED, absl::StrCat("step ", req->step_id(), " out of order (next is ", next_step_, ")"));
+  }
+  absl::Status st = broken_.empty() ? DoStep(*req, rep) : absl::AbortedError(broken_);
+  if (!st.ok() && broken_.empty()) {
+    broken_ = absl::StrCat("step ", req->step_id(), " failed: ", st.message());
+    if (comm_) comm_->Abort();
+  }
+  (st.ok() ? steps_ok_ : steps_failed_)->Increment();
+  ++next_step_;
+  cv_.notify_all();
+  return ToGrpc(st);
+}
+
+absl::Status WorkerServiceImpl::DoStep(const v1::StepRequest& req, v1::StepReply* rep) {
+  auto t0 = std::chrono::steady_clock::now();
+  auto phase = [&](const char* name, std::chrono::steady_clock::time_point since) {
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+    step_seconds_->Add({{"phase", name}}, LatencyBuckets()).Observe(s);
+  };
+  for (int64_t id : req.released_seqs()) samplers_.erase(id);
+  if (req.chunks().empty()) return absl::OkStatus();
+  std::vector<SeqChunk> batch;
+  int64_t T = 0;
+  for (const auto& c : req.chunks()) {
+    SeqChunk ch;
+    ch.tokens.assign(c.tokens().begin(), c.tokens().end());
+    ch.start_pos = c.start_pos();
+    ch.block_table.assign(c.block_table().begin(), c.block_table().end());
+    T += ch.tokens.size();
+    batch.push_back(std::move(ch));
+  }
+  RETURN_IF_ERROR(runner_->ValidateBatch(batch));
+  const int64_t H = runner_->config().hidden_size;
+  const int tp = shard_.tp_size(), pp_rank = shard_.pp_rank();
+  std::vector<float> hidden;
+  auto tp0 = std::chrono::steady_clock::now();
+  if (shard_.first_stage()) {
+    RETURN_IF_ERROR(runner_->Embed(batch, &hidden));
+  } else {
+    hidden.resize(T * H);
+    RETURN_IF_ERROR(comm_->Recv(hidden.data(), hidden.size() * sizeof(float), (pp_rank - 1) * tp + shard_.tp_rank()));
+    phase("recv", tp0);
+  }
+  auto tl = std::chrono::steady_clock::now();
+  RETURN_IF_ERROR(runner_->RunLayers(batch, &hidden));
+  phase("layers", tl);
+  if (!shard_.last_stage()) {
+    auto ts = std::chrono::steady_clock::now();
+    RETURN_IF_ERROR(comm_->Send(hidden.data(), hidden.size() * sizeof(float), (pp_rank + 1) * tp + shard_.tp_rank()));
+    phase("send", ts);
+  } else if (shard_.tp_rank() == 0) {
+    auto th = std::chrono::steady_clock::now();
+    std::vector<float> logits;
+    RETURN_IF_ERROR(runner_->Head(batch, hidden, &logits));
+    const int64_t V = runner_->config().vocab_size;
+    for (int i = 0; i < req.chunks_size(); ++i) {
+      const auto& c = req.chunks(i);
+      if (!c.sample()) continue;
+      const float* row = logits.data() + i * V;
+      auto it = samplers_.find(c.seq_id());
+      if (it == samplers_.end()) it = samplers_.emplace(c.seq_id(), Sampler(FromProto(c.sampling()))).first;
+      int32_t tok = it->second.Sample(row, V);
+      rep->add_seq_ids(c.seq_id());
+      v1::TokenOutput* out = rep->add_tokens();
+      out->set_token_id(tok);
+      if (c.logprobs() || c.top_logprobs() > 0) out->set_logprob(LogProb(row, V, tok));
+      if (c.top_logprobs() > 0) {
+        for (auto& [id, lp] : TopLogProbs(row, V, std::min(c.top_logprobs(), 20))) {
+          auto* t = out->add_top();
+          t->set_token_id(id);
+          t->set_logprob(lp);
+        }
+      }
+    }
+    phase("head_sample", th);
+  }
+  phase("total", t0);
+  rep->set_compute_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return absl::OkStatus();
+}
+
+}  // namespace moeshard

@@ -1,0 +1,62 @@
+// The worker's gRPC service: a versioned handshake (protocol, model identity, the plan's
+// slice for this worker) that loads only this worker's weights and joins the
+// communicator group, then Step calls run in step_id order: embed or receive hidden
+// states, run this shard's layers, send them on or (last stage) sample.
+// Thread-safety: gRPC calls arrive on several threads; steps are serialized by step_id.
+#pragma once
+
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "common/comm/communicator.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "proto/moeshard.grpc.pb.h"
+#include "worker/model_loader.h"
+#include "worker/model_runner.h"
+#include "worker/sampler.h"
+
+namespace moeshard {
+
+inline constexpr uint32_t kProtocolVersion = 1;
+
+struct WorkerOptions {
+  std::string model_path;
+  std::string host = "127.0.0.1";  // address peers use to reach this worker's communicator
+};
+
+class WorkerServiceImpl final : public v1::Worker::Service {
+ public:
+  WorkerServiceImpl(WorkerOptions options, std::shared_ptr<prometheus::Registry> registry);
+  ~WorkerServiceImpl() override;
+
+  grpc::Status Handshake(grpc::ServerContext* ctx, const v1::HandshakeRequest* req, v1::HandshakeReply* rep) override;
+  grpc::Status Step(grpc::ServerContext* ctx, const v1::StepRequest* req, v1::StepReply* rep) override;
+
+ private:
+  absl::Status DoHandshake(const v1::HandshakeRequest& req, v1::HandshakeReply* rep);
+  absl::Status DoStep(const v1::StepRequest& req, v1::StepReply* rep);
+
+  WorkerOptions options_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::mutex mu_;  // guards the state below and serializes handshakes
+  std::condition_variable cv_;
+  int64_t next_step_ = 0;
+  bool ready_ = false;
+  std::string broken_;  // non-empty once a step failed half-way: the group must restart
+  std::unique_ptr<LoadedModel> model_;
+  std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<ModelRunner> runner_;
+  v1::ShardProto shard_;
+  std::map<int64_t, Sampler> samplers_;
+  prometheus::Family<prometheus::Histogram>* step_seconds_ = nullptr;
+  prometheus::Counter* steps_ok_ = nullptr;
+  prometheus::Counter* steps_failed_ = nullptr;
+  prometheus::Gauge* weight_bytes_ = nullptr;
+  prometheus::Gauge* kv_bytes_ = nullptr;
+};
+
+}  // namespace moeshard
