@@ -74,6 +74,7 @@ absl::Status Up(const Args& a) {
   ASSIGN_OR_RETURN(int64_t port, a.GetInt("port", 0));
   const std::string host = a.Get("host", "127.0.0.1"), dir = SelfDir();
   std::vector<std::unique_ptr<ChildProcess>> procs;
+  std::vector<std::string> coord_metrics, worker_metrics;
   nlohmann::json router_pools = nlohmann::json::array();
   for (const PoolSpec& p : pools) {
     nlohmann::json coords = nlohmann::json::array();
@@ -83,6 +84,7 @@ absl::Status Up(const Args& a) {
         ASSIGN_OR_RETURN(auto c, ChildProcess::Start({dir + "/moeshard-worker", "--model", model, "--host", host}, 120));
         ASSIGN_OR_RETURN(std::string addr, FieldAfter(c->first_line(), "grpc"));
         absl::StrAppend(&workers, workers.empty() ? "" : ",", addr);
+        worker_metrics.push_back(FieldAfter(c->first_line(), "metrics").value_or(""));
         procs.push_back(std::move(c));
       }
       std::vector<std::string> cargs = {dir + "/moeshard-coordinator", "--model", model, "--workers", workers, "--mode", p.mode,
@@ -95,6 +97,7 @@ absl::Status Up(const Args& a) {
       ASSIGN_OR_RETURN(auto c, ChildProcess::Start(cargs, 120));
       ASSIGN_OR_RETURN(std::string addr, FieldAfter(c->first_line(), "grpc"));
       coords.push_back(addr);
+      coord_metrics.push_back(FieldAfter(c->first_line(), "metrics").value_or(""));
       procs.push_back(std::move(c));
     }
     router_pools.push_back({{"name", p.name}, {"max_model_len", p.max_model_len}, {"coordinators", coords}});
@@ -114,6 +117,10 @@ absl::Status Up(const Args& a) {
   std::string grpc_addr = FieldAfter(router->first_line(), "grpc").value_or("");
   procs.push_back(std::move(router));
   std::printf("moeshard up: %s grpc %s\n", url.c_str(), grpc_addr.c_str());
+  std::string metrics_line = url + "/metrics";
+  for (const auto& m : coord_metrics) absl::StrAppend(&metrics_line, " ", m);
+  for (const auto& m : worker_metrics) absl::StrAppend(&metrics_line, " ", m);
+  std::printf("moeshard up: metrics %s\n", metrics_line.c_str());
   std::fflush(stdout);
   // Wait for readiness (a real step has succeeded), then until a signal or a death.
   httplib::Client cli(url);

@@ -39,7 +39,7 @@ absl::StatusOr<GenerateResult> Generate(ModelRunner& runner, BlockAllocator& blo
   res.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
   std::string text;
   for (int64_t i = 0; i < opt.max_new_tokens; ++i) {
-    int32_t tok = sampler.Sample(logits.data(), V);
+    int32_t tok = sampler.Sample(logits.data(), V, pos);
     bool eos = std::find(opt.eos_ids.begin(), opt.eos_ids.end(), tok) != opt.eos_ids.end();
     if (eos) {
       res.finish_reason = "stop";

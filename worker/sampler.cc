@@ -28,8 +28,14 @@ int32_t ArgMax(const float* l, int64_t v) {
   return static_cast<int32_t>(best);
 }
 
-int32_t Sampler::Sample(const float* logits, int64_t vocab) {
+int32_t Sampler::Sample(const float* logits, int64_t vocab, int64_t position) {
   if (p_.temperature <= 0.f) return ArgMax(logits, vocab);
+  if (p_.has_seed && position >= 0) {
+    uint64_t z = p_.seed + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(position + 1);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    rng_.seed(z ^ (z >> 31));
+  }
   // Candidates sorted by logit (descending), ties by id for reproducibility.
   std::vector<int32_t> idx(vocab);
   std::iota(idx.begin(), idx.end(), 0);

@@ -26,7 +26,10 @@ struct SamplingParams {
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& p);
-  int32_t Sample(const float* logits, int64_t vocab);
+  // `position`: where the sampled token will sit. With a seed, the draw depends only on
+  // (seed, position), so a request's output does not depend on batching, preemption or a
+  // restarted worker group.
+  int32_t Sample(const float* logits, int64_t vocab, int64_t position = -1);
 
  private:
   SamplingParams p_;

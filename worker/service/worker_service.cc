@@ -184,7 +184,7 @@ absl::Status WorkerServiceImpl::DoStep(const v1::StepRequest& req, v1::StepReply
       const float* row = logits.data() + i * V;
       auto it = samplers_.find(c.seq_id());
       if (it == samplers_.end()) it = samplers_.emplace(c.seq_id(), Sampler(FromProto(c.sampling()))).first;
-      int32_t tok = it->second.Sample(row, V);
+      int32_t tok = it->second.Sample(row, V, c.start_pos() + c.tokens_size());
       rep->add_seq_ids(c.seq_id());
       v1::TokenOutput* out = rep->add_tokens();
       out->set_token_id(tok);
