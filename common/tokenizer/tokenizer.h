@@ -31,6 +31,11 @@ struct TokenizerSpec {
   std::vector<AddedToken> added;
   std::string split_regex;  // pre-tokenizer pattern; empty = the Qwen2 default
   bool nfc = false;
+  // ByteLevel's add_prefix_space: a space is put before each text segment (the text
+  // between added tokens) that does not start with one.
+  bool add_prefix_space = false;
+  // BPE's ignore_merges (Llama 3): a pre-token that is itself in the vocab is one token.
+  bool ignore_merges = false;
   std::optional<int32_t> bos_id, eos_id, pad_id;
 };
 
