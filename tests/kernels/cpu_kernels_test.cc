@@ -118,9 +118,11 @@ TEST(OpsTest, MatMulMatchesNaive) {
   }
   // Row and column slices select the same sub-matrix.
   WeightRef sub = w.RowSlice(3, 4).ColSlice(16, 32);
-  std::vector<float> ys(T * 4);
-  MatMul(x.data(), T, sub, ys.data(), nullptr);
-  std::vector<float> xs(T * 32);
+  std::vector<float> ys(T * 4), xs(T * 32);
+  for (int t = 0; t < T; ++t) {
+    for (int k = 0; k < 32; ++k) xs[t * 32 + k] = x[t * K + 16 + k];
+  }
+  MatMul(xs.data(), T, sub, ys.data(), nullptr);
   for (int t = 0; t < T; ++t) {
     for (int n = 0; n < 4; ++n) {
       double s = 0;

@@ -1,0 +1,205 @@
+// Randomized simulation of the scheduler: requests arrive, steps are scheduled several at a time
+// (pipeline micro-batches), complete in or out of order, sampled tokens come from a fake that
+// depends only on (sequence, position); some samples go missing, some requests are aborted. A
+// model of every sequence checks each plan and event against the contract.
+#include <cstdio>
+#include <deque>
+#include <map>
+#include <random>
+#include <set>
+
+#include "coordinator/scheduler.h"
+#include "gtest/gtest.h"
+
+namespace moeshard {
+namespace {
+
+constexpr int32_t kEos = 2;
+
+int32_t SimToken(int64_t seq_id, int64_t pos) {
+  const uint64_t h = (static_cast<uint64_t>(seq_id) * 0x9e3779b97f4a7c15ULL) ^ (static_cast<uint64_t>(pos) * 0xbf58476d1ce4e5b9ULL);
+  const uint64_t m = (h ^ (h >> 29)) * 0x94d049bb133111ebULL;
+  return (m >> 40) % 17 == 0 ? kEos : static_cast<int32_t>(1000 + (m >> 20) % 997);
+}
+
+struct Model {
+  SeqRequest req;
+  std::vector<int32_t> tokens, out;
+  int64_t computed = 0;
+  bool needs_admission = true, in_flight = false, aborted = false, finished = false;
+  std::string reason;
+};
+
+struct SimStats {
+  int64_t preemptions = 0, cache_hit_tokens = 0, aborted = 0, finished = 0;
+};
+
+void RunSim(uint32_t seed, SimStats* stats) {
+  std::mt19937 rng(seed);
+  auto rnd = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  const int64_t bs = int64_t{1} << rnd(0, 3), num_blocks = rnd(6, 40);
+  const bool caching = rnd(0, 1);
+  SchedulerConfig cfg;
+  cfg.max_num_seqs = rnd(1, 8);
+  cfg.max_tokens_per_step = rnd(cfg.max_num_seqs, 48);
+  cfg.max_model_len = rnd(8, 80);
+  const size_t depth = rnd(1, 4);
+  const bool fifo = rnd(0, 1);
+  SCOPED_TRACE(::testing::Message() << "seed " << seed << " bs " << bs << " blocks " << num_blocks << " caching "
+                                    << caching << " seqs " << cfg.max_num_seqs << " budget " << cfg.max_tokens_per_step
+                                    << " len " << cfg.max_model_len << " depth " << depth << " fifo " << fifo);
+  BlockManager bm(num_blocks, bs, caching);
+  Scheduler s(cfg, &bm);
+  std::vector<std::vector<int32_t>> bases(2);
+  for (auto& b : bases) {
+    for (int i = 0; i < 80; ++i) b.push_back(static_cast<int32_t>(rnd(0, 50)));
+  }
+  std::map<int64_t, Model> m;
+  std::deque<StepPlan> in_flight;
+  const int64_t kRequests = 50;
+  int64_t next_id = 0, preempted_events = 0, plan_preemptions = 0;
+  for (int iter = 0; iter < 200000; ++iter) {
+    if (next_id < kRequests && rnd(0, 2) == 0) {  // arrivals
+      SeqRequest r;
+      r.seq_id = next_id++;
+      const auto& base = bases[rnd(0, 1)];
+      r.prompt.assign(base.begin(), base.begin() + rnd(1, 60));
+      for (int64_t i = rnd(0, 3); i > 0; --i) r.prompt.push_back(static_cast<int32_t>(rnd(0, 50)));
+      r.max_new_tokens = rnd(1, 12);
+      r.eos_token_ids = {kEos};
+      r.ignore_eos = rnd(0, 3) == 0;
+      const int64_t len = r.prompt.size();
+      const bool fits = len <= cfg.max_model_len && (len + bs - 1) / bs <= num_blocks;
+      absl::Status st = s.Add(r);
+      ASSERT_EQ(st.ok(), fits) << st;
+      if (fits) {
+        Model& q = m[r.seq_id];
+        q.req = r;
+        q.tokens = r.prompt;
+      }
+    }
+    if (!m.empty() && rnd(0, 60) == 0) {  // abort a random request, wherever it is
+      auto it = std::next(m.begin(), rnd(0, m.size() - 1));
+      if (!it->second.finished && !it->second.aborted) {
+        s.Abort(it->first);
+        it->second.aborted = true;
+      }
+    }
+    while (in_flight.size() < depth) {
+      std::optional<StepPlan> p = s.Schedule();
+      if (!p) break;
+      ASSERT_FALSE(p->chunks.empty());
+      ASSERT_LE(p->num_tokens(), cfg.max_tokens_per_step);
+      ASSERT_LE(static_cast<int64_t>(p->chunks.size()), cfg.max_num_seqs);
+      plan_preemptions += p->preempted.size();
+      for (int64_t id : p->preempted) {
+        Model& q = m.at(id);
+        ASSERT_FALSE(q.in_flight) << "preempted an in-flight sequence";
+        q.needs_admission = true;
+        q.computed = 0;
+      }
+      std::set<int64_t> ids;
+      for (const ChunkPlan& c : p->chunks) {
+        ASSERT_TRUE(ids.insert(c.seq_id).second);
+        Model& q = m.at(c.seq_id);
+        ASSERT_FALSE(q.in_flight) << "seq " << c.seq_id << " in two steps";
+        ASSERT_FALSE(q.aborted || q.finished);
+        const int64_t total = q.tokens.size(), end = c.start_pos + c.tokens.size();
+        if (q.needs_admission) {
+          ASSERT_EQ(c.start_pos % bs, 0);
+          ASSERT_TRUE(caching || c.start_pos == 0);
+          q.needs_admission = false;
+        } else {
+          ASSERT_EQ(c.start_pos, q.computed) << "seq " << c.seq_id;
+        }
+        ASSERT_GE(c.tokens.size(), 1u);
+        ASSERT_LE(end, total);
+        ASSERT_EQ(c.tokens, std::vector<int32_t>(q.tokens.begin() + c.start_pos, q.tokens.begin() + end));
+        ASSERT_EQ(c.sample, end == total);
+        ASSERT_GE(static_cast<int64_t>(c.block_table.size()) * bs, end);
+        q.in_flight = true;
+      }
+      in_flight.push_back(std::move(*p));
+    }
+    absl::Status st = s.CheckIntegrity();
+    ASSERT_TRUE(st.ok()) << "iter " << iter << ": " << st;
+    if (in_flight.empty()) {
+      ASSERT_FALSE(s.HasWork()) << "stalled: work left, nothing in flight, nothing scheduled";
+      if (next_id == kRequests) break;
+      continue;
+    }
+    const size_t idx = fifo ? 0 : rnd(0, in_flight.size() - 1);
+    StepPlan step = std::move(in_flight[idx]);
+    in_flight.erase(in_flight.begin() + idx);
+    std::vector<std::pair<int64_t, int32_t>> sampled;
+    for (const ChunkPlan& c : step.chunks) {
+      Model& q = m.at(c.seq_id);
+      q.in_flight = false;
+      const bool dropped = c.sample && rnd(0, 29) == 0;
+      if (c.sample && !dropped) sampled.push_back({c.seq_id, SimToken(c.seq_id, c.start_pos + c.tokens.size())});
+      q.computed = c.start_pos + c.tokens.size() - (dropped ? 1 : 0);
+    }
+    for (const SeqEvent& e : s.OnStepDone(step, sampled)) {
+      Model& q = m.at(e.seq_id);
+      ASSERT_FALSE(q.aborted) << "event after abort for seq " << e.seq_id;
+      ASSERT_FALSE(q.finished) << "event after finish for seq " << e.seq_id;
+      preempted_events += e.preempted;
+      if (e.token) {
+        ASSERT_EQ(*e.token, SimToken(e.seq_id, q.tokens.size())) << "seq " << e.seq_id;
+        q.tokens.push_back(*e.token);
+        q.out.push_back(*e.token);
+        ASSERT_EQ(e.is_stop_token, *e.token == kEos && !q.req.ignore_eos);
+      }
+      if (e.finished) {
+        q.finished = true;
+        q.reason = e.finish_reason;
+      }
+    }
+    st = s.CheckIntegrity();
+    ASSERT_TRUE(st.ok()) << "iter " << iter << ": " << st;
+  }
+  ASSERT_EQ(next_id, kRequests);
+  ASSERT_FALSE(s.HasWork());
+  EXPECT_EQ(plan_preemptions, s.num_preemptions());
+  EXPECT_LE(preempted_events, plan_preemptions);  // aborts drop undelivered events
+  for (const auto& [id, q] : m) {
+    if (q.aborted) continue;
+    ASSERT_TRUE(q.finished) << "seq " << id << " never finished";
+    ASSERT_LE(static_cast<int64_t>(q.out.size()), q.req.max_new_tokens);
+    for (size_t i = 0; i + 1 < q.out.size(); ++i) {
+      ASSERT_TRUE(q.out[i] != kEos || q.req.ignore_eos) << "seq " << id << " went past a stop token";
+    }
+    const int64_t total = q.tokens.size();
+    if (q.reason == "stop") {
+      ASSERT_TRUE(q.out.back() == kEos && !q.req.ignore_eos);
+    } else {
+      ASSERT_EQ(q.reason, "length");
+      ASSERT_TRUE(static_cast<int64_t>(q.out.size()) == q.req.max_new_tokens || total >= cfg.max_model_len ||
+                  (total + bs - 1) / bs > num_blocks)
+          << "seq " << id << " stopped early for length";
+    }
+  }
+  EXPECT_EQ(bm.num_free_blocks(), num_blocks);
+  EXPECT_EQ(bm.Usage(), 0.0);
+  stats->preemptions += s.num_preemptions();
+  stats->cache_hit_tokens += bm.prefix_hit_tokens();
+  for (const auto& [id, q] : m) (q.aborted ? stats->aborted : stats->finished) += 1;
+}
+
+TEST(SchedulerSimTest, RandomizedInvariantsAndCompletion) {
+  SimStats stats;
+  for (uint32_t seed = 1; seed <= 300; ++seed) {
+    RunSim(seed, &stats);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  // The runs exercised what they are meant to.
+  EXPECT_GT(stats.preemptions, 100);
+  EXPECT_GT(stats.cache_hit_tokens, 1000);
+  EXPECT_GT(stats.aborted, 50);
+  EXPECT_GT(stats.finished, 5000);
+  std::printf("sim: %ld preemptions, %ld cached tokens, %ld aborted, %ld finished\n", static_cast<long>(stats.preemptions),
+              static_cast<long>(stats.cache_hit_tokens), static_cast<long>(stats.aborted), static_cast<long>(stats.finished));
+}
+
+}  // namespace
+}  // namespace moeshard
