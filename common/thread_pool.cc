@@ -35,7 +35,8 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
   grain = std::max<int64_t>(grain, 1);
   int64_t max_chunks = std::max<int64_t>(1, n / grain);
   int64_t chunks = std::min<int64_t>(max_chunks, static_cast<int64_t>(size()) * 4);
-  if (chunks <= 1 || workers_.empty()) {
+  std::unique_lock<std::mutex> owner(call_mu_, std::try_to_lock);
+  if (chunks <= 1 || workers_.empty() || !owner.owns_lock()) {
     fn(0, n);
     return;
   }

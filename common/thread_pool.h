@@ -1,5 +1,6 @@
 // A fixed pool of worker threads for data-parallel loops (the CPU backend's matrix products).
-// ParallelFor may be called from one thread at a time per pool; it blocks until all chunks ran.
+// ParallelFor may be called from any thread; while one caller uses the workers, other
+// callers run their loop inline. It blocks until all chunks ran.
 #pragma once
 
 #include <condition_variable>
@@ -27,6 +28,7 @@ class ThreadPool {
  private:
   void WorkerLoop(int idx);
   std::vector<std::thread> workers_;
+  std::mutex call_mu_;  // held by the caller that owns the workers
   std::mutex mu_;
   std::condition_variable cv_, done_cv_;
   const std::function<void(int64_t, int64_t)>* job_ = nullptr;

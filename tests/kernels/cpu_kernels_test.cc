@@ -126,7 +126,7 @@ TEST(OpsTest, MatMulMatchesNaive) {
   for (int t = 0; t < T; ++t) {
     for (int n = 0; n < 4; ++n) {
       double s = 0;
-      for (int k = 0; k < 32; ++k) s += static_cast<double>(x[t * K + k]) * Bf16ToF32(wb[(3 + n) * K + 16 + k]);
+      for (int k = 0; k < 32; ++k) s += static_cast<double>(xs[t * 32 + k]) * Bf16ToF32(wb[(3 + n) * K + 16 + k]);
       EXPECT_NEAR(ys[t * 4 + n], s, 1e-4);
     }
   }
