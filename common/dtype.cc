@@ -75,7 +75,7 @@ absl::StatusOr<uint64_t> DTypeBytes(DType t, uint64_t n) {
   return n * per;
 }
 
-float F16ToF32(uint16_t h) {
+float F16ToF32Exact(uint16_t h) {
   uint32_t sign = (h >> 15) & 1, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
   float v;
   if (exp == 0) {
@@ -108,7 +108,7 @@ uint16_t F32ToF16(float f) {
   return static_cast<uint16_t>(sign | (exp << 10) | mant);
 }
 
-float E4M3ToF32(uint8_t v) {
+float E4M3ToF32Exact(uint8_t v) {
   uint32_t sign = v >> 7, exp = (v >> 3) & 0xf, man = v & 7;
   float r;
   if (exp == 15 && man == 7) return NAN;
@@ -129,6 +129,24 @@ uint8_t F32ToE4M3(float f) {
     if (d < best_d || (d == best_d && (c & 1) == 0)) { best_d = d; best = c; }
   }
   return sign | best;
+}
+
+const float* F16Table() {
+  static float* t = [] {
+    float* a = new float[65536];
+    for (uint32_t i = 0; i < 65536; ++i) a[i] = F16ToF32Exact(static_cast<uint16_t>(i));
+    return a;
+  }();
+  return t;
+}
+
+const float* E4M3Table() {
+  static float* t = [] {
+    float* a = new float[256];
+    for (uint32_t i = 0; i < 256; ++i) a[i] = E4M3ToF32Exact(static_cast<uint8_t>(i));
+    return a;
+  }();
+  return t;
 }
 
 float E5M2ToF32(uint8_t v) {

@@ -39,9 +39,20 @@ inline uint16_t F32ToBf16(float f) {
   u += 0x7fffu + ((u >> 16) & 1u);
   return static_cast<uint16_t>(u >> 16);
 }
-float F16ToF32(uint16_t h);
+float F16ToF32Exact(uint16_t h);
+// Table lookups (built once): the hot paths expand f16 weights and e4m3 scales per element.
+const float* F16Table();
+const float* E4M3Table();
+inline float F16ToF32(uint16_t h) {
+  static const float* t = F16Table();
+  return t[h];
+}
 uint16_t F32ToF16(float f);
-float E4M3ToF32(uint8_t v);
+float E4M3ToF32Exact(uint8_t v);
+inline float E4M3ToF32(uint8_t v) {
+  static const float* t = E4M3Table();
+  return t[v];
+}
 uint8_t F32ToE4M3(float f);  // round to nearest even, saturating at 448
 float E5M2ToF32(uint8_t v);
 // E2M1 (FP4) code: bit 3 sign, bits 0-2 index {0, .5, 1, 1.5, 2, 3, 4, 6}.
