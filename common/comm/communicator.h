@@ -4,7 +4,10 @@
 // nccl.h in any header). Every call returns a status; a call that does not complete by
 // the deadline returns DeadlineExceeded and leaves the communicator aborted.
 // Thread-safety: one thread issues the calls of one communicator; all ranks issue the
-// same collectives in the same order.
+// same collectives in the same order. Abort() is the exception: any thread may call it,
+// also while another call is pending.
+// Send may block until the peer posts the matching Recv (Gloo and NCCL do; the local
+// communicator buffers), so ranks must not all Send to each other before receiving.
 #pragma once
 
 #include <chrono>

@@ -35,7 +35,7 @@ class LocalCommunicator : public Communicator {
     }
     if (g_->aborted_) return Aborted();
     if (g_->result_.size() != out_count) return absl::InvalidArgumentError("collective: ranks passed different counts");
-    std::memcpy(out, g_->result_.data(), out_count * sizeof(float));
+    if (out_count > 0) std::memcpy(out, g_->result_.data(), out_count * sizeof(float));
     if (--g_->departed_ == 0) g_->cv_.notify_all();
     return absl::OkStatus();
   }
