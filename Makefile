@@ -8,7 +8,7 @@ CMAKE_FLAGS ?=
 MODEL      ?= $(BUILD)/models/muse-spark-tiny-nvfp4
 PROMPT     ?= The quick brown fox
 
-.PHONY: all deps build run test test-unit test-asan clean
+.PHONY: all deps build run test test-unit test-asan test-e2e test-deploy clean
 
 all: build
 
@@ -24,8 +24,10 @@ build: deps $(BUILD)/build.ninja
 $(MODEL)/config.json: | build
 	$(BUILD)/moeshard make-model --arch muse_spark --preset tiny --nvfp4 --seed 7 --out $(MODEL)
 
+# Starts a local cluster (router, coordinator, 2 workers in tensor parallel) on the default model,
+# sends one request through the OpenAI API, prints the answer, and stops the cluster.
 run: build $(MODEL)/config.json
-	$(BUILD)/moeshard generate --model $(MODEL) --prompt "$(PROMPT)" -n 32 --temperature 0.8 --seed 1
+	@bash scripts/run_demo.sh $(BUILD) $(MODEL) "$(PROMPT)"
 
 test-unit: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
@@ -36,7 +38,15 @@ test-asan: deps
 	cmake --build $(ASAN_BUILD) -j $(JOBS) --target formats_test tokenizer_test
 	cd $(ASAN_BUILD) && ctest --output-on-failure -R 'formats_test|tokenizer_test'
 
-test: test-unit test-asan
+# End-to-end: real clusters on loopback in both modes, real clients (openai, grpc-js, promtool).
+test-e2e: build
+	bash tests/e2e/run.sh $(BUILD)
+
+# Deployment files: compose, YAML, Prometheus rules, dashboards against a live cluster.
+test-deploy: build
+	bash tests/deploy/run.sh $(BUILD)
+
+test: test-unit test-asan test-e2e test-deploy
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD)

@@ -2,12 +2,16 @@
 # Installs every build and test dependency of moeshard from Debian 12's packages.
 # Idempotent: does nothing when all packages are present. Runs as root (CI) or via sudo.
 set -euo pipefail
+# The build's packages: deploy/docker/Dockerfile.cpu installs the same (tests/deploy checks it).
 PKGS=(
   build-essential cmake ninja-build pkg-config git
   libgrpc++-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
   libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev libgloo-dev
   libpcre2-dev libicu-dev nlohmann-json3-dev libcpp-httplib-dev libssl-dev zlib1g-dev
-  curl prometheus
+)
+# What only the tests use (tests/deploy: compose, YAML, Prometheus checks).
+PKGS+=(
+  curl prometheus docker-compose yamllint python3-yaml
 )
 missing=()
 for p in "${PKGS[@]}"; do
