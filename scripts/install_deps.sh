@@ -11,7 +11,7 @@ PKGS=(
 )
 # What only the tests use (tests/deploy: compose, YAML, Prometheus checks).
 PKGS+=(
-  curl prometheus docker-compose yamllint python3-yaml
+  curl prometheus docker-compose yamllint python3 python3-yaml
 )
 missing=()
 for p in "${PKGS[@]}"; do
