@@ -4,20 +4,10 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "worker/service/proto_convert.h"
 
 namespace moeshard {
 namespace {
-
-SamplingParams FromProto(const v1::SamplingOptions& s) {
-  SamplingParams p;
-  p.temperature = s.temperature();
-  p.top_k = s.top_k();
-  p.top_p = s.top_p() > 0 ? s.top_p() : 1.f;
-  p.min_p = s.min_p();
-  p.has_seed = s.has_seed();
-  p.seed = s.seed();
-  return p;
-}
 
 void ToProto(const ChunkPlan& c, v1::ChunkProto* p) {
   p->set_seq_id(c.seq_id);
@@ -26,12 +16,7 @@ void ToProto(const ChunkPlan& c, v1::ChunkProto* p) {
   p->mutable_block_table()->Add(c.block_table.begin(), c.block_table.end());
   p->set_sample(c.sample);
   if (c.sample) {
-    auto* s = p->mutable_sampling();
-    s->set_temperature(c.sampling.temperature);
-    s->set_top_k(c.sampling.top_k);
-    s->set_top_p(c.sampling.top_p);
-    s->set_min_p(c.sampling.min_p);
-    if (c.sampling.has_seed) s->set_seed(c.sampling.seed);
+    SamplingToProto(c.sampling, p->mutable_sampling());
     p->set_logprobs(c.logprobs);
     p->set_top_logprobs(c.top_logprobs);
   }
@@ -264,7 +249,7 @@ absl::StatusOr<std::shared_ptr<SeqStream>> Engine::Submit(const v1::SeqRequest& 
   sr.stop_token_ids.assign(r.stop_token_ids().begin(), r.stop_token_ids().end());
   sr.eos_token_ids = o_.config.eos_token_ids;
   sr.ignore_eos = r.ignore_eos();
-  sr.sampling = FromProto(r.sampling());
+  sr.sampling = SamplingFromProto(r.sampling());
   sr.logprobs = r.logprobs();
   sr.top_logprobs = std::min(r.top_logprobs(), 20);
   std::lock_guard<std::mutex> l(mu_);

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "worker/service/proto_convert.h"
 #include "common/comm/gloo_communicator.h"
 #include "common/metrics/metrics.h"
 #include "common/status.h"
@@ -28,17 +29,6 @@ grpc::Status ToGrpc(const absl::Status& s) {
     default: break;
   }
   return grpc::Status(code, std::string(s.message()));
-}
-
-SamplingParams FromProto(const v1::SamplingOptions& s) {
-  SamplingParams p;
-  p.temperature = s.temperature();
-  p.top_k = s.top_k();
-  p.top_p = s.top_p() > 0 ? s.top_p() : 1.f;
-  p.min_p = s.min_p();
-  p.has_seed = s.has_seed();
-  p.seed = s.seed();
-  return p;
 }
 
 }  // namespace
@@ -183,7 +173,7 @@ absl::Status WorkerServiceImpl::DoStep(const v1::StepRequest& req, v1::StepReply
       if (!c.sample()) continue;
       const float* row = logits.data() + i * V;
       auto it = samplers_.find(c.seq_id());
-      if (it == samplers_.end()) it = samplers_.emplace(c.seq_id(), Sampler(FromProto(c.sampling()))).first;
+      if (it == samplers_.end()) it = samplers_.emplace(c.seq_id(), Sampler(SamplingFromProto(c.sampling()))).first;
       int32_t tok = it->second.Sample(row, V, c.start_pos() + c.tokens_size());
       rep->add_seq_ids(c.seq_id());
       v1::TokenOutput* out = rep->add_tokens();
