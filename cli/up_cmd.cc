@@ -7,6 +7,7 @@
 //   "workers": 2, "mode": "tensor-parallel", "layer_split": "2,1"}]}; without it one pool
 // "default" of one replica with --workers/--mode/--layer-split.
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -132,7 +133,9 @@ absl::Status Up(const Args& a) {
     for (auto& p : procs) {
       int st;
       if (p->Poll(&st)) {
-        result = absl::AbortedError(absl::StrCat(p->name(), " (pid ", p->pid(), ") exited with status ", WEXITSTATUS(st)));
+        result = absl::AbortedError(WIFSIGNALED(st)
+                                        ? absl::StrCat(p->name(), " (pid ", p->pid(), ") was killed by signal ", WTERMSIG(st))
+                                        : absl::StrCat(p->name(), " (pid ", p->pid(), ") exited with status ", WEXITSTATUS(st)));
         g_stop = true;
       }
     }

@@ -24,7 +24,8 @@ grpc::Status CoordinatorServiceImpl::Generate(grpc::ServerContext* ctx, const v1
       batch.swap(stream->updates);
       done = stream->done;
     }
-    if (ctx->IsCancelled()) {
+    // A finished sequence is not an abort, whatever the client does after the last update.
+    if (ctx->IsCancelled() && !(done && batch.empty())) {
       std::fprintf(stderr, "moeshard-coordinator: [%s] client cancelled, aborting seq %ld\n", stream->request_id.c_str(),
                    static_cast<long>(stream->seq_id));
       engine_->Cancel(stream->seq_id);

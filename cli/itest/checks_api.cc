@@ -1,0 +1,191 @@
+// OpenAI API formats: completions streamed and not (the same tokens both ways, SSE
+// chunks that parse and end in [DONE]), text prompts and chat when the model has a
+// tokenizer, and logprobs / top_logprobs present, consistent and sorted.
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "cli/itest/suite.h"
+#include "common/status.h"
+
+namespace moeshard::itest {
+namespace {
+
+absl::Status SameOutput(const GenResult& a, const GenResult& b, const std::string& what) {
+  if (a.token_ids != b.token_ids)
+    return absl::InternalError(absl::StrCat(what, ": token ids differ: ", DescribeDiff(a.token_ids, b.token_ids)));
+  if (a.text != b.text)
+    return absl::InternalError(absl::StrCat(what, ": text differs: '", a.text, "' vs '", b.text, "'"));
+  if (a.finish_reason != b.finish_reason) {
+    return absl::InternalError(absl::StrCat(what, ": finish_reason ", a.finish_reason, " vs ", b.finish_reason));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CompletionFormat(Context& ctx, GenResult* out) {
+  GenRequest r;
+  r.prompt_ids = MakePrompt(8, 1, ctx.prompt_vocab);
+  r.max_tokens = 8;
+  ASSIGN_OR_RETURN(GenResult g, ctx.api->Complete(r));
+  if (g.finish_reason != "length")
+    return absl::InternalError(absl::StrCat("finish_reason '", g.finish_reason, "' with ignore_eos"));
+  if (g.token_ids.size() != 8) return absl::InternalError(absl::StrCat(g.token_ids.size(), " token_ids, want 8"));
+  if (g.prompt_token_ids != r.prompt_ids) {
+    return absl::InternalError(
+        absl::StrCat("prompt_token_ids ", FormatIds(g.prompt_token_ids), " != the prompt ", FormatIds(r.prompt_ids)));
+  }
+  if (g.prompt_tokens != 8)
+    return absl::InternalError(absl::StrCat("usage.prompt_tokens ", g.prompt_tokens, ", want 8"));
+  for (int32_t id : g.token_ids) {
+    if (id < 0 || (ctx.vocab > 0 && id >= ctx.vocab))
+      return absl::InternalError(absl::StrCat("token id ", id, " outside the vocabulary"));
+  }
+  if (!g.response.contains("created") || !g.response["created"].is_number_integer()) {
+    return absl::InternalError("response without an integer 'created'");
+  }
+  if (g.response.value("model", "") != ctx.model_name)
+    return absl::InternalError("response 'model' is not the served model");
+  *out = g;
+  return absl::OkStatus();
+}
+
+absl::Status CompletionStream(Context& ctx, const GenResult& whole) {
+  if (whole.token_ids.empty()) return Skip("the non-streamed completion failed");
+  GenRequest r;
+  r.prompt_ids = MakePrompt(8, 1, ctx.prompt_vocab);
+  r.max_tokens = 8;
+  ASSIGN_OR_RETURN(GenResult s, ctx.api->CompleteStream(r));
+  if (s.num_chunks < 2) return absl::InternalError(absl::StrCat("only ", s.num_chunks, " chunks for 8 tokens"));
+  if (s.completion_tokens < 0) return absl::InternalError("no usage chunk with stream_options.include_usage");
+  return SameOutput(whole, s, "stream vs non-stream");
+}
+
+absl::Status TextPrompt(Context& ctx) {
+  if (!ctx.has_tokenizer) return Skip("the model has no tokenizer");
+  GenRequest r;
+  r.prompt_text = "The quick brown fox jumps over the lazy dog.";
+  r.max_tokens = 10;
+  ASSIGN_OR_RETURN(GenResult a, ctx.api->Complete(r));
+  ASSIGN_OR_RETURN(GenResult b, ctx.api->CompleteStream(r));
+  RETURN_IF_ERROR(SameOutput(a, b, "stream vs non-stream"));
+  if (ctx.reference != nullptr) {
+    ASSIGN_OR_RETURN(auto ids, ctx.reference->tokenizer()->Encode(r.prompt_text));
+    if (ids != a.prompt_token_ids)
+      return absl::InternalError(absl::StrCat("prompt_token_ids ", DescribeDiff(ids, a.prompt_token_ids)));
+    ASSIGN_OR_RETURN(auto want, ctx.Reference(ids, 10));
+    if (want != a.token_ids)
+      return absl::InternalError(absl::StrCat("vs in-process engine: ", DescribeDiff(want, a.token_ids)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Chat(Context& ctx) {
+  if (!ctx.has_tokenizer) return Skip("the model has no tokenizer");
+  Json messages = Json::array(
+      {{{"role", "system"}, {"content", "You are terse."}}, {{"role", "user"}, {"content", "Name three colours."}}});
+  Json extra = {{"ignore_eos", true}, {"return_token_ids", true}};
+  ASSIGN_OR_RETURN(GenResult a, ctx.api->Chat(messages, 12, extra, false));
+  if (a.response.value("object", "") != "chat.completion") return absl::InternalError("object is not chat.completion");
+  if (a.finish_reason != "length" || a.completion_tokens != 12) {
+    return absl::InternalError(
+        absl::StrCat("finish_reason ", a.finish_reason, ", ", a.completion_tokens, " tokens; want length, 12"));
+  }
+  ASSIGN_OR_RETURN(GenResult b, ctx.api->Chat(messages, 12, extra, true));
+  if (b.num_chunks < 2) return absl::InternalError(absl::StrCat("the stream had ", b.num_chunks, " chunks"));
+  if (a.text != b.text) return absl::InternalError(absl::StrCat("streamed content '", b.text, "' != '", a.text, "'"));
+  if (ctx.reference != nullptr && !a.prompt_token_ids.empty() && !a.token_ids.empty()) {
+    ASSIGN_OR_RETURN(auto want, ctx.Reference(a.prompt_token_ids, 12));
+    if (want != a.token_ids)
+      return absl::InternalError(absl::StrCat("vs in-process engine: ", DescribeDiff(want, a.token_ids)));
+  }
+  return absl::OkStatus();
+}
+
+// One position's alternatives: a list of {token, logprob} or a {token: logprob} map.
+absl::Status CheckTop(const Json& top, size_t want, double chosen, const std::string& where) {
+  std::vector<double> v;
+  if (top.is_array()) {
+    for (const Json& e : top) {
+      if (!e.contains("logprob") || !e["logprob"].is_number())
+        return absl::InternalError(absl::StrCat(where, ": entry without logprob"));
+      v.push_back(e["logprob"]);
+    }
+  } else if (top.is_object()) {
+    for (auto it = top.begin(); it != top.end(); ++it) v.push_back(it.value().get<double>());
+  } else {
+    return absl::InternalError(absl::StrCat(where, ": top_logprobs is neither a list nor a map"));
+  }
+  if (v.size() != want)
+    return absl::InternalError(absl::StrCat(where, ": ", v.size(), " alternatives, want ", want, ": ", top.dump()));
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (!(v[i] <= 1e-6)) return absl::InternalError(absl::StrCat(where, ": logprob ", v[i], " > 0"));
+    if (i > 0 && v[i] > v[i - 1] + 1e-6) {
+      return absl::InternalError(
+          absl::StrCat(where, ": alternatives not most likely first (as OpenAI and vLLM list them): ", top.dump()));
+    }
+  }
+  // Greedy: the chosen token is the most likely one.
+  if (std::fabs(v[0] - chosen) > 1e-3) {
+    return absl::InternalError(
+        absl::StrCat(where, ": greedy token's logprob ", chosen, " but the best alternative has ", v[0]));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CompletionLogprobs(Context& ctx) {
+  GenRequest r;
+  r.prompt_ids = MakePrompt(6, 2, ctx.prompt_vocab);
+  r.max_tokens = 5;
+  r.extra = {{"logprobs", 3}};
+  ASSIGN_OR_RETURN(GenResult g, ctx.api->Complete(r));
+  const Json& lp = g.logprobs;
+  if (!lp.is_object()) return absl::InternalError(absl::StrCat("choices[0].logprobs is not an object: ", lp.dump()));
+  for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+    if (!lp.contains(k) || !lp[k].is_array() || lp[k].size() != 5) {
+      return absl::InternalError(absl::StrCat("logprobs.", k, " is not a list of 5: ", lp.dump().substr(0, 300)));
+    }
+  }
+  for (size_t i = 0; i < 5; ++i) {
+    if (!lp["token_logprobs"][i].is_number()) return absl::InternalError("a token_logprob is not a number");
+    RETURN_IF_ERROR(CheckTop(lp["top_logprobs"][i], 3, lp["token_logprobs"][i], absl::StrCat("position ", i)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ChatLogprobs(Context& ctx) {
+  if (!ctx.has_tokenizer) return Skip("the model has no tokenizer");
+  Json messages = Json::array({{{"role", "user"}, {"content", "Count to five."}}});
+  ASSIGN_OR_RETURN(GenResult g,
+                   ctx.api->Chat(messages, 5, {{"logprobs", true}, {"top_logprobs", 3}, {"ignore_eos", true}}, false));
+  const Json& c = g.response["choices"][0];
+  if (!c.contains("logprobs") || !c["logprobs"].is_object() || !c["logprobs"].contains("content") ||
+      !c["logprobs"]["content"].is_array()) {
+    return absl::InternalError(absl::StrCat("choices[0].logprobs.content missing: ", c.dump().substr(0, 300)));
+  }
+  const Json& content = c["logprobs"]["content"];
+  if (static_cast<int64_t>(content.size()) != g.completion_tokens) {
+    return absl::InternalError(absl::StrCat(content.size(), " logprobs entries for ", g.completion_tokens, " tokens"));
+  }
+  for (size_t i = 0; i < content.size(); ++i) {
+    const Json& e = content[i];
+    if (!e.contains("token") || !e["token"].is_string() || !e.contains("logprob") || !e["logprob"].is_number() ||
+        !e.contains("top_logprobs")) {
+      return absl::InternalError(absl::StrCat("entry ", i, " lacks token / logprob / top_logprobs: ", e.dump()));
+    }
+    RETURN_IF_ERROR(CheckTop(e["top_logprobs"], 3, e["logprob"], absl::StrCat("position ", i)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void RunApiChecks(Context& ctx, Suite& suite) {
+  GenResult whole;
+  suite.Run("completions: token-id prompt, OpenAI response format", [&] { return CompletionFormat(ctx, &whole); });
+  suite.Run("completions: SSE stream equals the non-streamed response", [&] { return CompletionStream(ctx, whole); });
+  suite.Run("completions: text prompt, streamed and not", [&] { return TextPrompt(ctx); });
+  suite.Run("chat: completions streamed and not, same content", [&] { return Chat(ctx); });
+  suite.Run("completions: logprobs=3 present and sorted", [&] { return CompletionLogprobs(ctx); });
+  suite.Run("chat: logprobs/top_logprobs present and sorted", [&] { return ChatLogprobs(ctx); });
+}
+
+}  // namespace moeshard::itest

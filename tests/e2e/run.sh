@@ -1,0 +1,214 @@
+#!/usr/bin/env bash
+# End-to-end tests: real clusters on loopback (`moeshard up`, ports chosen at run time),
+# each checked by `moeshard itest` and, in some configurations, by the official openai
+# npm package and a grpc-js client (tests/clients). Builds nothing.
+#
+#   tests/e2e/run.sh BUILD_DIR
+#
+# Environment: MOESHARD_TESTDATA (default ../shared/testdata; the tests skip without it),
+# MOESHARD_E2E_NODE=0 to leave out the node clients, MOESHARD_E2E_KEEP=1 to keep the logs,
+# MOESHARD_E2E_UP_ARGS for extra `moeshard up` flags in every configuration.
+# Prints one line per check and a last line `N passed, M failed`; exits 1 on any failure.
+set -uo pipefail
+
+if [[ $# -ne 1 || ! -d $1 ]]; then
+  echo "usage: $0 BUILD_DIR" >&2
+  exit 2
+fi
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+BUILD=$(cd "$1" && pwd)
+TESTDATA=${MOESHARD_TESTDATA:-$ROOT/../shared/testdata}
+MOESHARD=""
+for c in "$BUILD/moeshard" "$BUILD/cli/moeshard"; do
+  [[ -x $c ]] && { MOESHARD=$c; break; }
+done
+if [[ -z $MOESHARD ]]; then
+  echo "e2e: no moeshard binary in $BUILD (build it first)" >&2
+  exit 1
+fi
+if [[ ! -d $TESTDATA/muse-spark-tiny ]]; then
+  echo "e2e: skipped: no test models in $TESTDATA (set MOESHARD_TESTDATA)"
+  echo "0 passed, 0 failed"
+  exit 0
+fi
+
+WORK=$(mktemp -d /tmp/moeshard-e2e.XXXXXX)
+PASSED=0
+FAILED=0
+UP_PID=""
+
+stop_cluster() {
+  [[ -z $UP_PID ]] && return
+  # `moeshard up` stops its children on SIGTERM; its process group is the safety net.
+  kill -TERM "$UP_PID" 2>/dev/null
+  for _ in $(seq 100); do
+    kill -0 "$UP_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -KILL -- "-$UP_PID" 2>/dev/null
+  wait "$UP_PID" 2>/dev/null
+  UP_PID=""
+}
+
+finish() {
+  stop_cluster
+  if [[ ${MOESHARD_E2E_KEEP:-0} == 1 || $FAILED -ne 0 ]]; then
+    echo "e2e: logs in $WORK"
+  else
+    rm -rf "$WORK"
+  fi
+}
+trap finish EXIT
+trap 'exit 130' INT TERM
+
+pass() { PASSED=$((PASSED + 1)); echo "ok  $1"; }
+fail() { FAILED=$((FAILED + 1)); echo "FAIL $1"; }
+
+# Adds the `N passed, M failed` line of a log to the totals (a log without one is a failure).
+count_summary() {
+  local log=$1 name=$2 line
+  line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -1)
+  if [[ -z $line ]]; then
+    fail "$name: no summary line (crashed?); see $log"
+    return
+  fi
+  PASSED=$((PASSED + $(awk '{print $1}' <<<"$line")))
+  FAILED=$((FAILED + $(awk '{print $3}' <<<"$line")))
+}
+
+# start_cluster NAME UP_ARGS...: starts `moeshard up` in its own process group and waits
+# for "ready"; sets URL, GRPC and METRICS (comma-separated).
+start_cluster() {
+  local name=$1
+  shift
+  local out=$WORK/$name.up.out err=$WORK/$name.up.err
+  setsid "$MOESHARD" up "$@" >"$out" 2>"$err" &
+  UP_PID=$!
+  for _ in $(seq 1200); do
+    grep -q '^moeshard up: ready' "$out" && break
+    if ! kill -0 "$UP_PID" 2>/dev/null; then
+      wait "$UP_PID" 2>/dev/null
+      UP_PID=""
+      break
+    fi
+    sleep 0.1
+  done
+  if ! grep -q '^moeshard up: ready' "$out"; then
+    fail "$name: moeshard up $* did not become ready"
+    tail -n 20 "$err" | sed 's/^/    /'
+    stop_cluster
+    return 1
+  fi
+  URL=$(sed -n 's/^moeshard up: \(http[^ ]*\) grpc \(.*\)$/\1/p' "$out" | head -1)
+  GRPC=$(sed -n 's/^moeshard up: \(http[^ ]*\) grpc \(.*\)$/\2/p' "$out" | head -1)
+  METRICS=$(sed -n 's/^moeshard up: metrics //p' "$out" | head -1 | tr ' ' ',')
+  return 0
+}
+
+NODE_READY=""
+node_clients_ready() {
+  [[ -n $NODE_READY ]] && { [[ $NODE_READY == yes ]]; return; }
+  NODE_READY=no
+  if [[ ${MOESHARD_E2E_NODE:-1} == 0 ]]; then
+    echo "skip node clients: MOESHARD_E2E_NODE=0"
+  elif ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+    echo "skip node clients: node/npm not installed"
+  elif [[ -d $ROOT/tests/clients/node_modules ]] || (cd "$ROOT/tests/clients" && npm ci --no-audit --no-fund >"$WORK/npm-ci.log" 2>&1); then
+    NODE_READY=yes
+  else
+    fail "node clients: npm ci failed; see $WORK/npm-ci.log"
+  fi
+  [[ $NODE_READY == yes ]]
+}
+
+# run_config NAME MODEL_DIR KEY NODE UP_ARGS...: one cluster, the suite, maybe the clients.
+run_config() {
+  local name=$1 model=$2 key=$3 node=$4
+  shift 4
+  local t0=$SECONDS args=(--model "$model" "$@")
+  # shellcheck disable=SC2206
+  args+=(${MOESHARD_E2E_UP_ARGS:-})
+  [[ -n $key ]] && args+=(--api-key "$key")
+  echo "== $name: moeshard up ${args[*]}"
+  start_cluster "$name" "${args[@]}" || return
+  local itest=(--url "$URL" --model "$model")
+  [[ -n $GRPC ]] && itest+=(--grpc "$GRPC")
+  [[ -n $METRICS ]] && itest+=(--metrics "$METRICS")
+  [[ -f $model/goldens.safetensors ]] && itest+=(--goldens "$model/goldens.safetensors")
+  [[ -n $key ]] && itest+=(--api-key "$key")
+  "$MOESHARD" itest "${itest[@]}" 2>&1 | tee "$WORK/$name.itest.log" | grep -v '^[0-9]* passed, [0-9]* failed$' | sed 's/^/  /'
+  count_summary "$WORK/$name.itest.log" "$name itest"
+  if [[ $node == node ]] && node_clients_ready; then
+    (cd "$ROOT/tests/clients" &&
+      MOESHARD_URL=$URL MOESHARD_GRPC=$GRPC MOESHARD_API_KEY=$key MOESHARD_GOLDENS=$model/goldens.safetensors \
+        node --test --test-reporter=tap --test-concurrency=1 openai.test.mjs grpc.test.mjs) >"$WORK/$name.node.log" 2>&1
+    local np nf
+    np=$(sed -n 's/^# pass \([0-9]*\)$/\1/p' "$WORK/$name.node.log" | tail -1)
+    nf=$(sed -n 's/^# fail \([0-9]*\)$/\1/p' "$WORK/$name.node.log" | tail -1)
+    if [[ -z $np || -z $nf ]]; then
+      fail "$name node clients: no summary; see $WORK/$name.node.log"
+    else
+      PASSED=$((PASSED + np))
+      FAILED=$((FAILED + nf))
+      echo "  node clients (openai, grpc-js): $np passed, $nf failed"
+      [[ $nf -ne 0 ]] && grep -E '^not ok|^ *(error|expected|actual):' "$WORK/$name.node.log" | head -20 | sed 's/^/    /'
+    fi
+  fi
+  if [[ $name == muse-1w ]]; then
+    if "$MOESHARD" bench serve --url "$URL" --concurrency 4 --requests 8 --prompt-len 32 --output-len 8 --stream \
+      >"$WORK/bench.log" 2>&1; then
+      pass "$name: moeshard bench serve runs"
+    else
+      fail "$name: moeshard bench serve failed; see $WORK/bench.log"
+    fi
+  fi
+  stop_cluster
+  echo "   ($name: $((SECONDS - t0)) s)"
+}
+
+# A plan whose shapes do not divide is refused with a clear error, and nothing lingers.
+check_refused() {
+  local name=$1 model=$2
+  shift 2
+  local out=$WORK/$name.out
+  setsid timeout 120 "$MOESHARD" up --model "$model" "$@" >"$out" 2>&1 &
+  UP_PID=$!
+  wait "$UP_PID"
+  local rc=$?
+  UP_PID=""
+  if [[ $rc -ne 0 && $rc -ne 124 ]] && grep -qiE 'head|divid' "$out"; then
+    pass "$name: refused ($(grep -iE 'head|divid' "$out" | head -1 | cut -c1-150))"
+  else
+    fail "$name: want a refusal naming the heads, got exit $rc: $(tail -n 3 "$out" | tr '\n' ' ')"
+  fi
+}
+
+T0=$SECONDS
+MUSE=$TESTDATA/muse-spark-tiny
+QWEN=$TESTDATA/qwen3moe-tiny
+NVFP4=$TESTDATA/muse-spark-tiny-nvfp4
+TOK=$TESTDATA/qwen3moe-tok
+KEY=e2e-$RANDOM$RANDOM
+
+run_config muse-1w "$MUSE" "" - --workers 1
+run_config muse-ls2 "$MUSE" "" - --workers 2 --mode layer-split --max-model-len 2048
+run_config muse-ls3-uneven "$MUSE" "" - --workers 3 --mode layer-split --layer-split 2,1,1
+run_config muse-tp2 "$MUSE" "" - --workers 2 --mode tensor-parallel
+[[ -d $QWEN ]] && run_config qwen-ls3-uneven "$QWEN" "$KEY" - --workers 3 --mode layer-split --layer-split 2,1,1
+[[ -d $QWEN ]] && run_config qwen-tp2 "$QWEN" "" - --workers 2 --mode tensor-parallel
+[[ -d $NVFP4 ]] && run_config nvfp4-ls2 "$NVFP4" "" - --workers 2 --mode layer-split
+# The tokenizer model: text prompts and chat, the node clients, an API key, both modes.
+[[ -d $TOK ]] && run_config tok-ls2 "$TOK" "$KEY" node --workers 2 --mode layer-split
+[[ -d $TOK ]] && run_config tok-tp2 "$TOK" "$KEY" node --workers 2 --mode tensor-parallel
+# Tensor parallel over 4: every test model has 2 KV heads, so make one with 4.
+if "$MOESHARD" make-model --arch qwen3_moe --preset tiny --heads 8 --kv-heads 4 --seed 5 --out "$WORK/qwen-kv4" \
+  >"$WORK/make-model.log" 2>&1; then
+  run_config qwen-kv4-tp4 "$WORK/qwen-kv4" "" - --workers 4 --mode tensor-parallel
+else
+  fail "make-model for the TP4 model failed; see $WORK/make-model.log"
+fi
+check_refused muse-tp4-refused "$MUSE" --workers 4 --mode tensor-parallel
+
+echo "e2e: $((SECONDS - T0)) s"
+echo "$PASSED passed, $FAILED failed"
+[[ $FAILED -eq 0 ]]
