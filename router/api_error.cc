@@ -1,0 +1,87 @@
+#include "router/api_error.h"
+
+#include "absl/strings/cord.h"
+
+namespace moeshard::router {
+namespace {
+
+constexpr char kParamUrl[] = "moeshard.dev/error/param";
+constexpr char kCodeUrl[] = "moeshard.dev/error/code";
+
+std::string Payload(const absl::Status& status, const char* url) {
+  auto p = status.GetPayload(url);
+  return p ? std::string(*p) : std::string();
+}
+
+absl::Status WithPayload(absl::Status status, const char* url, absl::string_view value) {
+  if (status.ok() || value.empty() || status.GetPayload(url)) return status;
+  status.SetPayload(url, absl::Cord(value));
+  return status;
+}
+
+}  // namespace
+
+absl::Status InvalidParam(absl::string_view param, absl::string_view message, absl::string_view code) {
+  return WithErrorCode(WithParam(absl::InvalidArgumentError(message), param), code);
+}
+
+absl::Status WithParam(absl::Status status, absl::string_view param) {
+  return WithPayload(std::move(status), kParamUrl, param);
+}
+
+absl::Status WithErrorCode(absl::Status status, absl::string_view code) {
+  return WithPayload(std::move(status), kCodeUrl, code);
+}
+
+std::string ErrorParam(const absl::Status& status) { return Payload(status, kParamUrl); }
+std::string ErrorCode(const absl::Status& status) { return Payload(status, kCodeUrl); }
+
+HttpError ToHttpError(const absl::Status& status) {
+  HttpError e;
+  std::string type = "server_error";
+  std::string code = ErrorCode(status);
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kFailedPrecondition:
+      e.http_status = 400;
+      type = "invalid_request_error";
+      break;
+    case absl::StatusCode::kUnauthenticated:
+      e.http_status = 401;
+      type = "invalid_request_error";
+      if (code.empty()) code = "invalid_api_key";
+      break;
+    case absl::StatusCode::kPermissionDenied:
+      e.http_status = 403;
+      type = "invalid_request_error";
+      break;
+    case absl::StatusCode::kNotFound:
+      e.http_status = 404;
+      type = "invalid_request_error";
+      break;
+    case absl::StatusCode::kResourceExhausted:
+      e.http_status = 429;
+      type = "rate_limit_error";
+      break;
+    case absl::StatusCode::kUnavailable:
+      e.http_status = 503;
+      type = "service_unavailable_error";
+      if (code.empty()) code = "service_unavailable";
+      break;
+    case absl::StatusCode::kDeadlineExceeded:
+      e.http_status = 504;
+      break;
+    default:
+      e.http_status = 500;
+      break;
+  }
+  const std::string param = ErrorParam(status);
+  nlohmann::json err = {{"message", std::string(status.message())}, {"type", type}};
+  err["param"] = param.empty() ? nlohmann::json(nullptr) : nlohmann::json(param);
+  err["code"] = code.empty() ? nlohmann::json(nullptr) : nlohmann::json(code);
+  e.body = {{"error", std::move(err)}};
+  return e;
+}
+
+}  // namespace moeshard::router

@@ -1,0 +1,123 @@
+// One generation request as the router runs it, whichever API it came through: choose a
+// coordinator (cluster.h), stream its tokens, detokenize them with stop strings
+// (detokenizer.h), and hand each update's new text and tokens to the caller.
+//
+// A coordinator that fails before producing a token is marked not ready and the request
+// goes to another one (at most kMaxAttempts in all); once tokens went out a failure ends
+// the request with an error. A stop string, max_tokens, the caller's callback
+// returning false (client gone) and Router shutdown all cancel the coordinator's call
+// (ClientContext::TryCancel), which frees the sequence there.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "router/cluster.h"
+#include "router/openai_request.h"
+#include "router/router_metrics.h"
+
+namespace moeshard {
+class Tokenizer;
+}
+
+namespace moeshard::router {
+
+class Generation;
+
+// The in-flight generations, so that shutdown can cancel them. Thread-safe.
+class ActiveGenerations {
+ public:
+  void Add(Generation* g);
+  void Remove(Generation* g);
+  size_t size() const;
+  void CancelAll();
+
+ private:
+  mutable std::mutex mu_;
+  std::set<Generation*> active_;
+};
+
+// What every request shares; owned by the Router, outlives all requests.
+struct RouterServices {
+  std::string served_model_name;
+  const Tokenizer* tokenizer = nullptr;  // null: token-id prompts only, no text out
+  std::vector<int32_t> eos_ids;
+  Cluster* cluster = nullptr;
+  RouterMetrics* metrics = nullptr;
+  ActiveGenerations* active = nullptr;
+  std::atomic<bool>* shutting_down = nullptr;
+};
+
+// A tokenized request, ready to dispatch.
+struct PreparedRequest {
+  std::string request_id;
+  std::vector<int32_t> prompt_ids;
+  GenerationParams params;
+};
+
+struct TokenInfo {
+  int32_t id = 0;
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;  // the most likely alternatives
+};
+
+// What one coordinator update adds to the output.
+struct GenerationDelta {
+  std::string text;
+  std::vector<TokenInfo> tokens;
+};
+
+struct GenerationResult {
+  std::string finish_reason;  // stop | length
+  // vLLM's stop_reason: the stop string or stop token id that ended the output.
+  std::optional<std::string> stop_string;
+  std::optional<int32_t> stop_token_id;
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;
+};
+
+class Generation {
+ public:
+  static constexpr int kMaxAttempts = 3;
+  using DeltaCallback = std::function<bool(const GenerationDelta&)>;
+
+  // Chooses the pool and coordinator. Errors: InvalidArgument context_length_exceeded,
+  // Unavailable (no ready pool, or the router is shutting down).
+  static absl::StatusOr<std::unique_ptr<Generation>> Start(const RouterServices& services, PreparedRequest request);
+  ~Generation();
+
+  const std::string& pool() const { return lease_.pool(); }
+  int64_t prompt_tokens() const { return static_cast<int64_t>(request_.prompt_ids.size()); }
+
+  // Streams the output to `on_delta` (updates that add tokens or text). Returns the
+  // result, or Cancelled when `on_delta` returned false, or Unavailable / Internal when
+  // the coordinators failed.
+  absl::StatusOr<GenerationResult> Run(const DeltaCallback& on_delta);
+
+  // From any thread: makes Run() return Unavailable soon (shutdown).
+  void Cancel();
+
+ private:
+  Generation(const RouterServices& services, PreparedRequest request, Lease lease);
+  v1::SeqRequest MakeSeqRequest() const;
+
+  const RouterServices& services_;
+  const PreparedRequest request_;
+  Lease lease_;
+  std::chrono::steady_clock::time_point start_;
+  std::mutex mu_;
+  GenerateCall* call_ = nullptr;  // the running call, guarded by mu_
+  bool cancelled_ = false;        // guarded by mu_
+};
+
+}  // namespace moeshard::router
