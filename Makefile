@@ -5,8 +5,11 @@ BUILD      ?= build
 ASAN_BUILD ?= build-asan
 JOBS       ?= $(shell nproc)
 CMAKE_FLAGS ?=
-MODEL      ?= $(BUILD)/models/muse-spark-tiny-nvfp4
-PROMPT     ?= The quick brown fox
+# The bundled demo model (models/muse-spark-demo, trained on the King James Bible) when present;
+# otherwise a random-weight Muse Spark that make-model writes.
+DEMO       := models/muse-spark-demo
+MODEL      ?= $(if $(wildcard $(DEMO)/config.json),$(DEMO),$(BUILD)/models/muse-spark-tiny-nvfp4)
+PROMPT     ?= In the beginning
 
 .PHONY: all deps build run test test-unit test-asan test-e2e test-deploy clean
 
