@@ -12,7 +12,8 @@ int main(int argc, char** argv) {
       "usage: moeshard <command> [flags]\n"
       "  generate     run a model in this process and stream a continuation\n"
       "  check        compare a model with a goldens file\n"
-      "  make-model   write a model with random weights\n";
+      "  make-model   write a model with random weights\n"
+      "  eval         perplexity of a model on a text file\n";
   std::string all = usage;
   for (const auto& c : ClusterCommands()) all += std::string("  ") + c.name + std::string(13 - std::strlen(c.name), ' ') + c.help + "\n";
   all += "Run `moeshard <command> --help` for its flags.\n";
@@ -25,6 +26,7 @@ int main(int argc, char** argv) {
   if (cmd == "generate") return GenerateCommand(args);
   if (cmd == "check") return CheckCommand(args);
   if (cmd == "make-model") return MakeModelCommand(args);
+  if (cmd == "eval") return EvalCommand(args);
   for (const auto& c : ClusterCommands()) {
     if (cmd == c.name) return c.run(args);
   }

@@ -33,18 +33,6 @@ absl::StatusOr<WeightFormat> FormatOf(const TensorInfo& t) {
   }
 }
 
-int64_t RowBytes(WeightFormat f, int64_t cols) {
-  switch (f) {
-    case WeightFormat::kF32: return cols * 4;
-    case WeightFormat::kBF16:
-    case WeightFormat::kF16: return cols * 2;
-    case WeightFormat::kQ8_0: return cols / 32 * 34;
-    case WeightFormat::kMXFP4: return cols / 32 * 17;
-    case WeightFormat::kNVFP4: return cols / 2;
-  }
-  return 0;
-}
-
 // A matrix [rows, cols] (or the e-th of a stack [E, rows, cols] when num_stacked > 0).
 absl::StatusOr<WeightRef> Matrix(const TensorSource& src, const std::string& name, int64_t rows, int64_t cols,
                                  int64_t num_stacked = 0, int64_t e = 0) {
@@ -84,7 +72,7 @@ absl::StatusOr<WeightRef> Matrix(const TensorSource& src, const std::string& nam
   if ((w.format == WeightFormat::kQ8_0 || w.format == WeightFormat::kMXFP4) && cols % 32 != 0) {
     return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': block format needs columns divisible by 32"));
   }
-  w.row_stride_bytes = RowBytes(w.format, cols);
+  w.row_stride_bytes = WeightRowBytes(w.format, cols);
   if (static_cast<uint64_t>(w.row_stride_bytes) * rows * std::max<int64_t>(num_stacked, 1) > t->nbytes) {
     return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' holds fewer bytes than its shape needs"));
   }

@@ -11,6 +11,20 @@ enum class WeightFormat : uint8_t { kF32, kBF16, kF16, kQ8_0, kMXFP4, kNVFP4 };
 
 const char* WeightFormatName(WeightFormat f);
 
+// Bytes of one stored row of `cols` elements (block formats: cols a multiple of 32; NVFP4's
+// scales live in a separate tensor).
+inline int64_t WeightRowBytes(WeightFormat f, int64_t cols) {
+  switch (f) {
+    case WeightFormat::kF32: return cols * 4;
+    case WeightFormat::kBF16:
+    case WeightFormat::kF16: return cols * 2;
+    case WeightFormat::kQ8_0: return cols / 32 * 34;
+    case WeightFormat::kMXFP4: return cols / 32 * 17;
+    case WeightFormat::kNVFP4: return cols / 2;
+  }
+  return 0;
+}
+
 struct WeightRef {
   WeightFormat format = WeightFormat::kF32;
   int64_t rows = 0, cols = 0;           // the logical view

@@ -75,18 +75,6 @@ struct HostWeight {
   WeightRef HostRef() const { return Ref(data.data(), scale.empty() ? nullptr : scale.data()); }
 };
 
-int64_t RowBytes(WeightFormat f, int64_t cols) {
-  switch (f) {
-    case WeightFormat::kF32: return cols * 4;
-    case WeightFormat::kBF16:
-    case WeightFormat::kF16: return cols * 2;
-    case WeightFormat::kQ8_0: return cols / 32 * 34;
-    case WeightFormat::kMXFP4: return cols / 32 * 17;
-    case WeightFormat::kNVFP4: return cols / 2;
-  }
-  return 0;
-}
-
 // `wide`: every byte random (all codes: NaN, inf, subnormal scales), for the bit-exact
 // expansion; otherwise values of a trained layer's size, for the matmul. cols % 32 == 0.
 HostWeight MakeWeight(WeightFormat f, int64_t rows, int64_t cols, bool wide, std::mt19937& rng) {
@@ -94,7 +82,7 @@ HostWeight MakeWeight(WeightFormat f, int64_t rows, int64_t cols, bool wide, std
   h.format = f;
   h.rows = rows;
   h.cols = cols;
-  h.row_stride_bytes = RowBytes(f, cols) + 16;  // padding keeps every element aligned
+  h.row_stride_bytes = WeightRowBytes(f, cols) + 16;  // padding keeps every element aligned
   h.data.resize(rows * h.row_stride_bytes);
   std::uniform_int_distribution<int> byte(0, 255);
   std::normal_distribution<float> normal(0.f, 1.f);
