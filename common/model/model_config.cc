@@ -67,9 +67,9 @@ absl::StatusOr<double> RopeTheta(const json& j) {
     if (type != rp->end() && type->is_string() && *type != "default") {
       return KeyError("rope_parameters.rope_type", absl::StrCat("'", type->get<std::string>(), "' is not supported"));
     }
-    return GetNumKeyOr(*rp, "rope_theta", 0, true).status().ok()
-               ? GetNumKeyOr(*rp, "rope_theta", 0, true)
-               : KeyError("rope_parameters.rope_theta", "is missing");
+    auto theta = rp->find("rope_theta");
+    if (theta == rp->end() || !theta->is_number()) return KeyError("rope_parameters.rope_theta", "must be a number");
+    return theta->get<double>();
   }
   auto rs = j.find("rope_scaling");
   if (rs != j.end() && !rs->is_null()) {
@@ -332,17 +332,27 @@ absl::StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& g) {
   j["num_experts_per_tok"] = used;
   j["moe_intermediate_size"] = eff;
   j["rms_norm_eps"] = eps;
-  j["head_dim"] = g.Has(p("attention.key_length")) ? *g.GetInt(p("attention.key_length")) : hidden / std::max<int64_t>(heads, 1);
-  j["rope_theta"] = g.Has(p("rope.freq_base")) ? *g.GetFloat(p("rope.freq_base")) : 10000.0;
-  if (g.Has(p("context_length"))) j["max_position_embeddings"] = *g.GetInt(p("context_length"));
-  if (g.Has(p("feed_forward_length"))) j["intermediate_size"] = *g.GetInt(p("feed_forward_length"));
+  // Optional keys: absent takes the default; present with the wrong type is an error that
+  // names the key (never a crash on a malformed file).
+  auto opt_int = [&](const std::string& key, int64_t dflt) { return g.Has(key) ? g.GetInt(key) : absl::StatusOr<int64_t>(dflt); };
+  ASSIGN_OR_RETURN(int64_t head_dim, opt_int(p("attention.key_length"), hidden / std::max<int64_t>(heads, 1)));
+  ASSIGN_OR_RETURN(double theta, g.Has(p("rope.freq_base")) ? g.GetFloat(p("rope.freq_base")) : absl::StatusOr<double>(10000.0));
+  ASSIGN_OR_RETURN(int64_t ctx, opt_int(p("context_length"), 32768));
+  ASSIGN_OR_RETURN(int64_t ffn, opt_int(p("feed_forward_length"), 0));
   // llama.cpp always renormalizes qwen3moe's top-k weights unless told otherwise.
-  j["norm_topk_prob"] = g.Has(p("expert_weights_norm")) ? *g.GetBool(p("expert_weights_norm")) : true;
+  ASSIGN_OR_RETURN(bool norm_w, g.Has(p("expert_weights_norm")) ? g.GetBool(p("expert_weights_norm")) : absl::StatusOr<bool>(true));
+  j["head_dim"] = head_dim;
+  j["rope_theta"] = theta;
+  j["max_position_embeddings"] = ctx;
+  if (ffn > 0) j["intermediate_size"] = ffn;
+  j["norm_topk_prob"] = norm_w;
   j["tie_word_embeddings"] = g.Find("output.weight") == nullptr;
   ASSIGN_OR_RETURN(const std::vector<std::string>* tokens, g.GetStringArray("tokenizer.ggml.tokens"));
   j["vocab_size"] = static_cast<int64_t>(tokens->size());
-  if (g.Has("tokenizer.ggml.eos_token_id")) j["eos_token_id"] = *g.GetInt("tokenizer.ggml.eos_token_id");
-  if (g.Has("tokenizer.ggml.bos_token_id")) j["bos_token_id"] = *g.GetInt("tokenizer.ggml.bos_token_id");
+  ASSIGN_OR_RETURN(int64_t eos, opt_int("tokenizer.ggml.eos_token_id", -1));
+  ASSIGN_OR_RETURN(int64_t bos, opt_int("tokenizer.ggml.bos_token_id", -1));
+  if (eos >= 0) j["eos_token_id"] = eos;
+  if (bos >= 0) j["bos_token_id"] = bos;
   auto c = ParseHfConfig(j);
   if (!c.ok()) return absl::Status(c.status().code(), absl::StrCat("gguf metadata: ", c.status().message()));
   return c;

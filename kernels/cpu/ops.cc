@@ -65,10 +65,11 @@ void RmsNorm(const float* x, int64_t T, int64_t D, const float* weight, float ep
 void RopeNeox(float* x, int64_t T, int64_t heads, int64_t hd, const int32_t* pos, double theta) {
   const int64_t half = hd / 2;
   std::vector<float> cs(half), sn(half);
+  std::vector<double> inv(half);
+  for (int64_t i = 0; i < half; ++i) inv[i] = 1.0 / std::pow(theta, static_cast<double>(2 * i) / hd);
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t i = 0; i < half; ++i) {
-      double inv = 1.0 / std::pow(theta, static_cast<double>(2 * i) / hd);
-      double a = static_cast<double>(pos[t]) * inv;
+      double a = static_cast<double>(pos[t]) * inv[i];
       cs[i] = static_cast<float>(std::cos(a));
       sn[i] = static_cast<float>(std::sin(a));
     }
