@@ -11,6 +11,7 @@ int GenerateCommand(const std::vector<std::string>& args);
 int CheckCommand(const std::vector<std::string>& args);
 int MakeModelCommand(const std::vector<std::string>& args);
 int EvalCommand(const std::vector<std::string>& args);
+int BenchModelCommand(const std::vector<std::string>& args);
 
 // Commands that need the cluster (gRPC, HTTP). A core-only build links an empty table.
 struct ClusterCommand {

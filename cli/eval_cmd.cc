@@ -2,288 +2,221 @@
 // computes it. The text is tokenized with the model's tokenizer and cut into
 // non-overlapping windows of --ctx tokens; each window runs from position 0, and the
 // logits of positions ctx/2 .. ctx-2 are scored against the next token (ctx-1-ctx/2
-// tokens per window). --tp N runs N tensor-parallel ranks as threads over LocalGroup;
+// tokens per window). --tp N runs N tensor-parallel ranks as threads over a LocalGroup;
 // --layer-split N runs N stages over contiguous layer ranges, the hidden state handed
 // from stage to stage in this process.
 //
-// --save-logits FILE writes the scored log-probabilities ("MSKL" format, little endian):
-//   char[4]  magic "MSKL"
-//   uint32   version (1)
-//   uint32   vocab           V
-//   uint32   ctx             N (window length)
-//   uint32   num_windows     W
-//   uint32   first           first scored position (N/2)
-//   uint32   scored          S = rows per window (N-1-first); row j is position first+j,
-//                            predicting ids[first+j+1]
-//   then per window: int32 ids[N], float32 logprobs[S][V] (log-softmax over the vocabulary)
-// --compare FILE reads such a file (the base) and reports KL(base || this run), mean and
-// max over scored positions, top-1 agreement and both perplexities.
+// --save-logits FILE writes the scored positions' distributions in moeshard's exact MSKL
+// layout or in llama.cpp's --kl-divergence-base layout (cli/kld_file.h); our windows are
+// llama-perplexity's chunks (non-overlapping, n_ctx tokens, second half scored), so a file
+// of either layout describes the same positions. --compare FILE reads either layout (told
+// apart by its magic) as the base and reports KL(base || this run), top-1 agreement, Δp and
+// both perplexities (cli/kl_stats.h); without --text it evaluates the file's own tokens, as
+// llama-perplexity --kl-divergence does.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <functional>
+#include <memory>
 #include <sstream>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "cli/args.h"
 #include "cli/commands.h"
-#include "common/comm/local_communicator.h"
+#include "cli/kl_stats.h"
+#include "cli/kld_file.h"
+#include "cli/runner_flags.h"
 #include "common/status.h"
-#include "worker/kv_cache.h"
+#include "worker/inprocess_group.h"
 #include "worker/model_loader.h"
 #include "worker/model_runner.h"
 
 namespace moeshard {
 namespace {
 
-using WindowFn = std::function<absl::Status(const std::vector<int32_t>&, std::vector<float>*)>;
-
-struct Engine {
-  std::vector<std::unique_ptr<ModelRunner>> runners;
-  std::shared_ptr<LocalGroup> group;
-  std::vector<std::unique_ptr<Communicator>> comms;
-  std::vector<int32_t> table;
-  WindowFn run;
-};
-
-absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const LoadedModel& m, int64_t ctx, int tp, int split) {
-  const ModelConfig& c = m.config;
-  auto e = std::make_unique<Engine>();
-  RunnerOptions ro;
-  const int64_t nb = (ctx + ro.block_size - 1) / ro.block_size;
-  ro.num_kv_blocks = nb;
-  for (int32_t i = 0; i < nb; ++i) e->table.push_back(i);
-  Engine* ep = e.get();
-  auto chunk = [ep](const std::vector<int32_t>& ids) {
-    return std::vector<SeqChunk>{{ids, 0, ep->table, true}};
-  };
-  if (tp > 1) {
-    if (c.num_kv_heads % tp || c.num_experts % tp) {
-      return absl::InvalidArgumentError(absl::StrCat("--tp ", tp, " does not divide the model's ", c.num_kv_heads,
-                                                     " KV heads and ", c.num_experts, " experts"));
-    }
-    e->group = LocalGroup::Create(tp);
-    e->runners.resize(tp);
-    std::vector<absl::Status> st(tp);
-    std::vector<std::thread> th;
-    for (int r = 0; r < tp; ++r) e->comms.push_back(e->group->Rank(r));
-    for (int r = 0; r < tp; ++r) {
-      th.emplace_back([&, r] {
-        auto runner = ModelRunner::Create(c, *m.source, {0, c.num_layers, r, tp, true, true}, ro, ep->comms[r].get());
-        if (!runner.ok()) {
-          st[r] = runner.status();
-          ep->comms[r]->Abort();
-          return;
-        }
-        ep->runners[r] = std::move(*runner);
-      });
-    }
-    for (auto& t : th) t.join();
-    for (auto& s : st) RETURN_IF_ERROR(s);
-    e->run = [ep, tp, chunk](const std::vector<int32_t>& ids, std::vector<float>* out) -> absl::Status {
-      std::vector<std::vector<float>> outs(tp);
-      std::vector<absl::Status> st(tp);
-      std::vector<std::thread> th;
-      for (int r = 0; r < tp; ++r) {
-        th.emplace_back([&, r] {
-          st[r] = ep->runners[r]->Forward(chunk(ids), &outs[r]);
-          if (!st[r].ok()) ep->comms[r]->Abort();
-        });
-      }
-      for (auto& t : th) t.join();
-      for (int r = 0; r < tp; ++r) {
-        if (!st[r].ok()) return absl::Status(st[r].code(), absl::StrCat("tp rank ", r, ": ", st[r].message()));
-      }
-      *out = std::move(outs[0]);
-      return absl::OkStatus();
-    };
-  } else if (split > 1) {
-    if (split > c.num_layers) {
-      return absl::InvalidArgumentError(absl::StrCat("--layer-split ", split, " exceeds the model's ", c.num_layers, " layers"));
-    }
-    int64_t begin = 0;
-    for (int s = 0; s < split; ++s) {
-      int64_t n = c.num_layers / split + (s < c.num_layers % split ? 1 : 0);
-      ShardSpec sh{begin, begin + n, 0, 1, s == 0, s == split - 1};
-      ASSIGN_OR_RETURN(auto r, ModelRunner::Create(c, *m.source, sh, ro));
-      e->runners.push_back(std::move(r));
-      begin += n;
-    }
-    e->run = [ep, chunk](const std::vector<int32_t>& ids, std::vector<float>* out) -> absl::Status {
-      auto b = chunk(ids);
-      std::vector<float> hidden;
-      RETURN_IF_ERROR(ep->runners.front()->Embed(b, &hidden));
-      for (auto& r : ep->runners) RETURN_IF_ERROR(r->RunLayers(b, &hidden));
-      return ep->runners.back()->Head(b, hidden, out);
-    };
-  } else {
-    ASSIGN_OR_RETURN(auto r, ModelRunner::Create(c, *m.source, {0, c.num_layers, 0, 1, true, true}, ro));
-    e->runners.push_back(std::move(r));
-    e->run = [ep, chunk](const std::vector<int32_t>& ids, std::vector<float>* out) {
-      return ep->runners[0]->Forward(chunk(ids), out);
-    };
+// One window through the in-process layout (worker/inprocess_group.h), every position's
+// logits; the window's blocks are the first ceil(ctx / block_size) of the pool.
+class WindowRunner {
+ public:
+  static absl::StatusOr<WindowRunner> Create(const LoadedModel& m, int64_t ctx, RunnerOptions ro, int tp, int split) {
+    WindowRunner w;
+    const int64_t nb = (ctx + ro.block_size - 1) / ro.block_size;
+    ro.num_kv_blocks = nb;
+    ro.max_batch_tokens = std::max(ro.max_batch_tokens, ctx);
+    for (int32_t i = 0; i < nb; ++i) w.table_.push_back(i);
+    ASSIGN_OR_RETURN(w.runner_, CreateInProcessRunner(m.config, *m.source, ro, tp, split));
+    return w;
   }
-  return e;
-}
-
-void LogSoftmax(const float* l, int64_t V, float* out) {
-  double m = -INFINITY;
-  for (int64_t i = 0; i < V; ++i) m = std::max<double>(m, l[i]);
-  double s = 0;
-  for (int64_t i = 0; i < V; ++i) s += std::exp(l[i] - m);
-  const double lse = m + std::log(s);
-  for (int64_t i = 0; i < V; ++i) out[i] = static_cast<float>(l[i] - lse);
-}
-
-int64_t Argmax(const float* l, int64_t n) {
-  int64_t b = 0;
-  for (int64_t i = 1; i < n; ++i) {
-    if (l[i] > l[b]) b = i;
+  absl::Status Run(const std::vector<int32_t>& ids, std::vector<float>* logits) {
+    return runner_->Forward({SeqChunk{ids, 0, table_, true}}, logits);
   }
-  return b;
-}
+  std::string backend() const { return runner_->backend(); }
 
-struct Header {
-  uint32_t version = 1, vocab = 0, ctx = 0, windows = 0, first = 0, scored = 0;
+ private:
+  std::unique_ptr<ModelRunner> runner_;
+  std::vector<int32_t> table_;
 };
-
-struct Base {
-  Header h;
-  std::ifstream in;
-};
-
-absl::StatusOr<std::unique_ptr<Base>> OpenBase(const std::string& path) {
-  auto b = std::make_unique<Base>();
-  b->in.open(path, std::ios::binary);
-  if (!b->in) return absl::NotFoundError(absl::StrCat("cannot open --compare file '", path, "'"));
-  char magic[4];
-  uint32_t f[6];
-  b->in.read(magic, 4);
-  b->in.read(reinterpret_cast<char*>(f), sizeof(f));
-  if (!b->in || std::memcmp(magic, "MSKL", 4) != 0) return absl::InvalidArgumentError(absl::StrCat("'", path, "' is not an MSKL logits file"));
-  if (f[0] != 1) return absl::InvalidArgumentError(absl::StrCat("'", path, "': unsupported MSKL version ", f[0]));
-  b->h = {f[0], f[1], f[2], f[3], f[4], f[5]};
-  return b;
-}
 
 int Fail(const std::string& msg) {
   std::fprintf(stderr, "eval: %s\n", msg.c_str());
   return 1;
 }
 
-}  // namespace
+// The tokens to evaluate: the text's cut into windows of --ctx (default: the base file's
+// ctx, else 128), or without --text the base file's own windows.
+struct Windows {
+  std::vector<int32_t> ids;  // [num * ctx]
+  int64_t ctx = 0, num = 0;
+};
 
-int EvalCommand(const std::vector<std::string>& argv) {
-  auto a = Args::Parse(argv, {"model", "text", "ctx", "tp", "layer-split", "save-logits", "compare", "max-windows"}, {"help"});
-  if (!a.ok() || a->Flag("help") || !a->Has("model") || !a->Has("text")) {
-    std::fprintf(stderr,
-                 "usage: moeshard eval --model PATH --text FILE [--ctx N (128)] [--tp N | --layer-split N]\n"
-                 "                     [--save-logits FILE] [--compare FILE] [--max-windows K]\n%s\n",
-                 a.ok() ? "" : std::string(a.status().message()).c_str());
-    return (a.ok() && a->Flag("help")) ? 0 : 2;
+absl::StatusOr<Windows> ChooseWindows(const Args& a, const LoadedModel& m, const LogitsReader* base) {
+  Windows w;
+  ASSIGN_OR_RETURN(w.ctx, a.GetInt("ctx", base ? base->layout().ctx : 128));
+  ASSIGN_OR_RETURN(const int64_t max_windows, a.GetInt("max-windows", 0));
+  if (w.ctx < 4) return absl::InvalidArgumentError("--ctx must be at least 4");
+  if (max_windows < 0) return absl::InvalidArgumentError("--max-windows must be >= 0");
+  if (a.Has("text")) {
+    std::ifstream tf(a.Get("text"), std::ios::binary);
+    if (!tf) return absl::NotFoundError(absl::StrCat("cannot open --text file '", a.Get("text"), "'"));
+    std::stringstream ss;
+    ss << tf.rdbuf();
+    if (m.tokenizer == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("model '", a.Get("model"), "' ships no tokenizer"));
+    }
+    auto ids = m.tokenizer->Encode(ss.str());
+    if (!ids.ok()) return absl::Status(ids.status().code(), absl::StrCat("tokenizing: ", ids.status().message()));
+    w.ids = std::move(*ids);
+  } else {
+    w.ids = base->ids();
   }
-  auto ctx = a->GetInt("ctx", 128), tp = a->GetInt("tp", 1), split = a->GetInt("layer-split", 1),
-       maxw = a->GetInt("max-windows", 0);
-  for (auto* s : {&ctx, &tp, &split, &maxw}) {
-    if (!s->ok()) return Fail(std::string(s->status().message()));
+  w.num = static_cast<int64_t>(w.ids.size()) / w.ctx;
+  if (w.num == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("text too short: ", w.ids.size(), " tokens, one window needs --ctx ", w.ctx));
   }
-  if (*ctx < 4) return Fail("--ctx must be at least 4");
-  if (*tp < 1 || *split < 1 || *maxw < 0) return Fail("--tp, --layer-split must be >= 1 and --max-windows >= 0");
-  if (*tp > 1 && *split > 1) return Fail("--tp and --layer-split cannot be combined");
-
-  std::ifstream tf(a->Get("text"), std::ios::binary);
-  if (!tf) return Fail(absl::StrCat("cannot open --text file '", a->Get("text"), "'"));
-  std::stringstream ss;
-  ss << tf.rdbuf();
-
-  auto m = LoadModel(a->Get("model"), /*load_tokenizer=*/true);
-  if (!m.ok()) return Fail(std::string(m.status().message()));
-  if (m->tokenizer == nullptr) return Fail(absl::StrCat("model '", a->Get("model"), "' ships no tokenizer"));
-  auto ids = m->tokenizer->Encode(ss.str());
-  if (!ids.ok()) return Fail(absl::StrCat("tokenizing: ", ids.status().message()));
-  const int64_t N = *ctx, V = m->config.vocab_size;
-  int64_t W = static_cast<int64_t>(ids->size()) / N;
-  if (W == 0) {
-    return Fail(absl::StrCat("text too short: ", ids->size(), " tokens, one window needs --ctx ", N));
-  }
-  if (*maxw > 0) W = std::min(W, *maxw);
-  const int64_t first = N / 2, S = N - 1 - first;
-
-  std::unique_ptr<Base> base;
-  if (a->Has("compare")) {
-    auto b = OpenBase(a->Get("compare"));
-    if (!b.ok()) return Fail(std::string(b.status().message()));
-    base = std::move(*b);
-    if (base->h.vocab != V) return Fail(absl::StrCat("vocab mismatch: --compare file has ", base->h.vocab, ", model has ", V));
-    if (base->h.ctx != N) return Fail(absl::StrCat("ctx mismatch: --compare file has ", base->h.ctx, ", --ctx is ", N));
-    if (base->h.first != first || base->h.scored != S) return Fail("--compare file scores other positions");
-    if (base->h.windows < W) {
-      std::fprintf(stderr, "eval: --compare file holds %u windows; comparing those\n", base->h.windows);
-      W = base->h.windows;
+  if (max_windows > 0) w.num = std::min(w.num, max_windows);
+  if (base != nullptr) {
+    const LogitsLayout& bl = base->layout();
+    if (bl.vocab != m.config.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("vocab mismatch: --compare file has ", bl.vocab, ", model has ", m.config.vocab_size));
+    }
+    if (bl.ctx != w.ctx) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ctx mismatch: --compare file has ", bl.ctx, ", --ctx is ", w.ctx));
+    }
+    if (bl.num_windows < w.num) {
+      std::fprintf(stderr, "eval: --compare file holds %lld windows; comparing those\n",
+                   static_cast<long long>(bl.num_windows));
+      w.num = bl.num_windows;
+    }
+    for (int64_t k = 0; k < w.num * w.ctx; ++k) {
+      if (w.ids[k] != base->ids()[k]) {
+        return absl::InvalidArgumentError(absl::StrCat("--compare file holds other token ids in window ", k / w.ctx,
+                                                       " (another text or tokenizer?)"));
+      }
     }
   }
-  std::ofstream save;
-  if (a->Has("save-logits")) {
-    save.open(a->Get("save-logits"), std::ios::binary | std::ios::trunc);
-    if (!save) return Fail(absl::StrCat("cannot write --save-logits file '", a->Get("save-logits"), "'"));
-    uint32_t f[6] = {1, static_cast<uint32_t>(V), static_cast<uint32_t>(N), static_cast<uint32_t>(W),
-                     static_cast<uint32_t>(first), static_cast<uint32_t>(S)};
-    save.write("MSKL", 4);
-    save.write(reinterpret_cast<const char*>(f), sizeof(f));
+  w.ids.resize(w.num * w.ctx);
+  return w;
+}
+
+absl::Status RunEval(const Args& a) {
+  ASSIGN_OR_RETURN(const int64_t tp, a.GetInt("tp", 1));
+  ASSIGN_OR_RETURN(const int64_t split, a.GetInt("layer-split", 1));
+  if (tp < 1 || split < 1) return absl::InvalidArgumentError("--tp and --layer-split must be >= 1");
+  if (tp > 1 && split > 1) return absl::InvalidArgumentError("--tp and --layer-split cannot be combined");
+  std::unique_ptr<LogitsReader> base;
+  if (a.Has("compare")) {
+    ASSIGN_OR_RETURN(base, LogitsReader::Open(a.Get("compare")));
   }
+  ASSIGN_OR_RETURN(LoadedModel m, LoadModel(a.Get("model"), /*load_tokenizer=*/a.Has("text")));
+  ASSIGN_OR_RETURN(const Windows win, ChooseWindows(a, m, base.get()));
+  const int64_t N = win.ctx, V = m.config.vocab_size;
+  const LogitsLayout layout{V, N, win.num};
+  const int64_t first = layout.first(), S = layout.scored();
 
-  auto engine = MakeEngine(*m, N, static_cast<int>(*tp), static_cast<int>(*split));
-  if (!engine.ok()) return Fail(std::string(engine.status().message()));
+  std::unique_ptr<LogitsWriter> save;
+  if (a.Has("save-logits")) {
+    const std::string path = a.Get("save-logits");
+    LogitsFormat format =
+        path.size() > 4 && path.compare(path.size() - 4, 4, ".kld") == 0 ? LogitsFormat::kLlama : LogitsFormat::kMskl;
+    if (a.Has("logits-format")) {
+      ASSIGN_OR_RETURN(format, ParseLogitsFormat(a.Get("logits-format")));
+    }
+    ASSIGN_OR_RETURN(save, LogitsWriter::Create(path, format, layout, win.ids));
+  }
+  ASSIGN_OR_RETURN(RunnerOptions ro, ParseRunnerFlags(a));
+  ASSIGN_OR_RETURN(auto engine, WindowRunner::Create(m, N, ro, static_cast<int>(tp), static_cast<int>(split)));
+  std::fprintf(stderr, "eval: %s\n", engine.backend().c_str());
 
-  double nll = 0, base_nll = 0, kl_sum = 0, kl_max = 0;
-  int64_t count = 0, agree = 0;
-  std::vector<float> logits, lp(S * V), blp(S * V);
-  std::vector<int32_t> bids(N);
-  for (int64_t w = 0; w < W; ++w) {
-    std::vector<int32_t> win(ids->begin() + w * N, ids->begin() + (w + 1) * N);
-    absl::Status st = (*engine)->run(win, &logits);
-    if (!st.ok()) return Fail(absl::StrCat("window ", w, ": ", st.message()));
-    if (static_cast<int64_t>(logits.size()) != N * V) return Fail("engine returned logits of the wrong size");
+  double nll = 0;
+  int64_t count = 0;
+  KlStats stats;
+  std::vector<float> logits, lp(S * V), blp;
+  for (int64_t w = 0; w < win.num; ++w) {
+    std::vector<int32_t> ids(win.ids.begin() + w * N, win.ids.begin() + (w + 1) * N);
+    absl::Status st = engine.Run(ids, &logits);
+    if (!st.ok()) return absl::Status(st.code(), absl::StrCat("window ", w, ": ", st.message()));
+    if (static_cast<int64_t>(logits.size()) != N * V) {
+      return absl::InternalError("engine returned logits of the wrong size");
+    }
     for (int64_t j = 0; j < S; ++j) {
       LogSoftmax(logits.data() + (first + j) * V, V, lp.data() + j * V);
-      nll -= lp[j * V + win[first + j + 1]];
+      nll -= lp[j * V + ids[first + j + 1]];
     }
-    if (save.is_open()) {
-      save.write(reinterpret_cast<const char*>(win.data()), N * sizeof(int32_t));
-      save.write(reinterpret_cast<const char*>(lp.data()), S * V * sizeof(float));
-    }
+    if (save) RETURN_IF_ERROR(save->WriteWindow(logits.data() + first * V));
     if (base) {
-      base->in.read(reinterpret_cast<char*>(bids.data()), N * sizeof(int32_t));
-      base->in.read(reinterpret_cast<char*>(blp.data()), S * V * sizeof(float));
-      if (!base->in) return Fail(absl::StrCat("--compare file is truncated at window ", w));
-      if (bids != win) return Fail(absl::StrCat("--compare file holds other token ids in window ", w, " (another text or tokenizer?)"));
+      RETURN_IF_ERROR(base->ReadWindow(w, &blp));
       for (int64_t j = 0; j < S; ++j) {
-        const float* p = blp.data() + j * V;
-        const float* q = lp.data() + j * V;
-        double kl = 0;
-        for (int64_t i = 0; i < V; ++i) kl += std::exp(static_cast<double>(p[i])) * (p[i] - q[i]);
-        kl_sum += kl;
-        kl_max = std::max(kl_max, kl);
-        agree += Argmax(p, V) == Argmax(q, V);
-        base_nll -= p[win[first + j + 1]];
+        stats.Add(blp.data() + j * V, lp.data() + j * V, V, ids[first + j + 1], base->kl_floor());
       }
     }
     count += S;
-    std::fprintf(stderr, "[%lld/%lld] ppl so far %.4f\n", static_cast<long long>(w + 1), static_cast<long long>(W),
-                 std::exp(nll / count));
+    std::fprintf(stderr, "[%lld/%lld] ppl so far %.4f\n", static_cast<long long>(w + 1),
+                 static_cast<long long>(win.num), std::exp(nll / count));
   }
-  if (save.is_open()) {
-    save.close();
-    if (!save) return Fail(absl::StrCat("writing --save-logits file '", a->Get("save-logits"), "' failed"));
-  }
+  if (save) RETURN_IF_ERROR(save->Close());
   std::printf("perplexity: %.4f over %lld tokens\n", std::exp(nll / count), static_cast<long long>(count));
   if (base) {
-    std::printf("compare: base perplexity %.4f, this run %.4f; KL(base||run) mean %.3g max %.3g; top-1 agreement %.2f %%\n",
-                std::exp(base_nll / count), std::exp(nll / count), kl_sum / count, kl_max, 100.0 * agree / count);
+    std::printf("%s", stats.Format().c_str());
+    std::printf("  base file           %s (%s layout)\n", a.Get("compare").c_str(), LogitsFormatName(base->format()));
   }
-  return 0;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int EvalCommand(const std::vector<std::string>& argv) {
+  auto a = Args::Parse(
+      argv, {"model", "text", "ctx", "tp", "layer-split", "save-logits", "logits-format", "compare", "max-windows",
+             "device", "gpu", "dtype", "kv-dtype", "max-batch-tokens"},
+      {"help"});
+  if (!a.ok() || a->Flag("help") || !a->Has("model") || !(a->Has("text") || a->Has("compare"))) {
+    std::fprintf(
+        stderr,
+        "usage: moeshard eval --model PATH (--text FILE | --compare FILE) [--ctx N] [--tp N | --layer-split N]\n"
+        "                     [--save-logits FILE [--logits-format llama|mskl]] [--compare FILE] [--max-windows K]\n"
+        "                     [--device cpu|cuda] [--gpu N] [--dtype bfloat16|float32] [--kv-dtype ...]\n"
+        "Perplexity in non-overlapping windows of --ctx tokens (default 128, or the --compare file's), each\n"
+        "run from position 0 with positions ctx/2 .. ctx-2 scored: llama-perplexity's chunks, so its files\n"
+        "and ours describe the same positions. Unlike llama-perplexity no BOS replaces a window's first\n"
+        "token (it does so only for vocabularies that add BOS, which Qwen-style BPE ones do not), and one\n"
+        "window is enough (it wants two).\n"
+        "  --save-logits FILE   the scored positions' distributions; --logits-format llama writes llama.cpp's\n"
+        "                       --kl-divergence-base file (log-probabilities as uint16, a scale and minimum a\n"
+        "                       row), mskl moeshard's exact float32 layout; default llama for *.kld, else mskl.\n"
+        "                       llama-perplexity --kl-divergence reads it with -c equal to our --ctx\n"
+        "  --compare FILE       a file of either layout (told by its magic) as the base: KL(base||run) mean\n"
+        "                       and max, top-1 agreement, Δp and both perplexities, as llama-perplexity\n"
+        "                       --kl-divergence reports them (its files: terms of log p <= -16 left out).\n"
+        "                       Without --text the file's own tokens are evaluated\n%s\n",
+        a.ok() ? "" : std::string(a.status().message()).c_str());
+    return (a.ok() && a->Flag("help")) ? 0 : 2;
+  }
+  absl::Status st = RunEval(*a);
+  return st.ok() ? 0 : Fail(std::string(st.message()));
 }
 
 }  // namespace moeshard

@@ -1,11 +1,13 @@
 // `moeshard generate`: loads a model folder or .gguf file in this process, streams the
 // continuation of a prompt (optionally chat-formatted), then prints prompt and generation
 // speed.
+#include <algorithm>
 #include <cstdio>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "cli/args.h"
+#include "cli/runner_flags.h"
 #include "cli/commands.h"
 #include "common/status.h"
 #include "common/tokenizer/chat_template.h"
@@ -58,8 +60,9 @@ absl::Status Run(const Args& a) {
     }
     ASSIGN_OR_RETURN(prompt, m.tokenizer->Encode(text));
   }
-  RunnerOptions ro;
+  ASSIGN_OR_RETURN(RunnerOptions ro, ParseRunnerFlags(a));
   ro.num_kv_blocks = (static_cast<int64_t>(prompt.size()) + n) / ro.block_size + 2;
+  ro.max_batch_tokens = std::max<int64_t>(ro.max_batch_tokens, static_cast<int64_t>(prompt.size()));
   ShardSpec shard{0, m.config.num_layers, 0, 1, true, true};
   ASSIGN_OR_RETURN(auto runner, ModelRunner::Create(m.config, *m.source, shard, ro));
   BlockAllocator blocks(ro.num_kv_blocks);
@@ -103,12 +106,14 @@ absl::Status Run(const Args& a) {
 int GenerateCommand(const std::vector<std::string>& argv) {
   std::vector<std::string> norm;
   for (auto& s : argv) norm.push_back(s == "-n" ? "--max-tokens" : s);
-  auto a = Args::Parse(norm, {"model", "prompt", "prompt-ids", "max-tokens", "temperature", "seed", "top-k", "top-p", "min-p", "stop"},
+  auto a = Args::Parse(norm, {"model", "prompt", "prompt-ids", "max-tokens", "temperature", "seed", "top-k", "top-p", "min-p", "stop",
+                              "device", "gpu", "dtype", "kv-dtype", "max-batch-tokens"},
                        {"chat", "no-think", "help"});
   if (!a.ok() || a->Flag("help")) {
     std::fprintf(stderr,
                  "usage: moeshard generate --model PATH (--prompt TEXT | --prompt-ids 1,2,3) [-n N] [--chat [--no-think]]\n"
-                 "       [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--stop STRING]\n%s\n",
+                 "       [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--stop STRING]\n"
+                 "       [--device cpu|cuda] [--gpu N] [--dtype bfloat16|float32] [--kv-dtype auto|float32|bfloat16|fp8]\n%s\n",
                  a.ok() ? "" : std::string(a.status().message()).c_str());
     return a.ok() ? 0 : 2;
   }

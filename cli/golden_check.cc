@@ -1,14 +1,18 @@
 #include "cli/golden_check.h"
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "cli/kl_stats.h"
 #include "common/formats/safetensors.h"
 #include "common/status.h"
 #include "worker/generation.h"
+#include "worker/inprocess_group.h"
 #include "worker/model_runner.h"
 
 namespace moeshard {
@@ -33,27 +37,11 @@ absl::StatusOr<std::vector<T>> Read(const SafetensorsCheckpoint& g, const std::s
   return v;
 }
 
-double LogSumExp(const float* l, int64_t n) {
-  double m = -INFINITY;
-  for (int64_t i = 0; i < n; ++i) m = std::max<double>(m, l[i]);
-  double s = 0;
-  for (int64_t i = 0; i < n; ++i) s += std::exp(l[i] - m);
-  return m + std::log(s);
-}
-
-int64_t Argmax(const float* l, int64_t n) {
-  int64_t b = 0;
-  for (int64_t i = 1; i < n; ++i) {
-    if (l[i] > l[b]) b = i;
-  }
-  return b;
-}
-
-// Per-model bf16 acceptance is in ../shared/testdata/README.md; these are its loosest rows.
 constexpr double kQ8Lse = 0.1, kQ8Topk = 0.3;
-constexpr double kBf16MeanKl = 2e-2, kBf16Top1 = 0.88, kBf16TopkTop1 = 0.90, kBf16Lse = 0.5;
 
-SeqReport Compare(const std::string& name, const Golden& g, const std::vector<float>& got, int64_t V, Tolerance tol) {
+SeqReport Compare(const std::string& name, const Golden& g, const std::vector<float>& got, int64_t V,
+                  const CheckLimits& lim) {
+  const Tolerance tol = lim.kind;
   SeqReport r;
   r.name = name;
   const int64_t T = g.ids.size();
@@ -104,11 +92,13 @@ SeqReport Compare(const std::string& name, const Golden& g, const std::vector<fl
       ok = r.top1 >= 0.95 && bad_positions <= std::max<int64_t>(1, T / 100);
       break;
     case Tolerance::kBf16:
-      ok = g.logits.empty() ? (r.top1 >= kBf16TopkTop1 && r.max_lse_err <= kBf16Lse)
-                            : (r.top1 >= kBf16Top1 && r.mean_kl <= kBf16MeanKl);
+      ok = g.logits.empty() ? (r.top1 >= lim.bf16_topk_top1 && r.max_lse_err <= lim.bf16_max_lse)
+                            : (r.top1 >= lim.bf16_top1 && r.mean_kl <= lim.bf16_mean_kl);
       break;
   }
   r.pass = ok;
+  r.full_logits = !g.logits.empty();
+  r.gating = tol != Tolerance::kBf16;
   return r;
 }
 
@@ -148,7 +138,10 @@ absl::StatusOr<std::vector<Golden>> ReadSeqs(const SafetensorsCheckpoint& gf, in
   return out;
 }
 
-absl::Status RunGens(const SafetensorsCheckpoint& gf, const GreedyFn& greedy, CheckReport& rep) {
+// Greedy continuations must be identical on the fp32 and Q8_0 paths. On the bf16 path a
+// rounding difference may legitimately change a later token (README: random MoE models are
+// chaotic), so there the sequences' KL and top-1 gate and the match is reported only.
+absl::Status RunGens(const SafetensorsCheckpoint& gf, const GreedyFn& greedy, Tolerance tol, CheckReport& rep) {
   for (int k = 0;; ++k) {
     std::string p = absl::StrCat("gen", k, ".");
     if (gf.Find(p + "prompt") == nullptr) break;
@@ -158,6 +151,7 @@ absl::Status RunGens(const SafetensorsCheckpoint& gf, const GreedyFn& greedy, Ch
     ASSIGN_OR_RETURN(gr.expected, Read<int32_t>(gf, p + "greedy", DType::kI32));
     ASSIGN_OR_RETURN(gr.got, greedy(prompt, gr.expected.size()));
     gr.pass = gr.got == gr.expected;
+    gr.gating = tol != Tolerance::kBf16;
     rep.gens.push_back(std::move(gr));
   }
   return absl::OkStatus();
@@ -175,10 +169,13 @@ absl::StatusOr<Tolerance> ParseTolerance(const std::string& s) {
 bool CheckReport::pass() const {
   if (seqs.empty()) return false;
   for (auto& s : seqs) {
-    if (!s.pass) return false;
+    if (s.gating && !s.pass) return false;
+  }
+  for (auto& p : pooled) {
+    if (!p.pass) return false;
   }
   for (auto& g : gens) {
-    if (!g.pass) return false;
+    if (g.gating && !g.pass) return false;
   }
   return true;
 }
@@ -189,21 +186,57 @@ std::string CheckReport::Format() const {
     absl::StrAppend(&out, absl::StrFormat("%-18s T=%-4d max_err=%.3g lse_err=%.3g top1=%.1f%%", s.name, s.positions,
                                           s.max_err, s.max_lse_err, 100 * s.top1));
     if (s.mean_kl > 0 || s.max_kl > 0) absl::StrAppend(&out, absl::StrFormat(" kl_mean=%.3g kl_max=%.3g", s.mean_kl, s.max_kl));
-    absl::StrAppend(&out, s.pass ? "  ok\n" : "  FAIL\n");
+    absl::StrAppend(&out, s.pass ? "  ok\n" : s.gating ? "  FAIL\n" : "  (pooled below)\n");
+  }
+  for (auto& p : pooled) {
+    absl::StrAppend(&out, absl::StrFormat("pooled %-11s T=%-4d top1=%.1f%%", p.name, p.positions, 100 * p.top1));
+    if (p.full_logits) {
+      absl::StrAppend(&out, absl::StrFormat(" kl_mean=%.3g", p.mean_kl));
+    } else {
+      absl::StrAppend(&out, absl::StrFormat(" lse_err=%.3g", p.max_lse_err));
+    }
+    absl::StrAppend(&out, p.pass ? "  ok\n" : "  FAIL\n");
   }
   for (auto& g : gens) {
     int64_t match = 0;
     while (match < static_cast<int64_t>(std::min(g.got.size(), g.expected.size())) && g.got[match] == g.expected[match]) ++match;
     absl::StrAppend(&out, absl::StrFormat("%-18s greedy %d/%d tokens match%s\n", g.name, match, g.expected.size(),
-                                          g.pass ? "  ok" : "  FAIL"));
+                                          g.pass ? "  ok" : g.gating ? "  FAIL" : "  (reported only on the bf16 path)"));
     if (!g.pass) absl::StrAppend(&out, "  expected ", absl::StrJoin(g.expected, " "), "\n  got      ", absl::StrJoin(g.got, " "), "\n");
   }
   absl::StrAppend(&out, pass() ? "PASS\n" : "FAIL\n");
   return out;
 }
 
+// Pools the sequences of each way of running them (the suffix of "seq<k> <how>").
+void Pool(const CheckLimits& lim, CheckReport& rep) {
+  if (lim.kind != Tolerance::kBf16) return;
+  std::vector<std::string> order;
+  std::map<std::string, PooledReport> by;
+  for (const SeqReport& r : rep.seqs) {
+    const size_t sp = r.name.find(' ');
+    const std::string how = sp == std::string::npos ? "all" : r.name.substr(sp + 1);
+    if (!by.count(how)) order.push_back(how);
+    PooledReport& p = by[how];
+    p.name = how;
+    p.full_logits = r.full_logits;
+    p.mean_kl += r.mean_kl * r.positions;
+    p.top1 += r.top1 * r.positions;
+    p.max_lse_err = std::max(p.max_lse_err, r.max_lse_err);
+    p.positions += r.positions;
+  }
+  for (const std::string& how : order) {
+    PooledReport p = by[how];
+    p.mean_kl /= std::max<int64_t>(1, p.positions);
+    p.top1 /= std::max<int64_t>(1, p.positions);
+    p.pass = p.full_logits ? (p.top1 >= lim.bf16_top1 && p.mean_kl <= lim.bf16_mean_kl)
+                           : (p.top1 >= lim.bf16_topk_top1 && p.max_lse_err <= lim.bf16_max_lse);
+    rep.pooled.push_back(p);
+  }
+}
+
 absl::StatusOr<CheckReport> CheckWith(const LogitsFn& logits, const GreedyFn& greedy, int64_t V,
-                                      const std::string& goldens_path, Tolerance tol) {
+                                      const std::string& goldens_path, const CheckLimits& tol) {
   ASSIGN_OR_RETURN(auto gf, SafetensorsCheckpoint::OpenFile(goldens_path));
   ASSIGN_OR_RETURN(auto seqs, ReadSeqs(*gf, V));
   CheckReport rep;
@@ -214,23 +247,25 @@ absl::StatusOr<CheckReport> CheckWith(const LogitsFn& logits, const GreedyFn& gr
     }
     rep.seqs.push_back(Compare(absl::StrCat("seq", k), seqs[k], l, V, tol));
   }
-  RETURN_IF_ERROR(RunGens(*gf, greedy, rep));
+  RETURN_IF_ERROR(RunGens(*gf, greedy, tol.kind, rep));
+  Pool(tol, rep);
   return rep;
 }
 
-absl::StatusOr<CheckReport> CheckModel(const LoadedModel& model, const std::string& goldens_path, Tolerance tol) {
+absl::StatusOr<CheckReport> CheckModel(const LoadedModel& model, const std::string& goldens_path,
+                                       const CheckLimits& tol, const CheckLayout& layout) {
   const ModelConfig& c = model.config;
   const int64_t V = c.vocab_size;
   ASSIGN_OR_RETURN(auto gf, SafetensorsCheckpoint::OpenFile(goldens_path));
   ASSIGN_OR_RETURN(auto seqs, ReadSeqs(*gf, V));
-  RunnerOptions ro;
+  RunnerOptions ro = layout.runner;
   int64_t total = 64;
   for (auto& s : seqs) total += s.ids.size();
   ro.num_kv_blocks = total / ro.block_size + 2 * static_cast<int64_t>(seqs.size()) + 8;
-  ShardSpec shard{0, c.num_layers, 0, 1, true, true};
-  ASSIGN_OR_RETURN(auto runner, ModelRunner::Create(c, *model.source, shard, ro));
+  ASSIGN_OR_RETURN(auto runner, CreateInProcessRunner(c, *model.source, ro, layout.tp, layout.stages));
   BlockAllocator blocks(ro.num_kv_blocks);
   CheckReport rep;
+  rep.backend = runner->backend();
   auto run = [&](std::vector<SeqChunk> batch, std::vector<float>* out) -> absl::Status {
     std::vector<std::vector<int32_t>> tables(batch.size());
     for (size_t i = 0; i < batch.size(); ++i) {
@@ -281,7 +316,8 @@ absl::StatusOr<CheckReport> CheckModel(const LoadedModel& model, const std::stri
     ASSIGN_OR_RETURN(auto r, Generate(*runner, blocks, prompt, go));
     return r.tokens;
   };
-  RETURN_IF_ERROR(RunGens(*gf, greedy, rep));
+  RETURN_IF_ERROR(RunGens(*gf, greedy, tol.kind, rep));
+  Pool(tol, rep);
   return rep;
 }
 

@@ -1,6 +1,7 @@
 // `moeshard make-model`: random weights with the real tensor names, any size, written as
 // a Hugging Face model folder (config.json, model.safetensors, tokenizer.json,
-// generation_config.json). Tests and benchmarks build their models with it.
+// generation_config.json) or, with --format gguf (qwen3_moe only), as one GGUF file that
+// llama.cpp also loads (see random_model_gguf.h). Tests and benchmarks build their models with it.
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -11,19 +12,24 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/random_model.h"
+#include "cli/random_model_gguf.h"
 #include "common/status.h"
 
 namespace moeshard {
 
 int MakeModelCommand(const std::vector<std::string>& argv) {
   auto args = Args::Parse(argv, {"arch", "preset", "out", "seed", "layers", "vocab", "hidden", "experts", "top-k",
-                                 "heads", "kv-heads", "head-dim", "intermediate", "latent", "window"},
+                                 "heads", "kv-heads", "head-dim", "intermediate", "latent", "window", "format",
+                                 "expert-type", "dense-type", "tokenizer"},
                           {"nvfp4", "help"});
   if (!args.ok() || args->Flag("help")) {
     std::fprintf(stderr,
                  "usage: moeshard make-model --arch muse_spark|qwen3_moe --preset tiny|small|full-layer --out DIR\n"
                  "       [--nvfp4] [--seed S] [--layers N] [--vocab V] [--hidden H] [--experts E] [--top-k K]\n"
-                 "       [--heads N] [--kv-heads N] [--head-dim D] [--intermediate I] [--latent L] [--window W]\n%s\n",
+                 "       [--heads N] [--kv-heads N] [--head-dim D] [--intermediate I] [--latent L] [--window W]\n"
+                 "       [--format safetensors|gguf]   gguf: --arch qwen3_moe, --out FILE.gguf\n"
+                 "       [--expert-type q8_0|mxfp4] [--dense-type bf16|f16] [--tokenizer DIR]\n"
+                 "       (--tokenizer: a folder with tokenizer.json; default: the byte-level one)\n%s\n",
                  args.ok() ? "" : std::string(args.status().message()).c_str());
     return args.ok() ? 0 : 2;
   }
@@ -41,7 +47,21 @@ int MakeModelCommand(const std::vector<std::string>& argv) {
       if (v > 0) spec.overrides[k] = v;
     }
     ASSIGN_OR_RETURN(std::string out, args->Required("out"));
-    return WriteRandomModel(spec, out);
+    const std::string format = args->Get("format", "safetensors");
+    if (format == "safetensors") {
+      for (const char* k : {"expert-type", "dense-type", "tokenizer"}) {
+        if (args->Has(k)) return absl::InvalidArgumentError(absl::StrCat("--", k, " goes with --format gguf"));
+      }
+      return WriteRandomModel(spec, out);
+    }
+    if (format != "gguf") {
+      return absl::InvalidArgumentError(absl::StrCat("--format '", format, "' (safetensors, gguf)"));
+    }
+    GgufExportOptions o;
+    ASSIGN_OR_RETURN(o.expert_type, ParseExpertType(args->Get("expert-type", "q8_0")));
+    ASSIGN_OR_RETURN(o.dense_type, ParseDenseType(args->Get("dense-type", "bf16")));
+    o.tokenizer_dir = args->Get("tokenizer");
+    return WriteRandomGguf(spec, o, out);
   }();
   if (!st.ok()) {
     std::fprintf(stderr, "make-model: %s\n", std::string(st.message()).c_str());

@@ -13,7 +13,8 @@ int main(int argc, char** argv) {
       "  generate     run a model in this process and stream a continuation\n"
       "  check        compare a model with a goldens file\n"
       "  make-model   write a model with random weights\n"
-      "  eval         perplexity of a model on a text file\n";
+      "  eval         perplexity of a model on a text file\n"
+      "  bench-model  prefill and decode throughput of a random-weight model on a GPU\n";
   std::string all = usage;
   for (const auto& c : ClusterCommands()) all += std::string("  ") + c.name + std::string(13 - std::strlen(c.name), ' ') + c.help + "\n";
   all += "Run `moeshard <command> --help` for its flags.\n";
@@ -27,6 +28,7 @@ int main(int argc, char** argv) {
   if (cmd == "check") return CheckCommand(args);
   if (cmd == "make-model") return MakeModelCommand(args);
   if (cmd == "eval") return EvalCommand(args);
+  if (cmd == "bench-model") return BenchModelCommand(args);
   for (const auto& c : ClusterCommands()) {
     if (cmd == c.name) return c.run(args);
   }

@@ -242,12 +242,11 @@ absl::StatusOr<json> RandomModelConfig(const RandomModelSpec& s) {
   return c;
 }
 
-absl::Status WriteRandomModel(const RandomModelSpec& s, const std::string& out_dir) {
-  ASSIGN_OR_RETURN(json cj, RandomModelConfig(s));
-  ASSIGN_OR_RETURN(ModelConfig c, ParseHfConfig(cj));
-  std::error_code ec;
-  std::filesystem::create_directories(out_dir, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create ", out_dir, ": ", ec.message()));
+absl::StatusOr<RandomModel> MakeRandomModel(const RandomModelSpec& s) {
+  RandomModel m;
+  ASSIGN_OR_RETURN(m.hf_config, RandomModelConfig(s));
+  ASSIGN_OR_RETURN(m.config, ParseHfConfig(m.hf_config));
+  const ModelConfig& c = m.config;
   Writer w{Rng(s.seed), {}};
   const int64_t V = c.vocab_size, H = c.hidden_size, nq = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim;
   const int64_t E = c.num_experts, I = c.expert_intermediate, Lw = c.expert_width();
@@ -288,10 +287,20 @@ absl::Status WriteRandomModel(const RandomModelSpec& s, const std::string& out_d
       w.Expert(ep + "down_proj.weight", Lw, I, c.nvfp4_experts);
     }
   }
+  m.tensors = std::move(w.out);
+  return m;
+}
+
+absl::Status WriteRandomModel(const RandomModelSpec& s, const std::string& out_dir) {
+  ASSIGN_OR_RETURN(RandomModel m, MakeRandomModel(s));
+  const int64_t V = m.config.vocab_size;
+  std::error_code ec;
+  std::filesystem::create_directories(out_dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", out_dir, ": ", ec.message()));
   namespace fs = std::filesystem;
   fs::path d(out_dir);
-  RETURN_IF_ERROR(WriteSafetensors((d / "model.safetensors").string(), w.out, {{"format", "pt"}}));
-  std::ofstream((d / "config.json").string()) << cj.dump(2) << "\n";
+  RETURN_IF_ERROR(WriteSafetensors((d / "model.safetensors").string(), m.tensors, {{"format", "pt"}}));
+  std::ofstream((d / "config.json").string()) << m.hf_config.dump(2) << "\n";
   std::ofstream((d / "tokenizer.json").string()) << ByteLevelTokenizerJson(V).dump(1) << "\n";
   json gen = {{"eos_token_id", {V - 1, V - 3}}, {"bos_token_id", V - 3}};
   std::ofstream((d / "generation_config.json").string()) << gen.dump(2) << "\n";

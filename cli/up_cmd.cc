@@ -74,6 +74,9 @@ absl::Status Up(const Args& a) {
   ASSIGN_OR_RETURN(auto pools, ReadPools(a));
   ASSIGN_OR_RETURN(int64_t port, a.GetInt("port", 0));
   const std::string host = a.Get("host", "127.0.0.1"), dir = SelfDir();
+  ASSIGN_OR_RETURN(int64_t num_gpus, a.GetInt("gpus", 1));
+  if (num_gpus < 1) return absl::InvalidArgumentError("--gpus must be >= 1");
+  int64_t next_gpu = 0;
   std::vector<std::unique_ptr<ChildProcess>> procs;
   std::vector<std::string> coord_metrics, worker_metrics;
   nlohmann::json router_pools = nlohmann::json::array();
@@ -82,7 +85,13 @@ absl::Status Up(const Args& a) {
     for (int64_t r = 0; r < p.replicas; ++r) {
       std::string workers;
       for (int64_t w = 0; w < p.workers; ++w) {
-        ASSIGN_OR_RETURN(auto c, ChildProcess::Start({dir + "/moeshard-worker", "--model", model, "--host", host}, 120));
+        std::vector<std::string> wargs = {dir + "/moeshard-worker", "--model", model, "--host", host};
+        for (const char* f : {"device", "dtype", "kv-dtype", "max-batch-tokens"}) {
+          if (a.Has(f)) wargs.insert(wargs.end(), {absl::StrCat("--", f), a.Get(f)});
+        }
+        // Workers take the GPUs in turn; several share one when there are more workers than GPUs.
+        if (a.Get("device") == "cuda") wargs.insert(wargs.end(), {"--gpu", std::to_string(next_gpu++ % num_gpus)});
+        ASSIGN_OR_RETURN(auto c, ChildProcess::Start(wargs, 300));
         ASSIGN_OR_RETURN(std::string addr, FieldAfter(c->first_line(), "grpc"));
         absl::StrAppend(&workers, workers.empty() ? "" : ",", addr);
         worker_metrics.push_back(FieldAfter(c->first_line(), "metrics").value_or(""));
@@ -162,12 +171,14 @@ absl::Status Up(const Args& a) {
 int UpCommand(const std::vector<std::string>& argv) {
   auto a = Args::Parse(argv, {"model", "workers", "mode", "layer-split", "pools", "port", "grpc-port", "host", "api-key",
                               "api-key-file", "served-model-name", "max-model-len", "num-kv-blocks", "max-num-seqs",
-                              "max-tokens-per-step", "comm-timeout-ms"},
+                              "max-tokens-per-step", "comm-timeout-ms", "device", "gpus", "dtype", "kv-dtype",
+                              "max-batch-tokens"},
                        {"help"});
   if (!a.ok() || a->Flag("help") || !a->Has("model")) {
     std::fprintf(stderr,
                  "usage: moeshard up --model PATH [--workers N] [--mode layer-split|tensor-parallel] [--layer-split 2,1]\n"
-                 "       [--pools FILE] [--port P] [--grpc-port P] [--host 127.0.0.1] [--api-key KEY] [--max-model-len N]\n%s\n",
+                 "       [--pools FILE] [--port P] [--grpc-port P] [--host 127.0.0.1] [--api-key KEY] [--max-model-len N]\n"
+                 "       [--device cpu|cuda] [--gpus N] [--dtype bfloat16|float32] [--kv-dtype auto|float32|bfloat16|fp8]\n%s\n",
                  a.ok() ? "" : std::string(a.status().message()).c_str());
     return (a.ok() && a->Flag("help")) ? 0 : 2;
   }

@@ -16,19 +16,6 @@ KvCache::KvCache(int64_t num_layers, int64_t num_blocks, int64_t block_size, int
 
 size_t KvCache::bytes() const { return 2 * k_.size() * num_blocks_ * block_size_ * slot_ * sizeof(float); }
 
-absl::Status KvCache::CheckTable(const std::vector<int32_t>& table, int64_t n) const {
-  int64_t need = (n + block_size_ - 1) / block_size_;
-  if (static_cast<int64_t>(table.size()) < need) {
-    return absl::InvalidArgumentError(absl::StrCat("block table has ", table.size(), " blocks, ", need, " needed for ", n, " positions"));
-  }
-  for (int64_t i = 0; i < need; ++i) {
-    if (table[i] < 0 || table[i] >= num_blocks_) {
-      return absl::InvalidArgumentError(absl::StrCat("block id ", table[i], " outside the pool of ", num_blocks_));
-    }
-  }
-  return absl::OkStatus();
-}
-
 absl::Status KvCache::Write(int64_t layer, const std::vector<int32_t>& table, int64_t pos0, int64_t T,
                             const float* k, const float* v) {
   for (int64_t t = 0; t < T; ++t) {

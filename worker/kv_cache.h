@@ -25,8 +25,6 @@ class KvCache {
   // Stores k/v [T, kv_heads, head_dim] of positions pos0 .. pos0+T-1.
   absl::Status Write(int64_t layer, const std::vector<int32_t>& block_table, int64_t pos0, int64_t T,
                      const float* k, const float* v);
-  // Checks that a block table covers `num_positions` with valid block ids.
-  absl::Status CheckTable(const std::vector<int32_t>& block_table, int64_t num_positions) const;
 
  private:
   int64_t num_blocks_, block_size_, slot_;

@@ -1,16 +1,20 @@
-// Runs the forward pass of one worker's shard on the CPU backend: embedding (first
-// stage), its layers, and the final norm + LM head (last stage). One description of a
-// layer (attention + MoE/dense MLP, with the architecture's options from ModelConfig)
-// serves every supported architecture.
+// The forward pass of one worker's shard, behind one interface with a backend per device:
+// CpuModelRunner (float32, the reference; worker/cpu_model_runner.h) and GpuModelRunner
+// (CUDA; worker/gpu/), picked by RunnerOptions::device. Embedding (first stage), the
+// shard's layers, and the final norm + LM head (last stage). One description of a layer
+// (attention + MoE/dense MLP with the architecture's options from ModelConfig) serves every
+// supported architecture.
 //
 // A batch is several sequence chunks laid end to end: chunk i feeds tokens at positions
 // start_pos .. start_pos+n-1 and may read the KV cache of positions before start_pos.
 // Tensor parallel: each rank computes its heads and experts; partial sums (attention
 // output, expert mixture or dense MLP output) are all-reduced in fp32 through `tp_comm`.
+// Hidden states cross stage boundaries as host float32 [T, H].
 // Not thread-safe: one batch at a time.
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -18,8 +22,6 @@
 #include "common/formats/tensor_source.h"
 #include "common/model/model_config.h"
 #include "common/model/shard.h"
-#include "worker/kv_cache.h"
-#include "worker/model_weights.h"
 
 namespace moeshard {
 
@@ -30,50 +32,77 @@ struct SeqChunk {
   bool all_logits = false;           // logits for every token, else for the last only
 };
 
+enum class Device : uint8_t { kCpu, kCuda };
+// Activation precision of the GPU backend (the CPU backend is always float32). bf16:
+// GEMM inputs and outputs in bf16, fp32 accumulation; residual stream, norms, router,
+// softmax and attention scores in fp32. float32: fp32 everywhere, no TF32.
+enum class ActPrecision : uint8_t { kFloat32, kBFloat16 };
+// KV cache element type (GPU): kAuto = the activation precision.
+enum class KvDType : uint8_t { kAuto, kFloat32, kBFloat16, kFp8E4M3 };
+
 struct RunnerOptions {
   int64_t num_kv_blocks = 256;
   int64_t block_size = 16;
+  Device device = Device::kCpu;
+  int gpu_index = 0;
+  ActPrecision precision = ActPrecision::kBFloat16;
+  KvDType kv_dtype = KvDType::kAuto;
+  int64_t max_batch_tokens = 8192;  // GPU: scratch memory is sized for this many tokens per step
+  bool profile = false;             // GPU: time each step's regions (ProfileReport)
 };
+
+absl::StatusOr<Device> ParseDevice(const std::string& s);           // cpu | cuda
+absl::StatusOr<ActPrecision> ParsePrecision(const std::string& s);  // float32 | bfloat16
+absl::StatusOr<KvDType> ParseKvDType(const std::string& s);         // auto | float32 | bfloat16 | fp8
+
+// Checks that a block table covers `num_positions` with block ids below `num_blocks`.
+absl::Status CheckBlockTable(const std::vector<int32_t>& table, int64_t num_positions, int64_t num_blocks,
+                             int64_t block_size);
 
 class ModelRunner {
  public:
-  // `src` must outlive the runner (weights are views into it). `tp_comm` may be null when
-  // shard.tp_size == 1.
+  virtual ~ModelRunner() = default;
+
+  // The backend of options.device. `src` must outlive the runner (the CPU backend's weights
+  // are views into it). `tp_comm` may be null when shard.tp_size == 1.
   static absl::StatusOr<std::unique_ptr<ModelRunner>> Create(const ModelConfig& config, const TensorSource& src,
                                                              const ShardSpec& shard, const RunnerOptions& options,
                                                              Communicator* tp_comm = nullptr);
 
-  // Checks ids, positions and block tables of a batch against the model and the cache.
+  // Checks ids, positions, block tables and the batch size against the model and the cache.
   absl::Status ValidateBatch(const std::vector<SeqChunk>& batch) const;
   // hidden [T_total, H] <- embeddings of all tokens (first stage).
-  absl::Status Embed(const std::vector<SeqChunk>& batch, std::vector<float>* hidden) const;
+  virtual absl::Status Embed(const std::vector<SeqChunk>& batch, std::vector<float>* hidden) = 0;
   // Runs this shard's layers over hidden in place, writing the KV cache.
-  absl::Status RunLayers(const std::vector<SeqChunk>& batch, std::vector<float>* hidden);
+  virtual absl::Status RunLayers(const std::vector<SeqChunk>& batch, std::vector<float>* hidden) = 0;
   // logits [rows, V] for the rows each chunk asks for (last stage).
-  absl::Status Head(const std::vector<SeqChunk>& batch, const std::vector<float>& hidden,
-                    std::vector<float>* logits) const;
-  // Embed + RunLayers + Head (a single-stage shard).
-  absl::Status Forward(const std::vector<SeqChunk>& batch, std::vector<float>* logits);
+  virtual absl::Status Head(const std::vector<SeqChunk>& batch, const std::vector<float>& hidden,
+                            std::vector<float>* logits) = 0;
+  // ValidateBatch + Embed + RunLayers + Head (a single-stage shard); backends may keep the
+  // hidden state on the device throughout.
+  virtual absl::Status Forward(const std::vector<SeqChunk>& batch, std::vector<float>* logits);
 
   const ModelConfig& config() const { return config_; }
   const ShardSpec& shard() const { return shard_; }
-  KvCache& kv_cache() { return *kv_; }
+  const RunnerOptions& options() const { return options_; }
   int64_t block_size() const { return options_.block_size; }
+  virtual size_t kv_bytes() const = 0;
+  // Per-region device time of the steps since ResetProfile (GPU with options.profile).
+  virtual std::string ProfileReport() const { return ""; }
+  virtual void ResetProfile() {}
+  virtual std::string backend() const = 0;  // e.g. "cpu float32", "cuda:0 bfloat16"
 
- private:
-  ModelRunner(const ModelConfig& c, const ShardSpec& s, const RunnerOptions& o, Communicator* comm)
-      : config_(c), shard_(s), options_(o), comm_(comm) {}
-  absl::Status AttentionBlock(int64_t li, const std::vector<SeqChunk>& batch, const std::vector<int32_t>& pos,
-                              std::vector<float>& s);
-  absl::Status MlpBlock(int64_t li, std::vector<float>& s);
-  absl::Status AllReduce(std::vector<float>& v);
+ protected:
+  ModelRunner(const ModelConfig& c, const ShardSpec& s, const RunnerOptions& o) : config_(c), shard_(s), options_(o) {}
 
   ModelConfig config_;
   ShardSpec shard_;
   RunnerOptions options_;
-  Communicator* comm_;
-  std::unique_ptr<ModelWeights> w_;
-  std::unique_ptr<KvCache> kv_;
 };
+
+// Defined by worker/gpu/ when the CUDA backend is built, else by gpu_runner_none.cc.
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateGpuModelRunner(const ModelConfig& config, const TensorSource& src,
+                                                                   const ShardSpec& shard, const RunnerOptions& options,
+                                                                   Communicator* tp_comm);
 
 }  // namespace moeshard

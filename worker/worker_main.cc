@@ -7,6 +7,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "cli/args.h"
+#include "cli/runner_flags.h"
 #include "common/metrics/metrics.h"
 #include "worker/service/worker_service.h"
 
@@ -20,9 +21,11 @@ void OnSignal(int) {
 
 int main(int argc, char** argv) {
   using namespace moeshard;
-  auto a = Args::Parse(std::vector<std::string>(argv + 1, argv + argc), {"model", "host", "port", "metrics-port"}, {"help"});
+  auto a = Args::Parse(std::vector<std::string>(argv + 1, argv + argc), {"model", "host", "port", "metrics-port", "device", "gpu", "dtype", "kv-dtype", "max-batch-tokens", "tp-comm"}, {"help"});
   if (!a.ok() || a->Flag("help") || !a->Has("model")) {
-    std::fprintf(stderr, "usage: moeshard-worker --model PATH [--host 127.0.0.1] [--port 0] [--metrics-port 0]\n%s\n",
+    std::fprintf(stderr, "usage: moeshard-worker --model PATH [--host 127.0.0.1] [--port 0] [--metrics-port 0]\n"
+                 "       [--device cpu|cuda] [--gpu N] [--dtype bfloat16|float32] [--kv-dtype auto|float32|bfloat16|fp8]\n"
+                 "       [--max-batch-tokens N] [--tp-comm auto|nccl|host]\n%s\n",
                  a.ok() ? "" : std::string(a.status().message()).c_str());
     return 2;
   }
@@ -40,7 +43,17 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "moeshard-worker: %s\n", std::string(mp.status().message()).c_str());
     return 1;
   }
-  WorkerServiceImpl service({a->Get("model"), host}, registry);
+  auto runner = ParseRunnerFlags(*a);
+  if (!runner.ok()) {
+    std::fprintf(stderr, "moeshard-worker: %s\n", std::string(runner.status().message()).c_str());
+    return 2;
+  }
+  const std::string tp_comm = a->Get("tp-comm", "auto");
+  if (tp_comm != "auto" && tp_comm != "nccl" && tp_comm != "host") {
+    std::fprintf(stderr, "moeshard-worker: --tp-comm must be auto, nccl or host\n");
+    return 2;
+  }
+  WorkerServiceImpl service({a->Get("model"), host, *runner, tp_comm}, registry);
   grpc::ServerBuilder builder;
   int bound = 0;
   builder.AddListeningPort(host + ":" + std::to_string(*port), grpc::InsecureServerCredentials(), &bound);

@@ -36,6 +36,12 @@ class Communicator {
   // Makes every pending and later call fail fast (used when a peer is known dead).
   virtual void Abort() = 0;
 
+  // Where the collectives' buffers live: false (default) host memory; true: device memory
+  // of this rank's GPU, with the work ordered on the stream given to set_stream (a
+  // cudaStream_t; null is the legacy default stream) and complete when the call returns.
+  virtual bool device_memory() const { return false; }
+  virtual void set_stream(void* stream) {}
+
   void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
   std::chrono::milliseconds timeout() const { return timeout_; }
 

@@ -1,6 +1,9 @@
 // Validation of the kernel params, then the launch, with CUDA errors as statuses.
 #include "kernels/cuda/gpu_ops.h"
 
+#include <algorithm>
+#include <cstdint>
+
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launchers.h"
@@ -9,6 +12,8 @@ namespace moeshard::gpu {
 namespace {
 
 constexpr int64_t kMaxGridY = 65535;
+// kAuto's choice of the tensor-core attention kernel for bf16 batches.
+constexpr bool kTensorCoreByDefault = true;
 
 absl::Status CheckWeight(const WeightRef& w) {
   if (!w.valid()) return absl::InvalidArgumentError("weight view is empty or has no data");
@@ -41,6 +46,165 @@ absl::Status MatMul(const MatMulParams& p, GpuStream stream) {
     return absl::InvalidArgumentError(absl::StrCat("MatMul: too many tokens: ", p.num_tokens));
   }
   MOESHARD_CUDA_RETURN_IF_ERROR(LaunchMatMul(p, stream));
+  return absl::OkStatus();
+}
+
+absl::Status Embed(const EmbedParams& p, GpuStream stream) {
+  if (absl::Status s = CheckWeight(p.w); !s.ok()) return s;
+  if (p.num_tokens <= 0) return absl::OkStatus();
+  if (!p.ids || !p.out) return absl::InvalidArgumentError("Embed: no ids or output");
+  MOESHARD_CUDA_RETURN_IF_ERROR(LaunchEmbed(p, stream));
+  return absl::OkStatus();
+}
+
+absl::Status RmsNorm(const RmsNormParams& p, GpuStream stream) {
+  if (p.rows <= 0) return absl::OkStatus();
+  if (!p.x || !p.out || p.dim <= 0) return absl::InvalidArgumentError("RmsNorm: no input, output or width");
+  MOESHARD_CUDA_RETURN_IF_ERROR(LaunchRmsNorm(p, stream));
+  return absl::OkStatus();
+}
+
+absl::Status Residual(const ResidualParams& p, GpuStream stream) {
+  if (p.rows <= 0) return absl::OkStatus();
+  if (!p.s || !p.out || p.dim <= 0) return absl::InvalidArgumentError("Residual: no stream, output or width");
+  if (p.gated && (!p.out_norm || !p.alpha || !p.beta)) {
+    return absl::InvalidArgumentError("Residual: the gated form needs out_norm, alpha and beta");
+  }
+  MOESHARD_CUDA_RETURN_IF_ERROR(LaunchResidual(p, stream));
+  return absl::OkStatus();
+}
+
+absl::Status Rope(const RopeParams& p, GpuStream stream) {
+  if (p.num_tokens <= 0) return absl::OkStatus();
+  if (!p.x || !p.pos || p.head_dim <= 0 || p.head_dim % 2) {
+    return absl::InvalidArgumentError("Rope: no input or positions, or an odd head_dim");
+  }
+  MOESHARD_CUDA_RETURN_IF_ERROR(LaunchRope(p, stream));
+  return absl::OkStatus();
+}
+
+static absl::Status CheckCache(const KvCacheView& c) {
+  if (!c.k || !c.v || c.block_size <= 0 || c.num_kv_heads <= 0 || c.head_dim <= 0) {
+    return absl::InvalidArgumentError("KV cache view is incomplete");
+  }
+  if (c.elem == KvElem::kFp8E4M3 && (!c.k_scale || !c.v_scale)) {
+    return absl::InvalidArgumentError("FP8 KV cache needs scale arrays");
+  }
+  if (c.head_dim > MaxAttentionHeadDim()) {
+    return absl::InvalidArgumentError(absl::StrCat("head_dim ", c.head_dim, " exceeds ", MaxAttentionHeadDim()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvWrite(const KvWriteParams& p, GpuStream stream) {
+  if (p.num_tokens <= 0) return absl::OkStatus();
+  if (absl::Status s = CheckCache(p.cache); !s.ok()) return s;
+  if (!p.k || !p.v || !p.slots) return absl::InvalidArgumentError("KvWrite: no k, v or slots");
+  MOESHARD_CUDA_RETURN_IF_ERROR(LaunchKvWrite(p, stream));
+  return absl::OkStatus();
+}
+
+absl::Status Attention(const AttentionParams& p, GpuStream stream) {
+  if (p.num_tokens <= 0) return absl::OkStatus();
+  if (absl::Status s = CheckCache(p.cache); !s.ok()) return s;
+  if (!p.q || !p.out || !p.pos || !p.table_offset || !p.block_tables) {
+    return absl::InvalidArgumentError("Attention: missing q, out, positions or block tables");
+  }
+  if (p.num_heads <= 0 || p.num_heads % p.cache.num_kv_heads) {
+    return absl::InvalidArgumentError("Attention: query heads must be a multiple of KV heads");
+  }
+  if (p.num_heads > kMaxGridY) return absl::InvalidArgumentError("Attention: too many heads");
+  absl::StatusOr<AttentionAlgo> algo = ResolveAttentionAlgo(p);
+  if (!algo.ok()) return algo.status();
+  if (p.workspace_bytes < 0 || (p.workspace_bytes > 0 && !p.workspace)) {
+    return absl::InvalidArgumentError("Attention: workspace_bytes without a workspace");
+  }
+  AttentionParams q = p;
+  q.algo = *algo;
+  MOESHARD_CUDA_RETURN_IF_ERROR(LaunchAttention(q, stream));
+  return absl::OkStatus();
+}
+
+int64_t AttentionWorkspaceBytes(int64_t num_tokens, int64_t num_heads, int64_t head_dim, int64_t max_splits) {
+  const int64_t s = std::max<int64_t>(1, std::min<int64_t>(max_splits, MaxAttentionSplits()));
+  return std::max<int64_t>(0, num_tokens) * num_heads * s * (head_dim + 2) * static_cast<int64_t>(sizeof(float));
+}
+
+absl::StatusOr<AttentionAlgo> ResolveAttentionAlgo(const AttentionParams& p) {
+  const KvCacheView& c = p.cache;
+  const int64_t group = c.num_kv_heads > 0 ? p.num_heads / c.num_kv_heads : 0;
+  const bool aligned = reinterpret_cast<uintptr_t>(c.k) % 16 == 0 && reinterpret_cast<uintptr_t>(c.v) % 16 == 0;
+  const bool tiled = c.head_dim % 4 == 0 && c.head_dim <= 256 && group >= 1 && group <= 64 && aligned;
+  const bool decode = tiled && group <= MaxSplitDecodeGroup() && p.num_tokens <= kMaxGridY;
+  const bool tensor_core = tiled && p.dtype == ActDType::kBF16 && c.head_dim <= 128;
+  switch (p.algo) {
+    case AttentionAlgo::kReference: return AttentionAlgo::kReference;
+    case AttentionAlgo::kTiled:
+      if (!tiled) return absl::InvalidArgumentError("Attention: the tiled kernel cannot run this shape");
+      return AttentionAlgo::kTiled;
+    case AttentionAlgo::kSplitDecode:
+      if (!decode) return absl::InvalidArgumentError("Attention: the split-decode kernel cannot run this shape");
+      return AttentionAlgo::kSplitDecode;
+    case AttentionAlgo::kTiledTensorCore:
+      if (!tensor_core) {
+        return absl::InvalidArgumentError("Attention: the tensor-core kernel needs bf16 activations, head_dim <= 128");
+      }
+      return AttentionAlgo::kTiledTensorCore;
+    case AttentionAlgo::kAuto: break;
+  }
+  const int64_t q_len = p.max_tokens_per_seq > 0 ? p.max_tokens_per_seq : p.num_tokens;
+  if (decode && q_len <= 8) return AttentionAlgo::kSplitDecode;
+  if (tensor_core && kTensorCoreByDefault) return AttentionAlgo::kTiledTensorCore;
+  if (tiled) return AttentionAlgo::kTiled;
+  return AttentionAlgo::kReference;
+}
+
+absl::Status Routing(const RoutingParams& p, GpuStream stream) {
+  if (p.num_tokens <= 0) return absl::OkStatus();
+  if (!p.logits || !p.local_ids || !p.weights) return absl::InvalidArgumentError("Routing: missing buffers");
+  if (p.top_k <= 0 || p.top_k > p.num_experts || p.top_k > MaxRoutingTopK()) {
+    return absl::InvalidArgumentError(absl::StrCat("Routing: top_k ", p.top_k, " outside [1, min(", p.num_experts,
+                                                   ", ", MaxRoutingTopK(), ")]"));
+  }
+  MOESHARD_CUDA_RETURN_IF_ERROR(LaunchRouting(p, stream));
+  return absl::OkStatus();
+}
+
+absl::Status SiluMul(const SiluMulParams& p, GpuStream stream) {
+  if (p.n <= 0) return absl::OkStatus();
+  if (!p.gate || !p.up || !p.out) return absl::InvalidArgumentError("SiluMul: missing buffers");
+  MOESHARD_CUDA_RETURN_IF_ERROR(LaunchSiluMul(p, stream));
+  return absl::OkStatus();
+}
+
+absl::Status HeadGate(const HeadGateParams& p, GpuStream stream) {
+  if (p.num_tokens <= 0) return absl::OkStatus();
+  if (!p.o || !p.gate || p.head_dim <= 0) return absl::InvalidArgumentError("HeadGate: missing buffers");
+  MOESHARD_CUDA_RETURN_IF_ERROR(LaunchHeadGate(p, stream));
+  return absl::OkStatus();
+}
+
+absl::Status AddBias(const AddBiasParams& p, GpuStream stream) {
+  if (p.rows <= 0 || p.bias == nullptr) return absl::OkStatus();
+  if (!p.y || p.cols <= 0) return absl::InvalidArgumentError("AddBias: missing buffers");
+  MOESHARD_CUDA_RETURN_IF_ERROR(LaunchAddBias(p, stream));
+  return absl::OkStatus();
+}
+
+absl::Status Convert(const ConvertParams& p, GpuStream stream) {
+  if (p.n <= 0) return absl::OkStatus();
+  if (!p.x || !p.y) return absl::InvalidArgumentError("Convert: missing buffers");
+  MOESHARD_CUDA_RETURN_IF_ERROR(LaunchConvert(p, stream));
+  return absl::OkStatus();
+}
+
+absl::Status Fill(const FillParams& p, GpuStream stream) {
+  if (p.count <= 0) return absl::OkStatus();
+  if (!p.dst) return absl::InvalidArgumentError("Fill: no destination");
+  if ((p.kind == FillKind::kStridedU16 && p.stride < 2) || (p.kind == FillKind::kStridedU8 && p.stride < 1)) {
+    return absl::InvalidArgumentError("Fill: the strided kinds need a stride");
+  }
+  MOESHARD_CUDA_RETURN_IF_ERROR(LaunchFill(p, stream));
   return absl::OkStatus();
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "kernels/cuda/gpu_params.h"
 
 namespace moeshard::gpu {
@@ -13,5 +14,28 @@ absl::Status ExpandWeights(const ExpandParams& p, GpuStream stream);
 
 // Tiled matmul that reads weights in their stored format and expands them on chip.
 absl::Status MatMul(const MatMulParams& p, GpuStream stream);
+
+// The model's per-token ops; params in gpu_params.h, CPU references in kernels/cpu/ops.h.
+absl::Status Embed(const EmbedParams& p, GpuStream stream);
+absl::Status RmsNorm(const RmsNormParams& p, GpuStream stream);
+absl::Status Residual(const ResidualParams& p, GpuStream stream);
+absl::Status Rope(const RopeParams& p, GpuStream stream);
+absl::Status KvWrite(const KvWriteParams& p, GpuStream stream);
+absl::Status Attention(const AttentionParams& p, GpuStream stream);
+// Bytes of AttentionParams::workspace that let the split-decode kernel cut each of
+// num_tokens tokens' keys into up to max_splits ranges (capped at 64). A smaller workspace
+// is fine: the kernel then uses fewer splits (one without any workspace).
+int64_t AttentionWorkspaceBytes(int64_t num_tokens, int64_t num_heads, int64_t head_dim, int64_t max_splits = 32);
+// The kernel Attention would run for p (p.algo when set; kAuto resolved), or an error if
+// the forced one cannot run this shape.
+absl::StatusOr<AttentionAlgo> ResolveAttentionAlgo(const AttentionParams& p);
+absl::Status Routing(const RoutingParams& p, GpuStream stream);
+absl::Status SiluMul(const SiluMulParams& p, GpuStream stream);
+absl::Status HeadGate(const HeadGateParams& p, GpuStream stream);
+absl::Status AddBias(const AddBiasParams& p, GpuStream stream);
+absl::Status Convert(const ConvertParams& p, GpuStream stream);
+
+// Synthetic weights (benchmarks).
+absl::Status Fill(const FillParams& p, GpuStream stream);
 
 }  // namespace moeshard::gpu

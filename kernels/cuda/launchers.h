@@ -10,5 +10,27 @@ namespace moeshard::gpu {
 
 cudaError_t LaunchExpand(const ExpandParams& p, cudaStream_t stream);
 cudaError_t LaunchMatMul(const MatMulParams& p, cudaStream_t stream);
+cudaError_t LaunchEmbed(const EmbedParams& p, cudaStream_t stream);
+cudaError_t LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream);
+cudaError_t LaunchResidual(const ResidualParams& p, cudaStream_t stream);
+cudaError_t LaunchRope(const RopeParams& p, cudaStream_t stream);
+cudaError_t LaunchKvWrite(const KvWriteParams& p, cudaStream_t stream);
+cudaError_t LaunchAttention(const AttentionParams& p, cudaStream_t stream);
+cudaError_t LaunchRouting(const RoutingParams& p, cudaStream_t stream);
+cudaError_t LaunchSiluMul(const SiluMulParams& p, cudaStream_t stream);
+cudaError_t LaunchHeadGate(const HeadGateParams& p, cudaStream_t stream);
+cudaError_t LaunchAddBias(const AddBiasParams& p, cudaStream_t stream);
+cudaError_t LaunchConvert(const ConvertParams& p, cudaStream_t stream);
+cudaError_t LaunchFill(const FillParams& p, cudaStream_t stream);
+int64_t MaxAttentionHeadDim();
+// Attention kernels beside the reference one (attention_tiled.cu, attention_tc.cu,
+// attention_decode.cu).
+cudaError_t LaunchAttentionTiled(const AttentionParams& p, cudaStream_t stream);
+cudaError_t LaunchAttentionTensorCore(const AttentionParams& p, cudaStream_t stream);  // bf16, head_dim <= 128
+cudaError_t LaunchAttentionSplitDecode(const AttentionParams& p, int64_t splits, cudaStream_t stream);
+int64_t AttentionDecodeSplits(const AttentionParams& p);  // from the workspace and the SM count
+int64_t MaxAttentionSplits();
+int64_t MaxSplitDecodeGroup();  // query heads per KV head the split-decode kernel takes
+int64_t MaxRoutingTopK();
 
 }  // namespace moeshard::gpu

@@ -310,7 +310,10 @@ def dequantized(t):
     return out
 
 
-def make_goldens(cfg, tensors, val, tok, prompts, gen_len, seq_lens):
+def make_goldens(cfg, tensors, val, tok, prompts, gen_len, seq_lens, full_seqs=1, topk=20):
+    """The first `full_seqs` sequences keep full float32 logits (KL against the engine); the others
+    keep the top-`topk` logits of each position and its logsumexp, to keep the model folder small
+    (tools/train_demo/trim_goldens.py narrows an older file the same way)."""
     ref = ms.MuseSpark(cfg, tensors, dtype=torch.float64)
     g = {}
     off = 0
@@ -318,8 +321,14 @@ def make_goldens(cfg, tensors, val, tok, prompts, gen_len, seq_lens):
         ids = val[off: off + T]
         off += T + 17
         lg = ref.forward(ids)
+        lg32 = lg.to(torch.float32).contiguous()
         g[f"seq{k}.ids"] = ids.to(torch.int32).contiguous()
-        g[f"seq{k}.logits"] = lg.to(torch.float32).contiguous()
+        if k < full_seqs:
+            g[f"seq{k}.logits"] = lg32
+        else:
+            values, index = torch.topk(lg32, topk, dim=-1)
+            g[f"seq{k}.topk_ids"] = index.to(torch.int32).contiguous()
+            g[f"seq{k}.topk_logits"] = values.contiguous()
         g[f"seq{k}.lse"] = torch.logsumexp(lg, -1).to(torch.float32).contiguous()
     samples = []
     for k, p in enumerate(prompts):
@@ -472,7 +481,8 @@ def main():
     # Goldens: the reference in float64 on the exported weights.
     prompts = ["In the beginning", "And Jesus said unto them,", "The LORD is my shepherd;"]
     gt = time.time()
-    g, samples = make_goldens(out_cfg, t, val, tok, prompts, 24, [24, 100])
+    seq_lens = [24, 100]
+    g, samples = make_goldens(out_cfg, t, val, tok, prompts, 24, seq_lens)
     save_file(g, os.path.join(args.out, "goldens.safetensors"))
     log(f"goldens: {time.time() - gt:.0f}s")
 
@@ -500,7 +510,12 @@ def main():
 A small Muse Spark model (the architecture of `shared/docs/muse-spark.md` at toy width)
 trained on the King James Bible, bundled so that moeshard has a model that writes real English. Made by
 `tools/train_demo/train.py`; the goldens in `goldens.safetensors` come from the reference implementation
-(`shared/reference/muse_spark.py`) in float64 on these exact (exported, dequantized) weights.
+(`shared/reference/muse_spark.py`) in float64 on these exact (exported, dequantized) weights, rounded to
+float32: seq0, the first {seq_lens[0]} tokens of the held-out chapters, with full logits (`seq0.logits`); seq1,
+{seq_lens[1]} held-out tokens further on, with the top-20 logits and the logsumexp of every position;
+gen0-{len(prompts) - 1}, the greedy continuations below. CI checks the engine against them: `moeshard check`
+(fp32 tolerance; ctest `demo_model_check`) and KL(PyTorch || engine) on seq0, mean at most 1e-3
+(ctest `demo_model_kl_test`).
 
 | | |
 |---|---|
@@ -509,7 +524,7 @@ trained on the King James Bible, bundled so that moeshard has a model that write
 | MoE | {cfg['num_experts']} experts, top-{cfg['num_experts_per_tok']}, latent {cfg['moe_latent_size']}, expert intermediate {cfg['expert_intermediate_size']} |
 | parameters | {nparam / 1e6:.2f}M |
 | vocabulary | {tok.get_vocab_size()} tokens: byte-level BPE trained on the corpus with Hugging Face `tokenizers` (Qwen2 split regex, NFC; specials `<|endoftext|>`, `<|im_start|>`, `<|im_end|>`) |
-| weights | experts NVFP4 (packed E2M1, E4M3 block scales of 16, fp32 global scale), router fp32, the rest bf16; {size / 1e6:.1f} MB in this folder |
+| weights | experts NVFP4 (packed E2M1, E4M3 block scales of 16, fp32 global scale), router fp32, the rest bf16; {size / 1e6:.1f} MB ({size / 2**20:.2f} MiB) in this folder |
 
 ## Data
 The King James Version of the Bible as Debian's `bible-kjv` / `bible-kjv-text` packages ship it (4.38),
@@ -538,7 +553,9 @@ Greedy continuations (reference, float64, the shipped weights):
     python3 tools/train_demo/train.py --corpus kjv.txt --reference-dir ../shared/reference --out OUTDIR \\
         --train-seconds 50 --eval-every 50
 (on a GPU; the script first checks its batched model against the reference in float64). Check an engine:
-`moeshard check --model models/muse-spark-demo --goldens models/muse-spark-demo/goldens.safetensors`.
+`moeshard check --model models/muse-spark-demo --goldens models/muse-spark-demo/goldens.safetensors`;
+perplexity and KL against a saved run (also llama.cpp's `--kl-divergence-base` files):
+`moeshard eval --model models/muse-spark-demo --text FILE [--save-logits F.kld | --compare F.kld]`.
 
 ## License
 The text of the King James Version is in the public domain (outside the United Kingdom, where the Crown's

@@ -21,6 +21,8 @@ class InstrumentedCommunicator : public Communicator {
   absl::Status Recv(void* data, size_t bytes, int src) override;
   absl::Status Barrier() override;
   void Abort() override { inner_->Abort(); }
+  bool device_memory() const override { return inner_->device_memory(); }
+  void set_stream(void* stream) override { inner_->set_stream(stream); }
 
  private:
   struct Op {

@@ -2,10 +2,12 @@
 
 #include <chrono>
 #include <cstdio>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "worker/service/proto_convert.h"
 #include "common/comm/gloo_communicator.h"
+#include "common/comm/nccl_communicator.h"
 #include "common/metrics/metrics.h"
 #include "common/status.h"
 #include "prometheus/counter.h"
@@ -61,13 +63,30 @@ grpc::Status WorkerServiceImpl::Handshake(grpc::ServerContext*, const v1::Handsh
   return grpc::Status::OK;
 }
 
+// Publishes this worker's (host, GPU bus id) and reads every rank's: true when no two
+// ranks share a GPU (NCCL allows one rank per GPU).
+absl::StatusOr<bool> WorkerServiceImpl::EveryRankHasItsGpu(KvStore& store, const v1::HandshakeRequest& req,
+                                                         std::chrono::milliseconds timeout) {
+  ASSIGN_OR_RETURN(std::string bus, GpuBusId(options_.runner.gpu_index));
+  const std::string prefix = absl::StrCat(req.group_id(), "/gpu/");
+  RETURN_IF_ERROR(store.Set(absl::StrCat(prefix, req.worker_index()), absl::StrCat(options_.host, "|", bus)));
+  std::set<std::string> seen;
+  for (int r = 0; r < req.num_workers(); ++r) {
+    ASSIGN_OR_RETURN(std::string v, store.Get(absl::StrCat(prefix, r), timeout));
+    if (!seen.insert(v).second) return false;
+  }
+  return true;
+}
+
 absl::Status WorkerServiceImpl::DoHandshake(const v1::HandshakeRequest& req, v1::HandshakeReply* rep) {
   if (req.protocol_version() != kProtocolVersion) {
     return absl::FailedPreconditionError(absl::StrCat("protocol version ", req.protocol_version(), " (this worker speaks ", kProtocolVersion, ")"));
   }
   // A new handshake replaces the previous group (the coordinator restarted it).
   if (comm_) comm_->Abort();
+  if (tp_comm_) tp_comm_->Abort();
   runner_.reset();
+  tp_comm_.reset();
   comm_.reset();
   ready_ = false;
   broken_.clear();
@@ -92,18 +111,31 @@ absl::Status WorkerServiceImpl::DoHandshake(const v1::HandshakeRequest& req, v1:
                                                      options_.host, timeout));
   comm_ = std::make_unique<InstrumentedCommunicator>(std::move(comm), *registry_);
   comm_->set_timeout(timeout);
-  RunnerOptions ro;
+  RunnerOptions ro = options_.runner;
   ro.num_kv_blocks = req.num_kv_blocks();
   ro.block_size = req.block_size();
-  ASSIGN_OR_RETURN(runner_, ModelRunner::Create(model_->config, *model_->source, shard, ro,
-                                                shard.tp_size > 1 ? comm_.get() : nullptr));
+  Communicator* tp = shard.tp_size > 1 ? comm_.get() : nullptr;
+  if (tp != nullptr && ro.device == Device::kCuda && options_.tp_comm != "host") {
+    ASSIGN_OR_RETURN(bool own_gpus, EveryRankHasItsGpu(store, req, timeout));
+    if (own_gpus) {
+      const int pp_rank = req.worker_index() / shard.tp_size;
+      ASSIGN_OR_RETURN(auto nccl, CreateNcclCommunicator(&store, absl::StrCat(req.group_id(), "/tp", pp_rank),
+                                                         shard.tp_rank, shard.tp_size, ro.gpu_index, timeout));
+      tp_comm_ = std::make_unique<InstrumentedCommunicator>(std::move(nccl), *registry_);
+      tp = tp_comm_.get();
+    } else if (options_.tp_comm == "nccl") {
+      return absl::FailedPreconditionError("--tp-comm nccl needs one GPU per worker; some workers share a GPU");
+    }
+  }
+  ASSIGN_OR_RETURN(runner_, ModelRunner::Create(model_->config, *model_->source, shard, ro, tp));
   shard_ = sp;
   next_step_ = 0;
   ready_ = true;
-  kv_bytes_->Set(static_cast<double>(runner_->kv_cache().bytes()));
+  kv_bytes_->Set(static_cast<double>(runner_->kv_bytes()));
   rep->set_weight_bytes(0);
-  std::fprintf(stderr, "moeshard-worker: worker %d/%d ready, %s\n", req.worker_index(), req.num_workers(),
-               shard.DebugString().c_str());
+  std::fprintf(stderr, "moeshard-worker: worker %d/%d ready, %s, %s%s\n", req.worker_index(), req.num_workers(),
+               shard.DebugString().c_str(), runner_->backend().c_str(),
+               tp_comm_ ? ", all-reduce over NCCL" : tp ? ", all-reduce staged through host memory" : "");
   return absl::OkStatus();
 }
 

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "common/comm/communicator.h"
+#include "common/comm/kv_store.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "proto/moeshard.grpc.pb.h"
@@ -26,6 +27,13 @@ inline constexpr uint32_t kProtocolVersion = 1;
 struct WorkerOptions {
   std::string model_path;
   std::string host = "127.0.0.1";  // address peers use to reach this worker's communicator
+  // Backend of this worker's runner (device, GPU index, precision, KV dtype); the KV pool
+  // size and block size come from the coordinator's handshake.
+  RunnerOptions runner;
+  // Tensor-parallel all-reduces of GPU workers: "auto" uses NCCL when every rank of the
+  // group has a GPU of its own (told apart by PCI bus id and host) and the host-staged
+  // path otherwise; "nccl" requires NCCL; "host" always stages through host memory.
+  std::string tp_comm = "auto";
 };
 
 class WorkerServiceImpl final : public v1::Worker::Service {
@@ -38,6 +46,8 @@ class WorkerServiceImpl final : public v1::Worker::Service {
 
  private:
   absl::Status DoHandshake(const v1::HandshakeRequest& req, v1::HandshakeReply* rep);
+  absl::StatusOr<bool> EveryRankHasItsGpu(KvStore& store, const v1::HandshakeRequest& req,
+                                          std::chrono::milliseconds timeout);
   absl::Status DoStep(const v1::StepRequest& req, v1::StepReply* rep);
 
   WorkerOptions options_;
@@ -48,6 +58,7 @@ class WorkerServiceImpl final : public v1::Worker::Service {
   bool ready_ = false;
   std::string broken_;  // non-empty once a step failed half-way: the group must restart
   std::unique_ptr<LoadedModel> model_;
+  std::unique_ptr<Communicator> tp_comm_;  // NCCL for the runner's all-reduces, when chosen
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<ModelRunner> runner_;
   v1::ShardProto shard_;

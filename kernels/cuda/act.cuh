@@ -1,0 +1,50 @@
+// Loads and stores of activations as fp32 values, for kernels templated on the
+// activation type: float, or uint16_t holding bf16 bits (round to nearest even).
+#pragma once
+
+#include "kernels/cuda/weight_decode.cuh"
+
+namespace moeshard::gpu {
+
+template <typename Act>
+__device__ __forceinline__ float LoadF(const Act* p) {
+  if constexpr (sizeof(Act) == 4) {
+    return *p;
+  } else {
+    return DevBf16ToF32(*p);
+  }
+}
+
+template <typename Act>
+__device__ __forceinline__ void StoreF(Act* p, float v) {
+  if constexpr (sizeof(Act) == 4) {
+    *p = v;
+  } else {
+    *p = DevF32ToBf16(v);
+  }
+}
+
+__device__ __forceinline__ float WarpSum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float WarpMax(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over a block of up to 1024 threads (a multiple of 32); every thread gets the total.
+__device__ __forceinline__ float BlockSum(float v, float* scratch /* [32] */) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  v = WarpSum(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : 0.f;
+  return WarpSum(v);
+}
+
+}  // namespace moeshard::gpu

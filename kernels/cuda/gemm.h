@@ -1,0 +1,42 @@
+// Dense projections through cuBLAS: y[T, N] = x[T, K] · Wᵀ with W [N, K] row-major on the
+// device in the activation dtype (expanded once at load). bf16 inputs accumulate in fp32
+// and may write bf16 or fp32 outputs; fp32 uses CUBLAS_COMPUTE_32F_PEDANTIC (no TF32).
+// One Gemm per stream; not thread-safe.
+#pragma once
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "kernels/cuda/gpu_params.h"
+
+namespace moeshard::gpu {
+
+struct DenseWeight {
+  const void* data = nullptr;  // device, [rows, cols] contiguous
+  ActDType dtype = ActDType::kF32;
+  int64_t rows = 0, cols = 0;
+};
+
+struct GemmArgs {
+  DenseWeight w;
+  const void* x = nullptr;
+  ActDType x_dtype = ActDType::kF32;  // must equal w.dtype
+  int64_t x_stride = 0;               // elements; 0 means w.cols
+  void* y = nullptr;
+  ActDType y_dtype = ActDType::kF32;
+  int64_t y_stride = 0;               // elements; 0 means w.rows
+  int64_t num_tokens = 0;
+};
+
+class Gemm {
+ public:
+  static absl::StatusOr<std::unique_ptr<Gemm>> Create(GpuStream stream);
+  ~Gemm();
+  absl::Status Run(const GemmArgs& a);
+
+ private:
+  Gemm() = default;
+  void* handle_ = nullptr;  // cublasHandle_t
+};
+
+}  // namespace moeshard::gpu

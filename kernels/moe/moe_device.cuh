@@ -1,0 +1,79 @@
+// Device helpers shared by the MoE kernels: which experts the tensor-core path takes, the
+// k-permutation of its bf16 operands, the NVFP4 nibble decode into bf16 pairs, and mma.
+//
+// NVFP4 → bf16 in registers. One 32-bit word holds 8 E2M1 codes e0..e7 (e0 in the low
+// nibble). For p = 0..3 the pair (e_p, e_{p+4}) sits 16 bits apart, so one shift puts both
+// codes' exponent-and-mantissa bits at bits 6..8 of their bf16 halves and another their
+// signs at bit 15: the bf16 then holds e2m1 · 2^-126 (code 1, 0.5, is the subnormal 2^-127).
+// One bf16x2 multiply by the block scale · 2^118 gives e2m1 · scale · 2^-8 exactly (at most
+// 6 significant bits, well inside bf16's range); the accumulator is multiplied by
+// scale2 · 2^8 at the end. The pairs come out as (e0,e4), (e1,e5), (e2,e6), (e3,e7); the
+// activations are stored with each group of 8 columns in that order, so the mma sees the
+// same (permuted) k for both operands and the dot products are unchanged (MoePermCol).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cuda/weight_decode.cuh"
+#include "kernels/moe/moe_params.h"
+
+namespace moeshard::gpu {
+
+// Column col's position in the tensor-core path's permuted activation layout. Within each
+// 128 columns, the 8-column group that lane c consumes at word j (columns 32c + 8j …) is
+// stored as 16-byte chunk 4j + c, so the 4 lanes of a row read 64 contiguous bytes per
+// word; within the group the columns are in pair order [0,4,1,5,2,6,3,7].
+__host__ __device__ __forceinline__ int64_t MoePermCol(int64_t col) {
+  const int64_t c = (col >> 5) & 3, j = (col >> 3) & 3, e = col & 7;
+  return (col & ~int64_t{127}) | ((4 * j + c) << 3) | ((e & 3) << 1) | (e >> 2);
+}
+
+__device__ __forceinline__ bool FastEligible(const MoeExpertWeights& e, int64_t L, int64_t I) {
+  return MoeNvfp4Eligible(e, L, I);
+}
+
+__device__ __forceinline__ float Silu(float g) { return g / (1.f + expf(-g)); }
+
+// bf16 round trip (round to nearest even) of an fp32 value.
+__device__ __forceinline__ float RoundBf16(float f) { return DevBf16ToF32(DevF32ToBf16(f)); }
+
+__device__ __forceinline__ uint32_t MulBf16x2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+// The two e4m3 block scales in the low bytes of `s16`, each · 2^118, as bf16 in both halves
+// of out[0] and out[1]. Placing the 7 magnitude bits at bf16 bits 4..10 gives e4m3 · 2^-120
+// for every finite code (subnormal ones too); two exact multiplies by 2^119 follow. A NaN
+// scale (0x7f) reads as 480: no valid checkpoint holds one.
+__device__ __forceinline__ void ScalePairBf16x2(uint32_t s16, uint32_t out[2]) {
+  constexpr uint32_t k2p119 = 0x7B007B00u;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const uint32_t b = __byte_perm(s16, 0, i == 0 ? 0x4040 : 0x4141);  // byte i in both halves
+    const uint32_t tiny = ((b & 0x007F007Fu) << 4) | ((b & 0x00800080u) << 8);
+    out[i] = MulBf16x2(MulBf16x2(tiny, k2p119), k2p119);
+  }
+}
+
+// The 8 codes of `w` as 4 bf16 pairs (e0,e4), (e1,e5), (e2,e6), (e3,e7), times `s2`.
+__device__ __forceinline__ void DecodeNvfp4Word(uint32_t w, uint32_t s2, uint32_t out[4]) {
+  constexpr uint32_t kMag = 0x01C001C0u, kSign = 0x80008000u;
+  out[0] = MulBf16x2(((w << 6) & kMag) | ((w << 12) & kSign), s2);
+  out[1] = MulBf16x2(((w << 2) & kMag) | ((w << 8) & kSign), s2);
+  out[2] = MulBf16x2(((w >> 2) & kMag) | ((w << 4) & kSign), s2);
+  out[3] = MulBf16x2(((w >> 6) & kMag) | (w & kSign), s2);
+}
+
+// d += a · b, m16n8k16, bf16 inputs, fp32 accumulators.
+__device__ __forceinline__ void MmaBf16(float d[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                        uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+}  // namespace moeshard::gpu

@@ -1,0 +1,181 @@
+// MoeExpertStep: validation, the workspace layout, and the kernels in order:
+//   1. route (moe_route.cu): group the (token, slot) pairs by local expert, deterministically;
+//      mark which path takes each expert (MoePath).
+//   2. bf16 activations only: gather each row's x as permuted bf16, then the NVFP4
+//      tensor-core gate/up (moe_nvfp4.cu) for the experts it takes; the GEMV/mma gate/up
+//      (moe_gemv.cu) for Q8_0, MXFP4 and BF16 experts.
+//   3. generic gate/up (moe_generic.cu) for all other experts (its blocks of taken experts
+//      return at once).
+//   4. the same three for down.
+//   5. combine (moe_route.cu): per token, in slot order, norm and weighted sum into out.
+// MoeExpertParams::expert_formats (when the caller sets it) drops the launches that no
+// expert needs. MOESHARD_MOE_GEMV=0 in the environment turns the GEMV/mma path off.
+// Nothing here synchronizes with the host: the kernels read the counts the route wrote.
+#include "kernels/moe/moe_expert.h"
+
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/moe/moe_launch.h"
+
+namespace moeshard::gpu {
+namespace {
+
+constexpr size_t kAlign = 256;
+
+size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// Byte offsets of the workspace's buffers; `end` is the total.
+struct Layout {
+  size_t offsets, tile_base, gemv_base, fast, rows, pos, xg, h, y, end;
+};
+
+Layout MakeLayout(int E, int64_t L, int64_t I, int64_t T, int top_k) {
+  const size_t cap = static_cast<size_t>(T) * top_k;
+  Layout l;
+  size_t o = 0;
+  l.offsets = o, o = AlignUp(o + sizeof(int32_t) * (E + 1));
+  l.tile_base = o, o = AlignUp(o + sizeof(int32_t) * (E + 1));
+  l.gemv_base = o, o = AlignUp(o + sizeof(int32_t) * (E + 1));
+  l.fast = o, o = AlignUp(o + E);
+  l.rows = o, o = AlignUp(o + sizeof(int32_t) * cap);
+  l.pos = o, o = AlignUp(o + sizeof(int32_t) * cap);
+  l.xg = o, o = AlignUp(o + sizeof(uint16_t) * cap * L);
+  l.h = o, o = AlignUp(o + sizeof(float) * cap * I);
+  l.y = o, o = AlignUp(o + sizeof(float) * cap * L);
+  l.end = o;
+  return l;
+}
+
+absl::Status Validate(const MoeExpertParams& p) {
+  if (p.num_local_experts <= 0 || p.num_local_experts > 4096 || p.width <= 0 || p.inter <= 0 || p.top_k <= 0 ||
+      p.top_k > 64 || p.num_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("MoeExpertStep: bad sizes: experts=", p.num_local_experts,
+                                                   " width=", p.width, " inter=", p.inter, " tokens=", p.num_tokens,
+                                                   " top_k=", p.top_k));
+  }
+  if (p.num_tokens > (int64_t{1} << 31) / p.top_k) {
+    return absl::InvalidArgumentError(absl::StrCat("MoeExpertStep: too many tokens: ", p.num_tokens));
+  }
+  if (p.num_tokens == 0) return absl::OkStatus();
+  if (!p.experts || !p.expert_ids || !p.weights || !p.x || !p.out || !p.workspace) {
+    return absl::InvalidArgumentError("MoeExpertStep: a device pointer is null");
+  }
+  if (reinterpret_cast<uintptr_t>(p.workspace) % kAlign != 0) {
+    return absl::InvalidArgumentError("MoeExpertStep: workspace must be 256-byte aligned");
+  }
+  const size_t need = MoeExpertWorkspaceBytes(p.num_local_experts, p.width, p.inter, p.num_tokens, p.top_k);
+  if (p.workspace_bytes < need) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MoeExpertStep: workspace of ", p.workspace_bytes, " bytes, need ", need));
+  }
+  return absl::OkStatus();
+}
+
+bool GemvEnabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("MOESHARD_MOE_GEMV");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return on;
+}
+
+}  // namespace
+
+uint32_t MoeExpertFormats(const MoeExpertWeights* experts, int num_local_experts, int64_t width, int64_t inter) {
+  uint32_t bits = kMoeAllViewsFast;
+  const bool nvfp4_sizes = width % 256 == 0 && inter % 256 == 0;
+  for (int e = 0; e < num_local_experts; ++e) {
+    const MoeExpertWeights& ew = experts[e];
+    bits |= MoeFormatBit(ew.gate.format) | MoeFormatBit(ew.up.format) | MoeFormatBit(ew.down.format);
+    const bool fast = (nvfp4_sizes && MoeNvfp4Eligible(ew, width, inter)) || MoeGemvEligible(ew, width, inter);
+    if (!fast) bits &= ~kMoeAllViewsFast;
+  }
+  return bits;
+}
+
+size_t MoeExpertWorkspaceBytes(int num_local_experts, int64_t width, int64_t inter, int64_t num_tokens, int top_k) {
+  return MakeLayout(num_local_experts, width, inter, num_tokens, top_k).end;
+}
+
+cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStream_t stream) {
+  static int num_sms = [] {
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+      return 0;
+    }
+    return n;
+  }();
+  if (num_sms == 0) return cudaErrorNoDevice;
+  const Layout l = MakeLayout(p.num_local_experts, p.width, p.inter, p.num_tokens, p.top_k);
+  uint8_t* ws = static_cast<uint8_t*>(p.workspace);
+  MoeWork w;
+  w.capacity = p.num_tokens * p.top_k;
+  w.offsets = reinterpret_cast<int32_t*>(ws + l.offsets);
+  w.tile_base = reinterpret_cast<int32_t*>(ws + l.tile_base);
+  w.gemv_base = reinterpret_cast<int32_t*>(ws + l.gemv_base);
+  w.fast = ws + l.fast;
+  w.rows = reinterpret_cast<int32_t*>(ws + l.rows);
+  w.pos = reinterpret_cast<int32_t*>(ws + l.pos);
+  w.xg = reinterpret_cast<uint16_t*>(ws + l.xg);
+  w.h = ws + l.h;
+  w.y = reinterpret_cast<float*>(ws + l.y);
+  w.num_sms = num_sms;
+  const bool bf16 = p.act_dtype == ActDType::kBF16 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
+  const uint32_t fmts = p.expert_formats;  // 0: unknown
+  const bool known = fmts != 0;
+  const uint32_t gemv_bits =
+      MoeFormatBit(WeightFormat::kQ8_0) | MoeFormatBit(WeightFormat::kMXFP4) | MoeFormatBit(WeightFormat::kBF16);
+  const uint32_t nvfp4_bit = MoeFormatBit(WeightFormat::kNVFP4);
+  w.fast_allowed = bf16 && p.width % 256 == 0 && p.inter % 256 == 0 && (!known || (fmts & nvfp4_bit));
+  w.gemv_allowed = bf16 && GemvEnabled() && p.width % 32 == 0 && p.inter % 32 == 0 && (!known || (fmts & gemv_bits));
+  // The generic launches can be left out only when the caller vouches that every expert
+  // qualifies for a fast path that is on for this call.
+  bool need_generic = true;
+  if (known && (fmts & kMoeAllViewsFast) && bf16) {
+    const uint32_t present = fmts & ~kMoeAllViewsFast;
+    uint32_t covered = 0;
+    if (w.fast_allowed) covered |= nvfp4_bit;
+    if (w.gemv_allowed) covered |= gemv_bits;
+    need_generic = (present & ~covered) != 0;
+  }
+  using Launch = cudaError_t (*)(const MoeExpertParams&, const MoeWork&, cudaStream_t);
+  enum Need { kAlways, kFast, kGemv, kGeneric };
+  const struct {
+    unsigned stage;
+    Need need;
+    Launch launch;
+  } stages[] = {
+      {kMoeStageRoute, kAlways, LaunchMoeRoute},
+      {kMoeStageGather, kFast, LaunchMoeGatherX},
+      {kMoeStageFastGateUp, kFast, LaunchMoeFastGateUp},
+      {kMoeStageGemvGateUp, kGemv, LaunchMoeGemvGateUp},
+      {kMoeStageGenericGateUp, kGeneric, LaunchMoeGenericGateUp},
+      {kMoeStageFastDown, kFast, LaunchMoeFastDown},
+      {kMoeStageGemvDown, kGemv, LaunchMoeGemvDown},
+      {kMoeStageGenericDown, kGeneric, LaunchMoeGenericDown},
+      {kMoeStageCombine, kAlways, LaunchMoeCombine},
+  };
+  for (const auto& s : stages) {
+    if (!(mask & s.stage)) continue;
+    if ((s.need == kFast && !w.fast_allowed) || (s.need == kGemv && !w.gemv_allowed) ||
+        (s.need == kGeneric && !need_generic)) {
+      continue;
+    }
+    if (cudaError_t err = s.launch(p, w, stream); err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+absl::Status MoeExpertStep(const MoeExpertParams& p, GpuStream stream) {
+  if (absl::Status s = Validate(p); !s.ok()) return s;
+  if (p.num_tokens == 0) return absl::OkStatus();
+  return CudaStatus(MoeExpertStepStages(p, kMoeStageAll, stream), "MoeExpertStep launch");
+}
+
+}  // namespace moeshard::gpu

@@ -1,0 +1,53 @@
+// The MoE expert step on one GPU: token grouping by expert, fused gate/up projections with
+// SiLU gating, the down projection, the optional per-expert RMS norm and the weighted sum
+// over each token's slots. moe_params.h states the math; the block comment at the top of
+// moe_expert.cc lists the kernels and their order.
+//
+// Precision. fp32 activations: fp32 arithmetic throughout (no tensor cores, no TF32),
+// matching kernels/cpu/moe_ref.h to ~1e-5. bf16 activations: bf16 GEMM inputs with fp32
+// accumulation; gate and up results and silu(gate)·up are rounded to bf16 before the down
+// GEMM; the down output, the norm and the weighted sum are fp32. The sum over a token's
+// slots runs in slot order: results are deterministic, bit for bit, run to run.
+//
+// Weight formats: all of WeightFormat. NVFP4 experts with bf16 activations take the
+// tensor-core path when L and I are multiples of 256 and the views are aligned (16-byte
+// aligned rows, col_offset % 32 == 0, even scale strides); it decodes the nibbles and block
+// scales exactly, except that a NaN block scale (never in a valid checkpoint) reads as 480.
+// Q8_0, MXFP4 and BF16 experts with bf16 activations take the GEMV/mma path (moe_gemv.cu)
+// when L and I are multiples of 32, gate and up share a format, and the views sit on the
+// 32-column block grid (BF16: 16-byte aligned rows); the block scales are applied in fp32
+// to each block's partial sums, BF16 weights feed the tensor cores unchanged.
+// Every other case takes a generic path that honours the WeightRef fully (strides, column
+// windows), with fp32 weights on CUDA cores.
+//
+// Workspace: worst case over routings, T · top_k rows of x (bf16), h (fp32) and the expert
+// outputs (fp32): about 2.7 GB for T = 8192, top_k = 8, L = I = 4096.
+//
+// Ownership: nothing is kept; every pointer in the params (the device expert array too)
+// must stay valid until the stream has run the step. Thread-safety: none beyond the
+// stream's; the workspace belongs to one call at a time. The first call caches the device's
+// SM count and the kernels' occupancy for the process (one kind of GPU per process).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/moe/moe_params.h"
+
+namespace moeshard::gpu {
+
+// Device scratch that MoeExpertStep needs for these sizes (worst case over routings).
+size_t MoeExpertWorkspaceBytes(int num_local_experts, int64_t width, int64_t inter, int64_t num_tokens, int top_k);
+
+// MoeExpertParams::expert_formats for these experts, computed once at load. `experts` is a
+// HOST array of the same MoeExpertWeights that the device array holds: only formats, sizes,
+// column offsets, strides and pointer values are read (for alignment), never the memory.
+uint32_t MoeExpertFormats(const MoeExpertWeights* experts, int num_local_experts, int64_t width, int64_t inter);
+
+// Enqueues the whole step on `stream`: no allocation, no host synchronization.
+// InvalidArgument for bad sizes, null pointers or a short workspace; Internal for a
+// failed launch.
+absl::Status MoeExpertStep(const MoeExpertParams& p, GpuStream stream);
+
+}  // namespace moeshard::gpu

@@ -1,0 +1,423 @@
+// The GEMV/mma path: Q8_0, MXFP4 and BF16 experts with bf16 activations (moe_params.h
+// MoeGemvEligible). Decode (≤ 8 tokens per expert) streams each touched expert's rows once;
+// prefill reuses each decoded weight for up to 32 tokens on the tensor cores. Two kernels per
+// GEMM (Cfg below): small tasks (≤ 8 tokens) and large ones (9-32), each skipping the other's.
+//
+// Tasks. (expert, row tile, group of ≤ 32 of its tokens), numbered expert by expert from the
+// prefix that the route kernel wrote (w.gemv_base), the token group fastest so that blocks
+// running together share weights in L2. A row tile is 16 rows of gate and the same 16 rows of
+// up (gate/up), or 32 rows of down. One block of 4 warps per task: the warps split K into
+// four ranges (split K, so that 1-token decode of 8 experts still gives ~400-500 blocks) and
+// meet in shared memory at the end, where the sums run in a fixed order (deterministic).
+//
+// Weights. Each warp stages its 32 rows' bytes for a chunk of K (272 bytes of each row: 8
+// Q8_0 blocks, 16 MXFP4 blocks or 128 BF16 columns) into shared memory with 16-byte cp.async,
+// two chunks deep, aligned down to 16 bytes (so any row stride or base alignment works for
+// the block formats; the odd 34- and 17-byte blocks are read back with funnel shifts). Lane
+// (g, c) = (lane/4, lane%4) then decodes rows g and g+8 of each 16-row slice: 8 of the 32
+// columns of each 32-column block, which are its A-fragment share of the two m16n8k16 k-steps
+// that the block spans (the k order inside a block is permuted; the activations are read in
+// the same order, so the dot products are unchanged):
+//   Q8_0 / BF16: lane c holds columns 8c..8c+7 in natural order: B is one 16-byte load.
+//   MXFP4: byte j of the block holds columns j and j+16; lane c decodes bytes 4c..4c+3 (the
+//     NVFP4 pair decode of moe_device.cuh, times 2^126 so that the bf16 holds the e2m1 value
+//     exactly) and reads the activations (4c, 4c+2), (4c+1, 4c+3), then the same + 16.
+// int8 → bf16 is exact (|q| ≤ 128); the block scales (f16 d, e8m0) multiply each block's fp32
+// partial sums (two mma into a zeroed accumulator, then an FFMA per element), so the only
+// rounding beyond fp32 is the activations' own bf16.
+//
+// Activations. B fragments come straight from global memory (x by token for gate/up, h by
+// grouped row for down; both stay in L1/L2): every weight fragment is reused for all the
+// task's tokens (1, 2 or 4 n8 tiles).
+//
+// Epilogues as the other paths: h = bf16(silu(bf16(g)) · bf16(u)) (natural column order, these
+// experts' rows of h are read by this path only), y rows fp32.
+#include <algorithm>
+
+#include "kernels/moe/moe_device.cuh"
+#include "kernels/moe/moe_launch.h"
+
+namespace moeshard::gpu {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kRows = 32;  // rows a warp stages: two 16-row slices
+
+// Two kernels per GEMM, one per task class, each with its own register and shared-memory
+// budget: small tasks (≤ 8 tokens, one n8 tile: decode) stage 136 bytes of each row per
+// chunk (41 KB per block, 5 blocks per SM); large tasks (9-32 tokens) 272 bytes (74 KB, 3).
+template <bool kSmall>
+struct Cfg {
+  static constexpr int kChunkBytes = kSmall ? 136 : 272;             // whole blocks of every format
+  static constexpr int kSlot16 = (15 + kChunkBytes + 15) / 16;       // 16-byte copies per row
+  static constexpr int kSlotBytes = 16 * kSlot16;                    // one row's chunk + alignment
+  static constexpr int kStageBytes = kRows * kSlotBytes;             // one warp, one chunk
+  static constexpr int kSmemBytes = 2 * kWarps * kStageBytes + 16;  // reads may run ≤ 16 bytes past a slot
+  static constexpr int kMinBlocks = kSmall ? 5 : 3;
+};
+
+template <WeightFormat F>
+struct Fmt;
+template <>
+struct Fmt<WeightFormat::kQ8_0> {
+  static constexpr int kBlockBytes = 34;
+};
+template <>
+struct Fmt<WeightFormat::kMXFP4> {
+  static constexpr int kBlockBytes = 17;
+};
+template <>
+struct Fmt<WeightFormat::kBF16> {
+  static constexpr int kBlockBytes = 64;
+};
+
+// A view reduced to what the staging needs: column 0 of row 0, and the row stride.
+struct View {
+  const uint8_t* base;
+  int64_t stride;
+};
+
+template <WeightFormat F>
+__device__ __forceinline__ View MakeView(const WeightRef& w) {
+  const int64_t col_bytes = F == WeightFormat::kBF16 ? w.col_offset * 2 : w.col_offset / 32 * Fmt<F>::kBlockBytes;
+  return View{w.data + col_bytes, w.row_stride_bytes};
+}
+
+// Address of 32-column block kb of row `row`.
+template <WeightFormat F>
+__device__ __forceinline__ const uint8_t* BlockPtr(const View& v, int64_t row, int64_t kb) {
+  return v.base + row * v.stride + kb * Fmt<F>::kBlockBytes;
+}
+
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;"); }
+__device__ __forceinline__ void CpAsyncWaitOne() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+__device__ __forceinline__ void CpAsyncWaitAll() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+
+// 4 bytes of shared memory at any byte address.
+__device__ __forceinline__ uint32_t LdsU32(const uint8_t* p) {
+  const uint32_t* a = reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t{3});
+  const uint32_t sh = (reinterpret_cast<uintptr_t>(p) & 3) * 8;
+  return __funnelshift_r(a[0], a[1], sh);
+}
+// 8 bytes of shared memory at any byte address.
+__device__ __forceinline__ void LdsU64(const uint8_t* p, uint32_t& lo, uint32_t& hi) {
+  const uint32_t* a = reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t{3});
+  const uint32_t sh = (reinterpret_cast<uintptr_t>(p) & 3) * 8;
+  const uint32_t w0 = a[0], w1 = a[1], w2 = a[2];
+  lo = __funnelshift_r(w0, w1, sh);
+  hi = __funnelshift_r(w1, w2, sh);
+}
+
+__device__ __forceinline__ uint32_t SubBf16x2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("sub.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+// 4 int8 → bf16 pairs (b0, b1) and (b2, b3), exactly. For a byte q = 0x80·s + m (m < 128),
+// the bf16 0x43·m is 128 + m and 0x43·(0x80·s) is 128 or 256: their difference is q.
+__device__ __forceinline__ void I8x4ToBf16(uint32_t q, uint32_t& lo, uint32_t& hi) {
+  const uint32_t m = q & 0x7F7F7F7Fu, s = q & 0x80808080u;
+  lo = SubBf16x2(__byte_perm(m, 0x43434343u, 0x4140), __byte_perm(s, 0x43434343u, 0x4140));
+  hi = SubBf16x2(__byte_perm(m, 0x43434343u, 0x4342), __byte_perm(s, 0x43434343u, 0x4342));
+}
+
+// f16 bits → fp32 (exact for every finite value, subnormals too).
+__device__ __forceinline__ float F16BitsToF32(uint32_t h) {
+  float f;
+  asm("{.reg .b16 t; cvt.u16.u32 t, %1; cvt.f32.f16 %0, t;}" : "=f"(f) : "r"(h));
+  return f;
+}
+
+// d = a · b (zero accumulator), m16n8k16, bf16 inputs, fp32 out.
+__device__ __forceinline__ void MmaBf16Zero(float d[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                            uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%10,%10,%10,%10};"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.f));
+}
+
+// One lane's A fragments of one 32-column block for rows g and g+8 of a slice:
+// a[ks][0..3] = the mma's a0..a3 of k-step ks; sc[h] = the block scale of row g + 8h.
+template <WeightFormat F>
+__device__ __forceinline__ void DecodeBlock(const uint8_t* sg, const uint8_t* sg8, int c, uint32_t (&a)[2][4],
+                                            float (&sc)[2]) {
+  if constexpr (F == WeightFormat::kQ8_0) {
+    const uint8_t* s[2] = {sg, sg8};
+    uint32_t lo[2][2], hi[2][2];  // [row][k-step]
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      sc[h] = F16BitsToF32(s[h][0] | (s[h][1] << 8));
+      uint32_t q0, q1;
+      LdsU64(s[h] + 2 + 8 * c, q0, q1);
+      I8x4ToBf16(q0, lo[h][0], hi[h][0]);
+      I8x4ToBf16(q1, lo[h][1], hi[h][1]);
+    }
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks) {
+      a[ks][0] = lo[0][ks], a[ks][1] = lo[1][ks], a[ks][2] = hi[0][ks], a[ks][3] = hi[1][ks];
+    }
+  } else if constexpr (F == WeightFormat::kMXFP4) {
+    constexpr uint32_t k2p126 = 0x7E807E80u;
+    uint32_t o[2][4];
+    sc[0] = DevE8M0ToF32(sg[0]);
+    sc[1] = DevE8M0ToF32(sg8[0]);
+    DecodeNvfp4Word(LdsU32(sg + 1 + 4 * c), k2p126, o[0]);
+    DecodeNvfp4Word(LdsU32(sg8 + 1 + 4 * c), k2p126, o[1]);
+    // o[h][0] = columns (4c, 4c+2), [1] = (16+4c, 18+4c), [2] = (4c+1, 4c+3), [3] = (17+4c, 19+4c)
+    a[0][0] = o[0][0], a[0][1] = o[1][0], a[0][2] = o[0][2], a[0][3] = o[1][2];
+    a[1][0] = o[0][1], a[1][1] = o[1][1], a[1][2] = o[0][3], a[1][3] = o[1][3];
+  } else {
+    const uint4 wg = *reinterpret_cast<const uint4*>(sg + 16 * c);
+    const uint4 wg8 = *reinterpret_cast<const uint4*>(sg8 + 16 * c);
+    a[0][0] = wg.x, a[0][1] = wg8.x, a[0][2] = wg.y, a[0][3] = wg8.y;
+    a[1][0] = wg.z, a[1][1] = wg8.z, a[1][2] = wg.w, a[1][3] = wg8.w;
+    sc[0] = sc[1] = 1.f;
+  }
+}
+
+// The B fragments of block kb for one n8 tile: b[ks][0..1].
+template <WeightFormat F>
+__device__ __forceinline__ void LoadB(const uint16_t* brow, int64_t kb, int c, uint32_t (&b)[2][2]) {
+  if constexpr (F == WeightFormat::kMXFP4) {
+    const uint2 v0 = __ldg(reinterpret_cast<const uint2*>(brow + 32 * kb + 4 * c));
+    const uint2 v1 = __ldg(reinterpret_cast<const uint2*>(brow + 32 * kb + 16 + 4 * c));
+    b[0][0] = __byte_perm(v0.x, v0.y, 0x5410), b[0][1] = __byte_perm(v0.x, v0.y, 0x7632);
+    b[1][0] = __byte_perm(v1.x, v1.y, 0x5410), b[1][1] = __byte_perm(v1.x, v1.y, 0x7632);
+  } else {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(brow + 32 * kb + 8 * c));
+    b[0][0] = v.x, b[0][1] = v.y, b[1][0] = v.z, b[1][1] = v.w;
+  }
+}
+
+template <WeightFormat F, bool kGateUp, bool kSmall, int NT>
+__device__ __forceinline__ void RunTask(const MoeExpertParams& p, const MoeWork& w, const MoeExpertWeights& ew,
+                                        int64_t rt, int64_t row0, int ntok, uint8_t* smem) {
+  using C = Cfg<kSmall>;
+  constexpr int BB = Fmt<F>::kBlockBytes, KC = C::kChunkBytes / BB;
+  constexpr int kSlot16 = C::kSlot16, kSlotBytes = C::kSlotBytes, kStageBytes = C::kStageBytes;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const View m0 = MakeView<F>(kGateUp ? ew.gate : ew.down);
+  const View m1 = kGateUp ? MakeView<F>(ew.up) : m0;
+  const int64_t i0 = rt * (kGateUp ? 16 : 32);
+  const int64_t r0 = i0, r1 = kGateUp ? i0 : i0 + 16;  // first row of slice 0 and 1
+  const int64_t K = kGateUp ? p.width : p.inter;
+  const int nb = static_cast<int>(K / 32);
+  const int kb_begin = warp * nb / kWarps, kb_end = (warp + 1) * nb / kWarps;
+  const int nchunks = (kb_end - kb_begin + KC - 1) / KC;
+
+  const uint16_t* brow[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int n = min(nt * 8 + g, ntok - 1);
+    brow[nt] = kGateUp ? static_cast<const uint16_t*>(p.x) + static_cast<int64_t>(w.rows[row0 + n] / p.top_k) * p.width
+                       : static_cast<const uint16_t*>(w.h) + (row0 + n) * p.inter;
+  }
+  float acc[NT][2][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[nt][m][q] = 0.f;
+
+  uint8_t* wbuf = smem + warp * 2 * kStageBytes;
+  auto stage = [&](int buf, int kb0) {
+    const int nbytes = min(KC, kb_end - kb0) * BB;
+#pragma unroll 2
+    for (int i = lane; i < kRows * kSlot16; i += 32) {
+      const int rr = i / kSlot16, ch = i - rr * kSlot16;
+      const int64_t row = (rr < 16 ? r0 : r1) + (rr & 15);
+      const uint8_t* src = BlockPtr<F>(View{rr < 16 ? m0.base : m1.base, rr < 16 ? m0.stride : m1.stride}, row, kb0);
+      const uintptr_t off = reinterpret_cast<uintptr_t>(src) & 15;
+      const int n16 = static_cast<int>((off + nbytes + 15) >> 4);
+      if (ch < n16) {
+        CpAsync16(wbuf + buf * kStageBytes + rr * kSlotBytes + ch * 16,
+                  reinterpret_cast<const void*>((reinterpret_cast<uintptr_t>(src) & ~uintptr_t{15}) + 16 * ch));
+      }
+    }
+    CpAsyncCommit();
+  };
+
+  if (nchunks > 0) stage(0, kb_begin);
+#pragma unroll 1
+  for (int ci = 0; ci < nchunks; ++ci) {
+    const int kb0 = kb_begin + ci * KC;
+    if (ci + 1 < nchunks) {
+      stage((ci + 1) & 1, kb0 + KC);
+    } else {
+      CpAsyncCommit();  // an empty group keeps "all but the newest" meaning this chunk
+    }
+    CpAsyncWaitOne();
+    __syncwarp();
+    const uint8_t* sbuf = wbuf + (ci & 1) * kStageBytes;
+    // Each lane's four rows (slice m, row g + 8h) in this chunk's slots.
+    const uint8_t* srow[2][2];
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int rr = 16 * m + g + 8 * h;
+        const uint8_t* src = BlockPtr<F>(m == 0 ? m0 : m1, (m == 0 ? r0 : r1) + g + 8 * h, kb0);
+        srow[m][h] = sbuf + rr * kSlotBytes + (reinterpret_cast<uintptr_t>(src) & 15);
+      }
+    const int nkb = min(KC, kb_end - kb0);
+#pragma unroll 2
+    for (int b = 0; b < nkb; ++b) {
+      const int64_t kb = kb0 + b;
+      uint32_t bf[NT][2][2];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) LoadB<F>(brow[nt], kb, c, bf[nt]);
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        uint32_t a[2][4];
+        float sc[2];
+        DecodeBlock<F>(srow[m][0] + b * BB, srow[m][1] + b * BB, c, a, sc);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          if constexpr (F == WeightFormat::kBF16) {
+            MmaBf16(acc[nt][m], a[0][0], a[0][1], a[0][2], a[0][3], bf[nt][0][0], bf[nt][0][1]);
+            MmaBf16(acc[nt][m], a[1][0], a[1][1], a[1][2], a[1][3], bf[nt][1][0], bf[nt][1][1]);
+          } else {
+            float t[4];
+            MmaBf16Zero(t, a[0][0], a[0][1], a[0][2], a[0][3], bf[nt][0][0], bf[nt][0][1]);
+            MmaBf16(t, a[1][0], a[1][1], a[1][2], a[1][3], bf[nt][1][0], bf[nt][1][1]);
+            acc[nt][m][0] = fmaf(sc[0], t[0], acc[nt][m][0]);
+            acc[nt][m][1] = fmaf(sc[0], t[1], acc[nt][m][1]);
+            acc[nt][m][2] = fmaf(sc[1], t[2], acc[nt][m][2]);
+            acc[nt][m][3] = fmaf(sc[1], t[3], acc[nt][m][3]);
+          }
+        }
+      }
+    }
+    __syncwarp();  // the next iteration's copy refills the other buffer; this one two on
+  }
+  CpAsyncWaitAll();
+  __syncthreads();  // every warp is done with its staging buffers
+
+  // Split-K reduction: red[warp][nt][m][q][lane], summed in warp order.
+  float* red = reinterpret_cast<float*>(smem);
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) red[(((warp * NT + nt) * 2 + m) * 4 + q) * 32 + lane] = acc[nt][m][q];
+  __syncthreads();
+  const int q = warp;  // each warp finishes one accumulator element of every (tile, slice)
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int tok = nt * 8 + 2 * c + (q & 1);
+    if (tok >= ntok) continue;
+    float s[2];
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      s[m] = 0.f;
+#pragma unroll
+      for (int wi = 0; wi < kWarps; ++wi) s[m] += red[(((wi * NT + nt) * 2 + m) * 4 + q) * 32 + lane];
+    }
+    const int64_t r = g + ((q & 2) ? 8 : 0);
+    if constexpr (kGateUp) {
+      const float gv = RoundBf16(s[0]), uv = RoundBf16(s[1]);
+      static_cast<uint16_t*>(w.h)[(row0 + tok) * p.inter + i0 + r] = DevF32ToBf16(Silu(gv) * uv);
+    } else {
+      w.y[(row0 + tok) * p.width + i0 + r] = s[0];
+      w.y[(row0 + tok) * p.width + i0 + 16 + r] = s[1];
+    }
+  }
+}
+
+template <WeightFormat F, bool kGateUp, bool kSmall>
+__device__ __forceinline__ void RunTaskNt(const MoeExpertParams& p, const MoeWork& w, const MoeExpertWeights& ew,
+                                          int64_t rt, int64_t row0, int ntok, uint8_t* smem) {
+  if constexpr (kSmall) {
+    RunTask<F, kGateUp, true, 1>(p, w, ew, rt, row0, ntok, smem);
+  } else {
+    if (ntok <= 16) {
+      RunTask<F, kGateUp, false, 2>(p, w, ew, rt, row0, ntok, smem);
+    } else {
+      RunTask<F, kGateUp, false, 4>(p, w, ew, rt, row0, ntok, smem);
+    }
+  }
+}
+
+template <bool kGateUp, bool kSmall>
+__global__ void __launch_bounds__(kThreads, Cfg<kSmall>::kMinBlocks) GemvKernel(MoeExpertParams p, MoeWork w) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int E = p.num_local_experts;
+  const int64_t R = (kGateUp ? p.inter : p.width) / (kGateUp ? 16 : 32);  // row tiles per expert
+  __shared__ int task_expert;
+  const int64_t item = blockIdx.x;
+  if (item >= static_cast<int64_t>(w.gemv_base[E]) * R) return;
+  // The one expert whose task range holds `item`: all experts tested in parallel (one round
+  // trip, where a binary search would take log2(E) dependent ones).
+  for (int i = threadIdx.x; i < E; i += kThreads) {
+    const int64_t b0 = static_cast<int64_t>(w.gemv_base[i]) * R, b1 = static_cast<int64_t>(w.gemv_base[i + 1]) * R;
+    if (b0 <= item && item < b1) task_expert = i;
+  }
+  __syncthreads();
+  const int e = task_expert;
+  const int64_t local = item - static_cast<int64_t>(w.gemv_base[e]) * R;
+  const int32_t begin = w.offsets[e], count = w.offsets[e + 1] - begin;
+  const int groups = (count + kMoeGemvTokens - 1) / kMoeGemvTokens;
+  const int64_t rt = local / groups;
+  const int tg = static_cast<int>(local % groups);
+  const int ntok = min(kMoeGemvTokens, count - tg * kMoeGemvTokens);
+  if ((ntok <= 8) != kSmall) return;  // the other class's kernel takes it
+  const int64_t row0 = begin + static_cast<int64_t>(tg) * kMoeGemvTokens;
+  const MoeExpertWeights ew = p.experts[e];
+  switch (kGateUp ? ew.gate.format : ew.down.format) {
+    case WeightFormat::kQ8_0:
+      RunTaskNt<WeightFormat::kQ8_0, kGateUp, kSmall>(p, w, ew, rt, row0, ntok, smem);
+      break;
+    case WeightFormat::kMXFP4:
+      RunTaskNt<WeightFormat::kMXFP4, kGateUp, kSmall>(p, w, ew, rt, row0, ntok, smem);
+      break;
+    case WeightFormat::kBF16:
+      RunTaskNt<WeightFormat::kBF16, kGateUp, kSmall>(p, w, ew, rt, row0, ntok, smem);
+      break;
+    default:
+      break;  // the route kernel never marks another format
+  }
+}
+
+template <bool kGateUp, bool kSmall>
+cudaError_t LaunchClass(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
+  constexpr int kSmem = Cfg<kSmall>::kSmemBytes;
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(GemvKernel<kGateUp, kSmall>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (attr != cudaSuccess) return attr;
+  const int64_t R = (kGateUp ? p.inter : p.width) / (kGateUp ? 16 : 32);
+  const int64_t pairs = p.num_tokens * p.top_k;
+  const int64_t max_groups = std::min<int64_t>(p.num_local_experts, pairs) + pairs / kMoeGemvTokens;
+  const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(max_groups * R, 0x7fffffff));
+  GemvKernel<kGateUp, kSmall><<<static_cast<unsigned>(grid), kThreads, kSmem, stream>>>(p, w);
+  return cudaGetLastError();
+}
+
+template <bool kGateUp>
+cudaError_t LaunchGemv(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
+  if (cudaError_t err = LaunchClass<kGateUp, true>(p, w, stream); err != cudaSuccess) return err;
+  // Groups of more than 8 tokens exist only when some expert has more than 8 rows.
+  if (p.num_tokens * p.top_k > 8) return LaunchClass<kGateUp, false>(p, w, stream);
+  return cudaSuccess;
+}
+
+}  // namespace
+
+cudaError_t LaunchMoeGemvGateUp(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
+  return LaunchGemv<true>(p, w, stream);
+}
+
+cudaError_t LaunchMoeGemvDown(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
+  return LaunchGemv<false>(p, w, stream);
+}
+
+}  // namespace moeshard::gpu

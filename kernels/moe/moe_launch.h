@@ -1,0 +1,65 @@
+// Internal to kernels/moe: the workspace layout and the kernel launchers that moe_expert.cc
+// calls after validating the params. Each launcher returns the launch error.
+//
+// Grouped rows. Every (token, slot) pair whose expert is local becomes one "row"; rows are
+// grouped by expert (expert 0's first), and within an expert ordered by pair index
+// t * top_k + k. Row r of expert e lies in [offsets[e], offsets[e+1]).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "kernels/moe/moe_params.h"
+
+namespace moeshard::gpu {
+
+// Tokens per tile of the tensor-core path (its N dimension).
+constexpr int kMoeTileTokens = 32;  // 4 n8 tiles: more would spill registers
+// Tokens per task of the GEMV/mma path (moe_gemv.cu).
+constexpr int kMoeGemvTokens = 32;
+
+// Values of MoeWork::fast[e]: which path computes expert e.
+enum MoePath : uint8_t { kMoePathGeneric = 0, kMoePathNvfp4 = 1, kMoePathGemv = 2 };
+
+struct MoeWork {
+  int64_t capacity = 0;          // rows the buffers hold: T * top_k
+  int32_t* offsets = nullptr;    // [E + 1]
+  int32_t* tile_base = nullptr;  // [E + 1]: Σ over earlier experts of ceil(count / kMoeTileTokens)
+  int32_t* gemv_base = nullptr;  // [E + 1]: Σ over earlier GEMV-path experts of ceil(count / kMoeGemvTokens)
+  uint8_t* fast = nullptr;       // [E]: MoePath of each expert (0: generic)
+  int32_t* rows = nullptr;       // [capacity]: the pair index of each grouped row
+  int32_t* pos = nullptr;        // [T * top_k]: the grouped row of each pair, or -1
+  uint16_t* xg = nullptr;        // [capacity, L] bf16: x of each row, k-permuted (fast path)
+  void* h = nullptr;             // [capacity, I]: silu(gate)·up, fp32 or bf16
+  float* y = nullptr;            // [capacity, L]: each row's down output, fp32
+  bool fast_allowed = false;     // bf16 activations and sizes the NVFP4 fast path takes
+  bool gemv_allowed = false;     // bf16 activations and sizes the GEMV/mma path takes
+  int num_sms = 0;
+};
+
+cudaError_t LaunchMoeRoute(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
+cudaError_t LaunchMoeGatherX(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
+cudaError_t LaunchMoeGenericGateUp(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
+cudaError_t LaunchMoeGenericDown(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
+cudaError_t LaunchMoeFastGateUp(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
+cudaError_t LaunchMoeFastDown(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
+cudaError_t LaunchMoeGemvGateUp(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
+cudaError_t LaunchMoeGemvDown(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
+cudaError_t LaunchMoeCombine(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
+
+// Benchmarks only: MoeExpertStep (params already valid) restricted to the stages in `mask`,
+// bit i = kMoeStage*: each stage alone, or all but one, shows where the time goes.
+enum MoeStage : unsigned {
+  kMoeStageRoute = 1,
+  kMoeStageGather = 2,
+  kMoeStageFastGateUp = 4,
+  kMoeStageGenericGateUp = 8,
+  kMoeStageFastDown = 16,
+  kMoeStageGenericDown = 32,
+  kMoeStageCombine = 64,
+  kMoeStageGemvGateUp = 128,
+  kMoeStageGemvDown = 256,
+  kMoeStageAll = 511,
+};
+cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStream_t stream);
+
+}  // namespace moeshard::gpu

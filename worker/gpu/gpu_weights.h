@@ -1,0 +1,47 @@
+// The weights of one GPU worker, on the device: dense projections expanded once to the
+// activation dtype (cuBLAS reads them), the router in fp32, norms and biases in fp32, and
+// the experts and the embedding kept in their stored format (NVFP4, MXFP4, Q8_0, bf16, …)
+// for kernels that expand them on chip. Built from the CPU's ModelWeights views of the
+// memory-mapped checkpoint, so both backends read the same slices of the same tensors.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/moe/moe_expert.h"
+#include "worker/gpu/device_memory.h"
+#include "worker/model_weights.h"
+
+namespace moeshard::gpu {
+
+struct GpuExpertWeights {
+  DenseWeight gate, up, down;  // dense MLP layers (expanded)
+};
+
+struct GpuLayerWeights {
+  const float *attn_norm = nullptr, *q_norm = nullptr, *k_norm = nullptr;
+  const float *attn_out_norm = nullptr, *attn_alpha = nullptr, *attn_beta = nullptr;
+  DenseWeight q, k, v, o, head_gate;
+  const float *q_bias = nullptr, *k_bias = nullptr, *v_bias = nullptr, *o_bias = nullptr;
+  const float *moe_norm = nullptr, *moe_out_norm = nullptr, *moe_alpha = nullptr, *moe_beta = nullptr;
+  DenseWeight router, latent_in, latent_out;  // router always fp32
+  const MoeExpertWeights* experts = nullptr;  // device array [num_local_experts]
+  uint32_t expert_formats = 0;                 // MoeExpertFormats of `experts` (which kernels apply)
+  GpuExpertWeights dense;
+};
+
+struct GpuModelWeights {
+  WeightRef embed;     // stored format, device pointers
+  DenseWeight lm_head;
+  const float* final_norm = nullptr;
+  std::vector<GpuLayerWeights> layers;
+  DevicePool pool;     // owns all of the above
+};
+
+// `act`: the dtype dense weights are expanded to.
+absl::StatusOr<std::unique_ptr<GpuModelWeights>> UploadModelWeights(const ModelWeights& w, ActDType act,
+                                                                    GpuStream stream);
+
+}  // namespace moeshard::gpu
