@@ -50,7 +50,7 @@ absl::Status Run(const Args& a) {
   ASSIGN_OR_RETURN(o.decode_steps, a.GetInt("decode-steps", 32));
   ASSIGN_OR_RETURN(int64_t seed, a.GetInt("seed", 1));
   o.seed = static_cast<uint64_t>(seed);
-  if (o.prompt_len < 1 || o.decode_steps < 1) return absl::InvalidArgumentError("lengths must be positive");
+  if (o.prompt_len < 1 || o.decode_steps < 2) return absl::InvalidArgumentError("--prompt-len must be >= 1 and --decode-steps >= 2");
   if (a.Has("streams")) {
     o.streams.clear();
     for (auto piece : absl::StrSplit(a.Get("streams"), ',', absl::SkipEmpty())) {

@@ -48,7 +48,7 @@ struct RunnerOptions {
   ActPrecision precision = ActPrecision::kBFloat16;
   KvDType kv_dtype = KvDType::kAuto;
   int64_t max_batch_tokens = 8192;  // GPU: scratch memory is sized for this many tokens per step
-  bool profile = false;             // GPU: time each step's regions (ProfileReport)
+  bool profile = false;             // GPU: time each step's regions (ProfileReport, SetProfiling)
 };
 
 absl::StatusOr<Device> ParseDevice(const std::string& s);           // cpu | cuda
@@ -90,6 +90,8 @@ class ModelRunner {
   // Per-region device time of the steps since ResetProfile (GPU with options.profile).
   virtual std::string ProfileReport() const { return ""; }
   virtual void ResetProfile() {}
+  // Turns the region timing of a runner created with options.profile on or off.
+  virtual void SetProfiling(bool on) {}
   virtual std::string backend() const = 0;  // e.g. "cpu float32", "cuda:0 bfloat16"
 
  protected:

@@ -2,6 +2,8 @@
 # Prints the packages that own the shared libraries the given binaries load, one a line:
 # the build stage of each Dockerfile writes this list and the runtime stage installs it, so
 # the runtime image holds exactly what the build linked against. Needs ldd and dpkg.
+# Libraries of a CUDA toolkit outside dpkg (/usr/local/cuda from NVIDIA's runfile) are left out:
+# the CUDA base image provides them.
 # Usage: runtime-packages.sh BINARY...
 set -eu
 for f in "$@"; do
@@ -18,6 +20,11 @@ for lib in $libs; do
     owner=""
   done
   if [ -z "$owner" ]; then
+    case "$real" in
+      # A CUDA toolkit installed outside dpkg (NVIDIA's runfile): its libraries (cuBLAS, NCCL,
+      # cudart) come with the CUDA base image of Dockerfile.gpu, which dpkg does know.
+      /usr/local/cuda*) echo "runtime-packages: $lib: from the CUDA toolkit (the CUDA base image holds it)" >&2; continue ;;
+    esac
     echo "runtime-packages: no package owns $lib" >&2
     exit 1
   fi

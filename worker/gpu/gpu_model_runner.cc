@@ -82,6 +82,7 @@ class GpuModelRunner : public ModelRunner {
   size_t kv_bytes() const override { return kv_bytes_; }
   std::string ProfileReport() const override { return prof_.Report(); }
   void ResetProfile() override { prof_.Reset(); }
+  void SetProfiling(bool on) override { prof_.SetActive(on && options_.profile); }
   std::string backend() const override {
     return absl::StrCat("cuda:", options_.gpu_index, act_ == ActDType::kF32 ? " float32" : " bfloat16", " kv ",
                         kv_elem_ == KvElem::kF32 ? "float32" : kv_elem_ == KvElem::kBF16 ? "bfloat16" : "fp8");

@@ -11,8 +11,11 @@ StepProfiler::~StepProfiler() {
 }
 
 void StepProfiler::Enable(int max_regions) {
-  events_.resize(2 * max_regions);
-  for (auto& e : events_) cudaEventCreate(&e);
+  if (events_.empty()) {
+    events_.resize(2 * max_regions);
+    for (auto& e : events_) cudaEventCreate(&e);
+  }
+  active_ = true;
 }
 
 StepProfiler::Scope::Scope(StepProfiler* p, const char* category, cudaStream_t s) : p_(p), s_(s) {

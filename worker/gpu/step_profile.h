@@ -16,7 +16,9 @@ class StepProfiler {
  public:
   ~StepProfiler();
   void Enable(int max_regions_per_step);
-  bool enabled() const { return !events_.empty(); }
+  // Regions are timed only while active (Enable activates); off, a Scope costs a branch.
+  void SetActive(bool on) { active_ = on && !events_.empty(); }
+  bool enabled() const { return active_; }
 
   class Scope {
    public:
@@ -39,6 +41,7 @@ class StepProfiler {
   std::vector<const char*> pending_;  // category of each recorded pair
   std::map<std::string, double> total_ms_;
   int steps_ = 0;
+  bool active_ = false;
 };
 
 }  // namespace moeshard::gpu
