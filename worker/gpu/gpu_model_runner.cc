@@ -16,6 +16,7 @@
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gpu_ops.h"
 #include "kernels/moe/moe_expert.h"
+#include "worker/gpu/decode_graphs.h"
 #include "worker/gpu/device_memory.h"
 #include "worker/gpu/gpu_weights.h"
 #include "worker/gpu/random_weights.h"
@@ -75,6 +76,7 @@ class GpuModelRunner : public ModelRunner {
     if (!w_->embed.valid() || !shard_.last_stage) {
       return absl::FailedPreconditionError("Forward needs a shard with the embedding and the LM head");
     }
+    if (absl::Status g = ForwardGraph(batch, logits); !absl::IsUnavailable(g)) return g;
     RETURN_IF_ERROR(EmbedDevice());
     RETURN_IF_ERROR(LayersDevice());
     return HeadDevice(logits);
@@ -98,6 +100,8 @@ class GpuModelRunner : public ModelRunner {
   }
   absl::Status LayersDevice();
   absl::Status HeadDevice(std::vector<float>* logits);
+  absl::Status HeadRows(int64_t r0, int64_t n);
+  absl::Status ForwardGraph(const std::vector<SeqChunk>& batch, std::vector<float>* logits);
   absl::Status AttentionBlock(int64_t li);
   absl::Status MlpBlock(int64_t li);
   absl::Status AllReduce(float* dev, int64_t n);
@@ -147,6 +151,8 @@ class GpuModelRunner : public ModelRunner {
   StepArena arena_;
   absl::Status arena_error_;
   StepProfiler prof_;
+  DecodeGraphs graphs_;
+  float* head_logits_ = nullptr;  // HeadRows' output (arena)
   float* stage_ = nullptr;  // pinned host memory for all-reduces and hidden states
   int64_t index_capacity_ = 0;  // int32 entries of a step's index upload
   int64_t stage_floats_ = 0, nq_ = 0, nkv_ = 0, inter_ = 0, logit_rows_ = 0;
@@ -283,7 +289,8 @@ absl::Status GpuModelRunner::Prepare(const std::vector<SeqChunk>& batch) {
     }
     toffset += static_cast<int64_t>(ch.block_table.size());
   }
-  int32_t* dev = static_cast<int32_t*>(Take(static_cast<int64_t>(host_idx_.size()) * 4));
+  // A fixed size, so that the addresses after it depend on T only (decode graphs replay them).
+  int32_t* dev = static_cast<int32_t*>(Take(index_capacity_ * 4));
   s_ = F32(T_ * config_.hidden_size);
   RETURN_IF_ERROR(arena_error_);
   step_mark_ = arena_.Mark();
@@ -532,23 +539,54 @@ absl::Status GpuModelRunner::MlpBlock(int64_t li) {
   return ResidualUpdate(f, lw.moe_out_norm, lw.moe_alpha, lw.moe_beta);
 }
 
-absl::Status GpuModelRunner::HeadDevice(std::vector<float>* logits) {
-  if (!shard_.last_stage) return absl::FailedPreconditionError("this shard holds no LM head");
+// Final norm and LM head of rows [r0, r0 + n) into head_logits_ (device).
+absl::Status GpuModelRunner::HeadRows(int64_t r0, int64_t n) {
   const int64_t H = config_.hidden_size, V = config_.vocab_size;
   arena_.Release(step_mark_);
   void* xh = Act(logit_rows_ * H);
-  float* lg = F32(logit_rows_ * V);
+  head_logits_ = F32(logit_rows_ * V);
   RETURN_IF_ERROR(arena_error_);
+  RETURN_IF_ERROR(Norm(s_, ActDType::kF32, n, H, w_->final_norm, xh, nullptr, rows_ + r0));
+  return Project(w_->lm_head, xh, head_logits_, ActDType::kF32, n, nullptr, "lm head");
+}
+
+absl::Status GpuModelRunner::HeadDevice(std::vector<float>* logits) {
+  if (!shard_.last_stage) return absl::FailedPreconditionError("this shard holds no LM head");
+  const int64_t V = config_.vocab_size;
   logits->resize(R_ * V);
   for (int64_t r0 = 0; r0 < R_; r0 += logit_rows_) {
     const int64_t n = std::min(logit_rows_, R_ - r0);
-    RETURN_IF_ERROR(Norm(s_, ActDType::kF32, n, H, w_->final_norm, xh, nullptr, rows_ + r0));
-    RETURN_IF_ERROR(Project(w_->lm_head, xh, lg, ActDType::kF32, n, nullptr, "lm head"));
+    RETURN_IF_ERROR(HeadRows(r0, n));
     MOESHARD_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(logits->data() + r0 * V, lg, n * V * 4, cudaMemcpyDeviceToHost, stream_));
+        cudaMemcpyAsync(logits->data() + r0 * V, head_logits_, n * V * 4, cudaMemcpyDeviceToHost, stream_));
   }
   MOESHARD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   prof_.Collect();
+  return absl::OkStatus();
+}
+
+// A decode step (one token per sequence, one chunk of logits, nothing staged through the
+// host) as a replayed CUDA graph; Unavailable when the step does not qualify.
+absl::Status GpuModelRunner::ForwardGraph(const std::vector<SeqChunk>& batch, std::vector<float>* logits) {
+  if (!graphs_.enabled() || prof_.enabled() || max_chunk_tokens_ != 1 || R_ > logit_rows_ || T_ > 256 ||
+      !shard_.first_stage || !shard_.last_stage || (shard_.tp_size > 1 && !comm_->device_memory())) {
+    return absl::UnavailableError("not a graph step");
+  }
+  RETURN_IF_ERROR(graphs_.Launch(T_, stream_, [&]() -> absl::Status {
+    RETURN_IF_ERROR(EmbedDevice());
+    RETURN_IF_ERROR(LayersDevice());
+    return HeadRows(0, R_);
+  }));
+  // The graph wrote the logits where HeadRows' allocations land for this T (a replay runs no
+  // host code, so take the same allocations again to find them).
+  const int64_t H = config_.hidden_size, V = config_.vocab_size;
+  arena_.Release(step_mark_);
+  Act(logit_rows_ * H);
+  float* lg = F32(logit_rows_ * V);
+  RETURN_IF_ERROR(arena_error_);
+  logits->resize(R_ * V);
+  MOESHARD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits->data(), lg, R_ * V * 4, cudaMemcpyDeviceToHost, stream_));
+  MOESHARD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   return absl::OkStatus();
 }
 
