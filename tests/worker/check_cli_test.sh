@@ -6,13 +6,15 @@ bin=$1
 td=${MOESHARD_TESTDATA:-../shared/testdata}
 if [ ! -d "$td/qwen3moe-tiny" ]; then echo "SKIPPED: shared testdata not found at $td"; exit 77; fi
 fail=0
-run() {  # expect_rc model goldens
-  "$bin" check --model "$2" --goldens "$3" > /tmp/check_out.$$ 2>&1
+run() {  # expect_rc model goldens [extra check flags...]
+  local want=$1 model=$2 goldens=$3
+  shift 3
+  "$bin" check --model "$model" --goldens "$goldens" "$@" > /tmp/check_out.$$ 2>&1
   rc=$?
-  if [ "$rc" -ne "$1" ]; then
-    echo "FAIL: check $2 exited $rc (wanted $1)"; cat /tmp/check_out.$$; fail=1
+  if [ "$rc" -ne "$want" ]; then
+    echo "FAIL: check $model $* exited $rc (wanted $want)"; cat /tmp/check_out.$$; fail=1
   else
-    echo "ok: check $2 exited $rc"
+    echo "ok: check $model $* exited $rc"
   fi
 }
 for m in qwen3moe-tiny muse-spark-tiny muse-spark-tiny-nvfp4 qwen3moe-tok; do
@@ -20,6 +22,18 @@ for m in qwen3moe-tiny muse-spark-tiny muse-spark-tiny-nvfp4 qwen3moe-tok; do
 done
 run 0 "$td/qwen3moe-tok/model-f16.gguf" "$td/qwen3moe-tok/goldens.safetensors"
 run 0 "$td/qwen3moe-tok/model-q8_0.gguf" "$td/qwen3moe-tok/goldens.safetensors"
+# In-process layouts on the CPU: tensor parallel (ranks as threads) and uneven layer split.
+run 0 "$td/muse-spark-tiny" "$td/muse-spark-tiny/goldens.safetensors" --tp 2
+run 0 "$td/qwen3moe-tiny" "$td/qwen3moe-tiny/goldens.safetensors" --layer-split 3
+# Bad layouts and backends are usage errors (exit 2) or clear failures (exit 1), never crashes.
+run 1 "$td/qwen3moe-tiny" "$td/qwen3moe-tiny/goldens.safetensors" --tp 3
+run 1 "$td/qwen3moe-tiny" "$td/qwen3moe-tiny/goldens.safetensors" --layer-split 99
+run 2 "$td/qwen3moe-tiny" "$td/qwen3moe-tiny/goldens.safetensors" --dtype bfloat16
+run 2 "$td/qwen3moe-tiny" "$td/qwen3moe-tiny/goldens.safetensors" --device tpu
+if ! command -v nvidia-smi > /dev/null || ! nvidia-smi -L > /dev/null 2>&1; then
+  run 1 "$td/qwen3moe-tiny" "$td/qwen3moe-tiny/goldens.safetensors" --device cuda
+  grep -q "CUDA" /tmp/check_out.$$ || { echo "FAIL: --device cuda without a GPU does not say why"; fail=1; }
+fi
 # Perturb 16 bytes in the middle of the weights of a copy: check must now fail (exit 1, a
 # tolerance failure, not a load error).
 for m in qwen3moe-tiny muse-spark-tiny-nvfp4; do
