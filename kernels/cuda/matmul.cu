@@ -7,7 +7,7 @@
 // W is read from global memory once per tile of tokens, in its stored bytes.
 // A first, straightforward version: no tensor cores, no vectorized block decode.
 #include "kernels/cuda/launchers.h"
-#include "kernels/cuda/weight_decode.cuh"
+#include "kernels/cuda/act.cuh"
 
 namespace moeshard::gpu {
 namespace {
@@ -16,15 +16,6 @@ constexpr int kTileT = 32, kTileN = 64, kTileK = 32;
 constexpr int kThreads = 256;          // 16 × 16 threads
 constexpr int kPerT = kTileT / 16;     // 2 tokens per thread
 constexpr int kPerN = kTileN / 16;     // 4 weight rows per thread
-
-template <typename Act>
-__device__ __forceinline__ float LoadAct(const Act* p) {
-  if constexpr (sizeof(Act) == 4) {
-    return *p;
-  } else {
-    return DevBf16ToF32(*p);
-  }
-}
 
 template <typename Act>
 __global__ void __launch_bounds__(kThreads)
@@ -43,7 +34,7 @@ MatMulKernel(WeightRef w, const Act* x, int64_t x_stride, Act* y, int64_t y_stri
     for (int i = tid; i < kTileT * kTileK; i += kThreads) {
       int tt = i / kTileK, kk = i % kTileK;
       int64_t t = t0 + tt, k = k0 + kk;
-      xs[kk][tt] = (t < num_tokens && k < K) ? LoadAct(x + t * x_stride + k) : 0.f;
+      xs[kk][tt] = (t < num_tokens && k < K) ? LoadF(x + t * x_stride + k) : 0.f;
     }
     for (int i = tid; i < kTileN * kTileK; i += kThreads) {
       int nn = i / kTileK, kk = i % kTileK;
@@ -75,11 +66,7 @@ MatMulKernel(WeightRef w, const Act* x, int64_t x_stride, Act* y, int64_t y_stri
       int64_t n = n0 + tx + 16 * j;
       if (n >= N) continue;
       float v = acc[i][j] + (bias ? bias[n] : 0.f);
-      if constexpr (sizeof(Act) == 4) {
-        y[t * y_stride + n] = v;
-      } else {
-        y[t * y_stride + n] = DevF32ToBf16(v);
-      }
+      StoreF(y + t * y_stride + n, v);
     }
   }
 }

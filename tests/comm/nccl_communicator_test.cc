@@ -122,11 +122,3 @@ TEST_F(NcclTest, RanksOnSeveralGpusSumAndDetectAHungPeer) {
 
 }  // namespace
 }  // namespace moeshard
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  int rc = RUN_ALL_TESTS();
-  int n = 0;
-  if (rc == 0 && (cudaGetDeviceCount(&n) != cudaSuccess || n == 0)) return 77;
-  return rc;
-}
