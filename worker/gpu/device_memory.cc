@@ -40,16 +40,18 @@ DeviceBuffer::~DeviceBuffer() {
 
 absl::StatusOr<void*> DevicePool::Alloc(size_t bytes) {
   bytes = AlignUp(bytes);
-  if (bytes > kChunk) {
+  if (bytes > chunk_) {
     auto b = DeviceBuffer::Allocate(bytes);
     if (!b.ok()) return b.status();
     void* p = b->get();
-    chunks_.insert(chunks_.begin(), std::move(*b));  // a dedicated chunk; the open one stays last
+    // Kept apart from the bump chunks: the open chunk must stay the one bump allocation
+    // continues in (a large first allocation must not become the "open" chunk).
+    dedicated_.push_back(std::move(*b));
     in_use_ += bytes;
     return p;
   }
   if (chunks_.empty() || used_ + bytes > chunks_.back().bytes()) {
-    auto b = DeviceBuffer::Allocate(kChunk);
+    auto b = DeviceBuffer::Allocate(chunk_);
     if (!b.ok()) return b.status();
     chunks_.push_back(std::move(*b));
     used_ = 0;

@@ -31,6 +31,8 @@ class DeviceBuffer {
 
 class DevicePool {
  public:
+  // chunk_bytes 0: every allocation exactly its size (staging buffers that live briefly).
+  explicit DevicePool(size_t chunk_bytes = kDefaultChunk) : chunk_(chunk_bytes) {}
   // Device memory of `bytes`, 256-byte aligned, valid as long as the pool.
   absl::StatusOr<void*> Alloc(size_t bytes);
   // Copies `bytes` from host memory into a new allocation, ordered on `stream` (the stream
@@ -40,8 +42,10 @@ class DevicePool {
   size_t bytes_in_use() const { return in_use_; }
 
  private:
-  static constexpr size_t kChunk = size_t{256} << 20;
-  std::vector<DeviceBuffer> chunks_;
+  static constexpr size_t kDefaultChunk = size_t{256} << 20;
+  size_t chunk_;
+  std::vector<DeviceBuffer> chunks_;     // bump allocation continues in chunks_.back()
+  std::vector<DeviceBuffer> dedicated_;  // allocations larger than a chunk, one buffer each
   size_t used_ = 0, in_use_ = 0;
 };
 

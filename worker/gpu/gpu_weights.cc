@@ -36,7 +36,7 @@ class Uploader {
   // stored bytes pass through a temporary buffer.
   absl::StatusOr<DenseWeight> Dense(const WeightRef& w, ActDType dt) {
     if (!w.valid()) return DenseWeight{};
-    DevicePool tmp;
+    DevicePool tmp(/*chunk_bytes=*/0);  // exact sizes: freed right after the expansion
     Uploader up(tmp, dt, stream_);
     ASSIGN_OR_RETURN(WeightRef dw, up.Stored(w));
     const size_t elem = dt == ActDType::kF32 ? 4 : 2;
