@@ -21,6 +21,7 @@
 #include "cli/commands.h"
 #include "cli/process.h"
 #include "common/mapped_file.h"
+#include "common/metrics/metrics.h"
 #include "common/status.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
@@ -75,6 +76,8 @@ absl::Status Up(const Args& a) {
   ASSIGN_OR_RETURN(int64_t port, a.GetInt("port", 0));
   const std::string host = a.Get("host", "127.0.0.1"), dir = SelfDir();
   ASSIGN_OR_RETURN(int64_t num_gpus, a.GetInt("gpus", 1));
+  // Checked here so that a typo stops before any process starts.
+  if (a.Has("metric-prefix")) RETURN_IF_ERROR(SetMetricPrefix(a.Get("metric-prefix")));
   if (num_gpus < 1) return absl::InvalidArgumentError("--gpus must be >= 1");
   int64_t next_gpu = 0;
   std::vector<std::unique_ptr<ChildProcess>> procs;
@@ -86,7 +89,7 @@ absl::Status Up(const Args& a) {
       std::string workers;
       for (int64_t w = 0; w < p.workers; ++w) {
         std::vector<std::string> wargs = {dir + "/moeshard-worker", "--model", model, "--host", host};
-        for (const char* f : {"device", "dtype", "kv-dtype", "max-batch-tokens"}) {
+        for (const char* f : {"device", "dtype", "kv-dtype", "max-batch-tokens", "metric-prefix"}) {
           if (a.Has(f)) wargs.insert(wargs.end(), {absl::StrCat("--", f), a.Get(f)});
         }
         // Workers take the GPUs in turn; several share one when there are more workers than GPUs.
@@ -101,7 +104,7 @@ absl::Status Up(const Args& a) {
                                         "--host", host};
       if (!p.layer_split.empty()) cargs.insert(cargs.end(), {"--layer-split", p.layer_split});
       if (p.max_model_len > 0) cargs.insert(cargs.end(), {"--max-model-len", std::to_string(p.max_model_len)});
-      for (const char* f : {"num-kv-blocks", "max-num-seqs", "max-tokens-per-step", "comm-timeout-ms"}) {
+      for (const char* f : {"num-kv-blocks", "max-num-seqs", "max-tokens-per-step", "comm-timeout-ms", "metric-prefix"}) {
         if (a.Has(f)) cargs.insert(cargs.end(), {absl::StrCat("--", f), a.Get(f)});
       }
       ASSIGN_OR_RETURN(auto c, ChildProcess::Start(cargs, 120));
@@ -119,7 +122,7 @@ absl::Status Up(const Args& a) {
   std::ofstream(tmpl) << nlohmann::json({{"pools", router_pools}}).dump(2);
   std::vector<std::string> rargs = {dir + "/moeshard-router", "--model", model, "--pools", tmpl, "--host", host,
                                     "--port", std::to_string(port)};
-  for (const char* f : {"grpc-port", "api-key", "api-key-file", "served-model-name"}) {
+  for (const char* f : {"grpc-port", "api-key", "api-key-file", "served-model-name", "metric-prefix"}) {
     if (a.Has(f)) rargs.insert(rargs.end(), {absl::StrCat("--", f), a.Get(f)});
   }
   ASSIGN_OR_RETURN(auto router, ChildProcess::Start(rargs, 120));
@@ -172,13 +175,14 @@ int UpCommand(const std::vector<std::string>& argv) {
   auto a = Args::Parse(argv, {"model", "workers", "mode", "layer-split", "pools", "port", "grpc-port", "host", "api-key",
                               "api-key-file", "served-model-name", "max-model-len", "num-kv-blocks", "max-num-seqs",
                               "max-tokens-per-step", "comm-timeout-ms", "device", "gpus", "dtype", "kv-dtype",
-                              "max-batch-tokens"},
+                              "max-batch-tokens", "metric-prefix"},
                        {"help"});
   if (!a.ok() || a->Flag("help") || !a->Has("model")) {
     std::fprintf(stderr,
                  "usage: moeshard up --model PATH [--workers N] [--mode layer-split|tensor-parallel] [--layer-split 2,1]\n"
                  "       [--pools FILE] [--port P] [--grpc-port P] [--host 127.0.0.1] [--api-key KEY] [--max-model-len N]\n"
-                 "       [--device cpu|cuda] [--gpus N] [--dtype bfloat16|float32] [--kv-dtype auto|float32|bfloat16|fp8]\n%s\n",
+                 "       [--device cpu|cuda] [--gpus N] [--dtype bfloat16|float32] [--kv-dtype auto|float32|bfloat16|fp8]\n"
+                 "       [--metric-prefix moeshard_|moeshard:]\n%s\n",
                  a.ok() ? "" : std::string(a.status().message()).c_str());
     return (a.ok() && a->Flag("help")) ? 0 : 2;
   }

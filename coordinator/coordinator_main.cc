@@ -56,15 +56,19 @@ int main(int argc, char** argv) {
   using namespace moeshard;
   auto a = Args::Parse(std::vector<std::string>(argv + 1, argv + argc),
                        {"model", "workers", "mode", "layer-split", "host", "port", "metrics-port", "num-kv-blocks", "block-size",
-                        "max-num-seqs", "max-tokens-per-step", "max-model-len", "comm-timeout-ms", "served-model-name"},
+                        "max-num-seqs", "max-tokens-per-step", "max-model-len", "comm-timeout-ms", "served-model-name", "metric-prefix"},
                        {"no-prefix-caching", "help"});
   if (!a.ok() || a->Flag("help")) {
     std::fprintf(stderr,
                  "usage: moeshard-coordinator --model PATH --workers HOST:PORT[,HOST:PORT...] [--mode layer-split|tensor-parallel]\n"
                  "       [--layer-split 2,1,1] [--host 127.0.0.1] [--port 0] [--metrics-port 0] [--num-kv-blocks 1024]\n"
                  "       [--block-size 16] [--max-num-seqs 64] [--max-tokens-per-step 512] [--max-model-len N]\n"
-                 "       [--comm-timeout-ms 60000] [--no-prefix-caching]\n%s\n",
+                 "       [--comm-timeout-ms 60000] [--no-prefix-caching] [--metric-prefix moeshard_|moeshard:]\n%s\n",
                  a.ok() ? "" : std::string(a.status().message()).c_str());
+    return 2;
+  }
+  if (absl::Status st = SetMetricPrefix(a->Get("metric-prefix", kDefaultMetricPrefix)); !st.ok()) {
+    std::fprintf(stderr, "moeshard-coordinator: %s\n", std::string(st.message()).c_str());
     return 2;
   }
   std::string host = a->Get("host", "127.0.0.1");

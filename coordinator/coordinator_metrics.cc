@@ -9,30 +9,30 @@ double Seconds(std::chrono::steady_clock::duration d) { return std::chrono::dura
 
 CoordinatorMetrics::CoordinatorMetrics() : registry_(std::make_shared<prometheus::Registry>()) {
   auto& r = *registry_;
-  auto gauge = [&](const char* name, const char* help) { return &prometheus::BuildGauge().Name(name).Help(help).Register(r).Add({}); };
-  auto counter = [&](const char* name, const char* help) { return &prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({}); };
-  auto hist = [&](const char* name, const char* help) {
+  auto gauge = [&](const std::string& name, const char* help) { return &prometheus::BuildGauge().Name(name).Help(help).Register(r).Add({}); };
+  auto counter = [&](const std::string& name, const char* help) { return &prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({}); };
+  auto hist = [&](const std::string& name, const char* help) {
     return &prometheus::BuildHistogram().Name(name).Help(help).Register(r).Add({}, LatencyBuckets());
   };
-  running = gauge("moeshard:num_requests_running", "Number of requests in model execution batches");
-  waiting = gauge("moeshard:num_requests_waiting", "Number of requests waiting to be processed");
-  kv_usage = gauge("moeshard:kv_cache_usage_perc", "KV-cache usage: 1 means 100 percent of blocks in use");
-  prompt_tokens = counter("moeshard:prompt_tokens_total", "Number of prefill tokens processed");
-  generation_tokens = counter("moeshard:generation_tokens_total", "Number of generation tokens processed");
-  preemptions = counter("moeshard:num_preemptions_total", "Cumulative number of preemptions (recomputed later)");
-  prefix_queries = counter("moeshard:prefix_cache_queries_total", "Prefix cache queries, in prompt tokens");
-  prefix_hits = counter("moeshard:prefix_cache_hits_total", "Prefix cache hits, in prompt tokens");
-  success = &prometheus::BuildCounter().Name("moeshard:request_success_total")
+  running = gauge(MetricName("num_requests_running"), "Number of requests in model execution batches");
+  waiting = gauge(MetricName("num_requests_waiting"), "Number of requests waiting to be processed");
+  kv_usage = gauge(MetricName("kv_cache_usage_perc"), "KV-cache usage: 1 means 100 percent of blocks in use");
+  prompt_tokens = counter(MetricName("prompt_tokens_total"), "Number of prefill tokens processed");
+  generation_tokens = counter(MetricName("generation_tokens_total"), "Number of generation tokens processed");
+  preemptions = counter(MetricName("num_preemptions_total"), "Cumulative number of preemptions (recomputed later)");
+  prefix_queries = counter(MetricName("prefix_cache_queries_total"), "Prefix cache queries, in prompt tokens");
+  prefix_hits = counter(MetricName("prefix_cache_hits_total"), "Prefix cache hits, in prompt tokens");
+  success = &prometheus::BuildCounter().Name(MetricName("request_success_total"))
                  .Help("Count of finished requests, by finish reason (stop, length, abort)").Register(r);
   for (const char* reason : {"stop", "length", "abort"}) success->Add({{"finished_reason", reason}});
-  ttft = hist("moeshard:time_to_first_token_seconds", "Time to first token in seconds");
-  itl = hist("moeshard:inter_token_latency_seconds", "Time between consecutive output tokens in seconds");
-  e2e = hist("moeshard:e2e_request_latency_seconds", "End-to-end request latency in seconds");
-  queue_time = hist("moeshard:request_queue_time_seconds", "Time a request waited before its first step, in seconds");
-  prefill_time = hist("moeshard:request_prefill_time_seconds", "Time from the first step to the first token, in seconds");
-  decode_time = hist("moeshard:request_decode_time_seconds", "Time from the first token to the last, in seconds");
-  step_time = hist("moeshard:step_seconds", "Time of one engine step across all workers, in seconds");
-  auto& steps = prometheus::BuildCounter().Name("moeshard:steps_total").Help("Engine steps, by result").Register(r);
+  ttft = hist(MetricName("time_to_first_token_seconds"), "Time to first token in seconds");
+  itl = hist(MetricName("inter_token_latency_seconds"), "Time between consecutive output tokens in seconds");
+  e2e = hist(MetricName("e2e_request_latency_seconds"), "End-to-end request latency in seconds");
+  queue_time = hist(MetricName("request_queue_time_seconds"), "Time a request waited before its first step, in seconds");
+  prefill_time = hist(MetricName("request_prefill_time_seconds"), "Time from the first step to the first token, in seconds");
+  decode_time = hist(MetricName("request_decode_time_seconds"), "Time from the first token to the last, in seconds");
+  step_time = hist(MetricName("step_seconds"), "Time of one engine step across all workers, in seconds");
+  auto& steps = prometheus::BuildCounter().Name(MetricName("steps_total")).Help("Engine steps, by result").Register(r);
   steps_ok = &steps.Add({{"result", "ok"}});
   steps_failed = &steps.Add({{"result", "error"}});
 }

@@ -57,7 +57,7 @@ class HttpServer {
 
 // The client's id when it is 1-128 characters of [A-Za-z0-9._:-], else a new random id.
 std::string RequestIdFor(std::string_view client_id);
-// The label of `path` in moeshard:router_http_requests_total (unknown paths: "other").
+// The label of `path` in <prefix>router_http_requests_total (unknown paths: "other").
 std::string EndpointLabel(std::string_view path);
 
 }  // namespace moeshard::router

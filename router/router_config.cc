@@ -38,13 +38,13 @@ absl::StatusOr<std::string> ReadKeyFile(const std::string& path) {
 std::string RouterUsage() {
   return "usage: moeshard-router (--pools FILE | --coordinator HOST:PORT) [--model PATH] [--served-model-name NAME]\n"
          "                       [--host 127.0.0.1] [--port 0] [--grpc-port 0] [--api-key KEY | --api-key-file FILE]\n"
-         "                       [--http-threads 128] [--poll-interval-ms 250] [--drain-timeout-s 10]\n";
+         "                       [--http-threads 128] [--poll-interval-ms 250] [--drain-timeout-s 10] [--metric-prefix moeshard_|moeshard:]\n";
 }
 
 absl::StatusOr<RouterConfig> ParseRouterFlags(const std::vector<std::string>& args) {
   static const char* const kFlags[] = {
       "host",        "port",    "grpc-port",    "model",        "served-model-name", "pools",
-      "coordinator", "api-key", "api-key-file", "http-threads", "poll-interval-ms",  "drain-timeout-s"};
+      "coordinator", "api-key", "api-key-file", "http-threads", "poll-interval-ms",  "drain-timeout-s", "metric-prefix"};
   std::map<std::string, std::string> values;
   for (size_t i = 0; i < args.size(); ++i) {
     absl::string_view arg = args[i];
@@ -95,6 +95,13 @@ absl::StatusOr<RouterConfig> ParseRouterFlags(const std::vector<std::string>& ar
     if (!v.ok()) return v.status();
     c.drain_timeout = absl::Seconds(*v);
   }
+  if (values.count("metric-prefix")) {
+    c.metric_prefix = get("metric-prefix");
+    if (c.metric_prefix != "moeshard_" && c.metric_prefix != "moeshard:") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--metric-prefix must be moeshard_ or moeshard:, got '", c.metric_prefix, "'"));
+    }
+  }
   c.model_path = get("model");
   c.served_model_name = get("served-model-name");
   if (c.served_model_name.empty()) c.served_model_name = c.model_path.empty() ? "moeshard" : c.model_path;
@@ -127,7 +134,7 @@ std::string DescribeConfig(const RouterConfig& c) {
       c.pools_path.empty() ? absl::StrCat(" coordinator=", c.coordinator) : absl::StrCat(" pools=", c.pools_path),
       " api_key=", c.api_key.empty() ? "off" : "on", " http_threads=", c.http_threads,
       " poll_interval=", absl::FormatDuration(c.poll_interval),
-      " drain_timeout=", absl::FormatDuration(c.drain_timeout));
+      " drain_timeout=", absl::FormatDuration(c.drain_timeout), " metric_prefix=", c.metric_prefix);
 }
 
 }  // namespace moeshard::router

@@ -21,6 +21,7 @@ struct RouterConfig {
   int http_threads = 128;         // connections served at once; each stream holds one
   absl::Duration poll_interval = absl::Milliseconds(250);
   absl::Duration drain_timeout = absl::Seconds(10);
+  std::string metric_prefix = "moeshard_";  // --metric-prefix: moeshard_ or moeshard: (see common/metrics)
 };
 
 // `args` without the program name. Errors: unknown flags, missing values, bad numbers,

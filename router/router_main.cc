@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/metrics/metrics.h"
 #include "router/router.h"
 
 int main(int argc, char** argv) {
@@ -27,6 +28,10 @@ int main(int argc, char** argv) {
   if (!config.ok()) {
     std::fprintf(stderr, "moeshard-router: %s\n%s", std::string(config.status().message()).c_str(),
                  moeshard::router::RouterUsage().c_str());
+    return 2;
+  }
+  if (absl::Status st = moeshard::SetMetricPrefix(config->metric_prefix); !st.ok()) {
+    std::fprintf(stderr, "moeshard-router: %s\n", std::string(st.message()).c_str());
     return 2;
   }
   auto router = moeshard::router::Router::Create(*config);

@@ -10,51 +10,51 @@ namespace pm = prometheus;
 RouterMetrics::RouterMetrics()
     : registry_(std::make_shared<pm::Registry>()),
       requests_(pm::BuildCounter()
-                    .Name("moeshard:router_requests_total")
+                    .Name(MetricName("router_requests_total"))
                     .Help("Generation requests dispatched to a coordinator, by pool.")
                     .Register(*registry_)),
       rejected_(pm::BuildCounter()
-                    .Name("moeshard:router_rejected_total")
+                    .Name(MetricName("router_rejected_total"))
                     .Help("Requests refused by the router, by pool (none before dispatch) and reason.")
                     .Register(*registry_)),
       in_flight_(pm::BuildGauge()
-                     .Name("moeshard:router_requests_in_flight")
+                     .Name(MetricName("router_requests_in_flight"))
                      .Help("Generation requests being served, by pool.")
                      .Register(*registry_)),
       http_requests_(pm::BuildCounter()
-                         .Name("moeshard:router_http_requests_total")
+                         .Name(MetricName("router_http_requests_total"))
                          .Help("HTTP responses, by endpoint and status code.")
                          .Register(*registry_)),
       finished_(pm::BuildCounter()
-                    .Name("moeshard:request_success_total")
+                    .Name(MetricName("request_success_total"))
                     .Help("Generation requests finished, by pool and finish reason.")
                     .Register(*registry_)),
       prompt_tokens_(pm::BuildCounter()
-                         .Name("moeshard:prompt_tokens_total")
+                         .Name(MetricName("prompt_tokens_total"))
                          .Help("Prompt tokens of finished requests, by pool.")
                          .Register(*registry_)),
       generation_tokens_(pm::BuildCounter()
-                             .Name("moeshard:generation_tokens_total")
+                             .Name(MetricName("generation_tokens_total"))
                              .Help("Generated tokens of finished requests, by pool.")
                              .Register(*registry_)),
       e2e_latency_(pm::BuildHistogram()
-                       .Name("moeshard:e2e_request_latency_seconds")
+                       .Name(MetricName("e2e_request_latency_seconds"))
                        .Help("Time from dispatch to the last token, by pool.")
                        .Register(*registry_)),
       ttft_(pm::BuildHistogram()
-                .Name("moeshard:time_to_first_token_seconds")
+                .Name(MetricName("time_to_first_token_seconds"))
                 .Help("Time from dispatch to the first generated token, by pool.")
                 .Register(*registry_)),
       coordinator_ready_(pm::BuildGauge()
-                             .Name("moeshard:router_coordinator_ready")
+                             .Name(MetricName("router_coordinator_ready"))
                              .Help("1 when the coordinator's last status poll said ready.")
                              .Register(*registry_)),
       coordinator_outstanding_(pm::BuildGauge()
-                                   .Name("moeshard:router_coordinator_outstanding_tokens")
+                                   .Name(MetricName("router_coordinator_outstanding_tokens"))
                                    .Help("Outstanding tokens the coordinator reported at the last poll.")
                                    .Register(*registry_)),
       pool_ready_(pm::BuildGauge()
-                      .Name("moeshard:router_pool_ready")
+                      .Name(MetricName("router_pool_ready"))
                       .Help("1 when the pool has a ready coordinator.")
                       .Register(*registry_)) {}
 

@@ -29,15 +29,15 @@ absl::StatusOr<Idle> WaitIdle(const Context& ctx, double timeout_s) {
   auto t0 = std::chrono::steady_clock::now();
   for (;;) {
     ASSIGN_OR_RETURN(MetricsView v, MetricsView::Fetch(ctx.opts.metrics));
-    if (v.Coord("moeshard:num_requests_running") == 0 && v.Coord("moeshard:num_requests_waiting") == 0) {
-      return Idle{v.CoordMax("moeshard:kv_cache_usage_perc"),
-                  v.Coord("moeshard:request_success_total", {{"finished_reason", "abort"}}),
-                  v.Coord("moeshard:generation_tokens_total")};
+    if (v.Coord("num_requests_running") == 0 && v.Coord("num_requests_waiting") == 0) {
+      return Idle{v.CoordMax("kv_cache_usage_perc"),
+                  v.Coord("request_success_total", {{"finished_reason", "abort"}}),
+                  v.Coord("generation_tokens_total")};
     }
     if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > timeout_s) {
       return absl::DeadlineExceededError(absl::StrCat("the cluster is not idle after ", timeout_s, " s (running ",
-                                                      v.Coord("moeshard:num_requests_running"), ", waiting ",
-                                                      v.Coord("moeshard:num_requests_waiting"), ")"));
+                                                      v.Coord("num_requests_running"), ", waiting ",
+                                                      v.Coord("num_requests_waiting"), ")"));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
@@ -50,10 +50,10 @@ absl::Status ExpectCleanedUp(const Context& ctx, const Idle& idle, int64_t recei
   std::string last;
   for (;;) {
     ASSIGN_OR_RETURN(MetricsView v, MetricsView::Fetch(ctx.opts.metrics));
-    const double aborts = v.Coord("moeshard:request_success_total", {{"finished_reason", "abort"}});
-    const double running = v.Coord("moeshard:num_requests_running") + v.Coord("moeshard:num_requests_waiting");
-    const double kv = v.CoordMax("moeshard:kv_cache_usage_perc");
-    const double generated = v.Coord("moeshard:generation_tokens_total") - idle.generated;
+    const double aborts = v.Coord("request_success_total", {{"finished_reason", "abort"}});
+    const double running = v.Coord("num_requests_running") + v.Coord("num_requests_waiting");
+    const double kv = v.CoordMax("kv_cache_usage_perc");
+    const double generated = v.Coord("generation_tokens_total") - idle.generated;
     last = absl::StrCat("abort count +", aborts - idle.aborts, ", running+waiting ", running, ", kv_cache_usage_perc ",
                         kv, " (idle ", idle.kv, "), generation_tokens_total +", generated, " for ", received,
                         " tokens received");

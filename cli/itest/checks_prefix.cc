@@ -1,6 +1,6 @@
 // Prefix caching: R = P + S2 is sent with a fresh 64-token prefix P (nothing cached),
 // then A = P + S1 and B = P + S2 share P. A and B must report at least 48 cached prompt
-// tokens (usage and, with --metrics, moeshard:prefix_cache_hits_total); B's output must
+// tokens (usage and, with --metrics, prefix_cache_hits_total); B's output must
 // equal R's (computed without the cache) and, with --model, all three equal the
 // in-process engine's.
 #include <chrono>
@@ -48,9 +48,9 @@ absl::Status Send(Context& ctx, PrefixRun* run) {
   if (before.has_value()) {
     ASSIGN_OR_RETURN(MetricsView after, MetricsView::Fetch(ctx.opts.metrics));
     run->hits_delta =
-        after.Coord("moeshard:prefix_cache_hits_total") - before->Coord("moeshard:prefix_cache_hits_total");
+        after.Coord("prefix_cache_hits_total") - before->Coord("prefix_cache_hits_total");
     run->queries_delta =
-        after.Coord("moeshard:prefix_cache_queries_total") - before->Coord("moeshard:prefix_cache_queries_total");
+        after.Coord("prefix_cache_queries_total") - before->Coord("prefix_cache_queries_total");
   }
   ASSIGN_OR_RETURN(run->b_stream, ctx.api->CompleteStream(r));
   run->ran = true;
@@ -104,7 +104,7 @@ absl::Status SameOutput(Context& ctx, const PrefixRun& run) {
 absl::Status Metrics(Context& ctx, const PrefixRun& run) {
   if (ctx.opts.metrics.empty()) return Skip("needs --metrics");
   if (run.hits_delta < 2 * kMinCached) {
-    return absl::InternalError(absl::StrCat("moeshard:prefix_cache_hits_total rose by ", run.hits_delta,
+    return absl::InternalError(absl::StrCat("prefix_cache_hits_total rose by ", run.hits_delta,
                                             " over two requests with ", run.a.cached_tokens, " and ",
                                             run.b.cached_tokens, " cached tokens"));
   }

@@ -85,7 +85,7 @@ void RunSetupChecks(Context& ctx, Suite& suite) {
     suite.Run("metrics: every /metrics URL answers and parses", [&]() -> absl::Status {
       ASSIGN_OR_RETURN(MetricsView v, MetricsView::Fetch(ctx.opts.metrics));
       if (v.num_coordinators() == 0) {
-        return absl::NotFoundError("no URL exports moeshard:kv_cache_usage_perc (no coordinator among --metrics)");
+        return absl::NotFoundError("no URL exports moeshard_kv_cache_usage_perc or moeshard:kv_cache_usage_perc (no coordinator among --metrics)");
       }
       ctx.metrics_at_start = std::move(v);
       return absl::OkStatus();

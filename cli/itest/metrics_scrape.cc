@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "cli/itest/http_client.h"
 
@@ -83,7 +84,13 @@ absl::StatusOr<MetricsView> MetricsView::Fetch(const std::vector<std::string>& u
     auto samples = ParseExposition(r.body);
     if (!samples.ok()) return absl::InvalidArgumentError(absl::StrCat(url, ": ", samples.status().message()));
     s.samples = std::move(*samples);
-    for (const Sample& x : s.samples) s.coordinator |= x.name == "moeshard:kv_cache_usage_perc";
+    for (const Sample& x : s.samples) {
+      for (const char* prefix : {"moeshard_", "moeshard:"}) {
+        if (!absl::StartsWith(x.name, prefix)) continue;
+        if (s.prefix.empty()) s.prefix = prefix;
+        s.coordinator |= x.name == absl::StrCat(prefix, "kv_cache_usage_perc");
+      }
+    }
     v.scrapes_.push_back(std::move(s));
   }
   return v;
@@ -95,10 +102,11 @@ int MetricsView::num_coordinators() const {
   return n;
 }
 
-double MetricsView::Coord(const std::string& name, const std::map<std::string, std::string>& labels) const {
+double MetricsView::Coord(const std::string& base, const std::map<std::string, std::string>& labels) const {
   double sum = 0;
   for (const Scrape& s : scrapes_) {
     if (!s.coordinator) continue;
+    const std::string name = s.prefix + base;
     for (const Sample& x : s.samples) {
       if (x.name != name) continue;
       bool match = true;
@@ -112,10 +120,11 @@ double MetricsView::Coord(const std::string& name, const std::map<std::string, s
   return sum;
 }
 
-double MetricsView::CoordMax(const std::string& name) const {
+double MetricsView::CoordMax(const std::string& base) const {
   double m = 0;
   for (const Scrape& s : scrapes_) {
     if (!s.coordinator) continue;
+    const std::string name = s.prefix + base;
     for (const Sample& x : s.samples) {
       if (x.name == name) m = std::max(m, x.value);
     }

@@ -1,7 +1,9 @@
 // Scrapes Prometheus /metrics endpoints and reads samples out of the text exposition
 // format, so the suite can check that counters and gauges move as its requests expect.
 // Coordinators are told apart from the router and workers by the metrics they export
-// (moeshard:kv_cache_usage_perc); their values are summed over replicas.
+// (<prefix>kv_cache_usage_perc); their values are summed over replicas. Each process's
+// prefix ("moeshard_" by default, "moeshard:" with --metric-prefix) is read from its names,
+// so the suite takes vLLM's base names (num_requests_running, ...).
 #pragma once
 
 #include <map>
@@ -28,6 +30,7 @@ struct Scrape {
   std::string url, text;
   std::vector<Sample> samples;
   bool coordinator = false;
+  std::string prefix;  // "moeshard_" or "moeshard:", from the names; "" when it has neither
 };
 
 class MetricsView {
@@ -36,10 +39,10 @@ class MetricsView {
   static absl::StatusOr<MetricsView> Fetch(const std::vector<std::string>& urls);
   const std::vector<Scrape>& scrapes() const { return scrapes_; }
   int num_coordinators() const;
-  // Sum over coordinators of the samples named `name` whose labels include `labels`.
-  double Coord(const std::string& name, const std::map<std::string, std::string>& labels = {}) const;
+  // Sum over coordinators of the samples named prefix + `base` whose labels include `labels`.
+  double Coord(const std::string& base, const std::map<std::string, std::string>& labels = {}) const;
   // Largest value over coordinators (for gauges such as kv_cache_usage_perc).
-  double CoordMax(const std::string& name) const;
+  double CoordMax(const std::string& base) const;
 
  private:
   std::vector<Scrape> scrapes_;

@@ -5,6 +5,25 @@
 #include "prometheus/text_serializer.h"
 
 namespace moeshard {
+namespace {
+std::string& Prefix() {
+  static std::string prefix = kDefaultMetricPrefix;
+  return prefix;
+}
+}  // namespace
+
+absl::Status SetMetricPrefix(const std::string& prefix) {
+  if (prefix != "moeshard_" && prefix != "moeshard:") {
+    return absl::InvalidArgumentError(absl::StrCat("--metric-prefix must be moeshard_ (the default, promtool-clean) or moeshard: (vLLM's style), got '",
+                                                   prefix, "'"));
+  }
+  Prefix() = prefix;
+  return absl::OkStatus();
+}
+
+const std::string& MetricPrefix() { return Prefix(); }
+
+std::string MetricName(const std::string& base) { return Prefix() + base; }
 
 std::string RenderMetrics(prometheus::Registry& registry) {
   prometheus::TextSerializer s;

@@ -7,6 +7,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
@@ -16,6 +17,20 @@ class Server;
 }
 
 namespace moeshard {
+
+// Metric names. Every metric is exported as prefix + base name, with vLLM's base names and
+// meanings (num_requests_running, time_to_first_token_seconds, ...). The default prefix
+// "moeshard_" is what `promtool check metrics` accepts: a colon is reserved for recording
+// rules. deploy/prometheus/recording_rules.yml records each series again as
+// "moeshard:<base>" (vLLM's "vllm:<base>" style), which the dashboards query, so dashboards
+// written for vLLM carry over by swapping the prefix. "moeshard:" exports that style
+// directly (--metric-prefix moeshard:), for a Prometheus without the recording rules.
+inline constexpr const char* kDefaultMetricPrefix = "moeshard_";
+// Sets the prefix for metrics registered from now on: "moeshard_" or "moeshard:"; any
+// other value is an InvalidArgument naming the accepted ones. Call before any metric exists.
+absl::Status SetMetricPrefix(const std::string& prefix);
+const std::string& MetricPrefix();
+std::string MetricName(const std::string& base);
 
 std::string RenderMetrics(prometheus::Registry& registry);
 

@@ -131,8 +131,12 @@ def main():
     for mu in metrics_urls:
         code, text = http(mu)
         R.check(code == 200, f"{mu} answers")
-        role = "router" if "router_" in text else "worker" if "moeshard:worker_" in text else "coordinator"
+        role = "router" if "router_" in text else "worker" if "moeshard_worker_" in text else "coordinator"
         roles[role].append(mu.split("/")[2])
+        # Default names (moeshard_<name>) are what promtool accepts: no lint at all.
+        pt = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+        R.check(pt.returncode == 0 and not (pt.stdout + pt.stderr).strip(), f"promtool check metrics accepts {mu} ({role})",
+                f"exit {pt.returncode}: {(pt.stdout + pt.stderr)[:500]}")
         binary = f"moeshard-{role}"
         flag = "port" if role == "router" else "metrics-port"
         for path in HTTP_PATHS[(binary, flag)]:
@@ -209,7 +213,7 @@ def main():
     # ---- wait until Prometheus has scraped the finished requests
     seen = 0
     for _ in range(60):
-        okq, res = promql(prom, "sum(moeshard:router_requests_total)")
+        okq, res = promql(prom, "sum(moeshard_router_requests_total)")
         seen = float(res[0]["value"][1]) if okq and res else 0
         if seen >= sent:
             break
@@ -217,8 +221,27 @@ def main():
     time.sleep(3)
     R.check(seen >= sent, f"prometheus has scraped the {sent} requests (router_requests_total = {seen:g})")
     # What every process exports now.
+    raw = set()
     for mu in metrics_urls:
-        exported |= exported_names(http(mu)[1])
+        raw |= exported_names(http(mu)[1])
+    exported |= raw
+    # The recording rules name every exported family again as moeshard:<name> (vLLM's
+    # style, what the dashboards query): each must have its rule, and its series must be in
+    # Prometheus with the same value as the raw one.
+    rec_file = os.path.join(ROOT, "deploy", "prometheus", "recording_rules.yml")
+    recorded = {r["record"]: r["expr"] for g in yaml.safe_load(open(rec_file))["groups"] for r in g["rules"]}
+    own = sorted(n for n in raw if n.startswith("moeshard_"))
+    norule = [n for n in own if recorded.get("moeshard:" + n[len("moeshard_"):]) != n]
+    R.check(own and not norule, f"recording_rules.yml records all {len(own)} exported moeshard_ series as moeshard:<name>",
+            f"no rule for {norule}")
+    stale = sorted(r for r, e in recorded.items() if e not in raw)
+    R.check(not stale, "every recording rule reads a series some process exports", f"nothing exports {stale}")
+    exported |= {r for r, e in recorded.items() if e in raw}
+    okq, a = promql(prom, "sum(moeshard:generation_tokens_total)")
+    okr, b = promql(prom, "sum(moeshard_generation_tokens_total)")
+    va = float(a[0]["value"][1]) if okq and a else -1
+    vb = float(b[0]["value"][1]) if okr and b else -2
+    R.check(va == vb and va > 0, f"prometheus has moeshard:generation_tokens_total = moeshard_generation_tokens_total ({va:g}, {vb:g})")
     # ---- dashboards
     for f in sorted(os.listdir(os.path.join(ROOT, "deploy", "grafana", "dashboards"))):
         if not f.endswith(".json"):
@@ -265,7 +288,8 @@ def main():
     code, body = http(f"{prom}/api/v1/rules")
     rules = [r for g in json.loads(body)["data"]["groups"] for r in g["rules"]] if code == 200 else []
     bad = [f"{r['name']}: {r.get('lastError')}" for r in rules if r.get("health") == "err"]
-    R.check(rules and not bad, f"prometheus loaded {len(rules)} alert rules and evaluates them without error", "; ".join(bad))
+    R.check(rules and not bad, f"prometheus loaded {len(rules)} alerting and recording rules and evaluates them without error",
+            "; ".join(bad))
     firing = [r["name"] for r in rules if r.get("state") == "firing"]
     R.check(not firing, "no alert fires on a healthy cluster", f"firing: {firing}")
 

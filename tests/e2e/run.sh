@@ -193,7 +193,8 @@ KEY=e2e-$RANDOM$RANDOM
 run_config muse-1w "$MUSE" "" - --workers 1
 run_config muse-ls2 "$MUSE" "" - --workers 2 --mode layer-split --max-model-len 2048
 run_config muse-ls3-uneven "$MUSE" "" - --workers 3 --mode layer-split --layer-split 2,1,1
-run_config muse-tp2 "$MUSE" "" - --workers 2 --mode tensor-parallel
+# vLLM-style names exported directly (moeshard:<name>): the suite reads either prefix.
+run_config muse-tp2 "$MUSE" "" - --workers 2 --mode tensor-parallel --metric-prefix moeshard:
 [[ -d $QWEN ]] && run_config qwen-ls3-uneven "$QWEN" "$KEY" - --workers 3 --mode layer-split --layer-split 2,1,1
 [[ -d $QWEN ]] && run_config qwen-tp2 "$QWEN" "" - --workers 2 --mode tensor-parallel
 [[ -d $NVFP4 ]] && run_config nvfp4-ls2 "$NVFP4" "" - --workers 2 --mode layer-split

@@ -22,6 +22,11 @@ for m in qwen3moe-tiny muse-spark-tiny muse-spark-tiny-nvfp4 qwen3moe-tok; do
 done
 run 0 "$td/qwen3moe-tok/model-f16.gguf" "$td/qwen3moe-tok/goldens.safetensors"
 run 0 "$td/qwen3moe-tok/model-q8_0.gguf" "$td/qwen3moe-tok/goldens.safetensors"
+# The Q8_0 file against transformers on its own weights: the strict fp32 tolerance.
+repo_td="$(cd "$(dirname "$0")/../testdata" && pwd)"
+run 0 "$td/qwen3moe-tok/model-q8_0.gguf" "$repo_td/qwen3moe-tok-q8_0/goldens.safetensors" --tolerance fp32
+# ... and the unquantized goldens are not within the strict tolerance of the Q8_0 file.
+run 1 "$td/qwen3moe-tok/model-q8_0.gguf" "$td/qwen3moe-tok/goldens.safetensors" --tolerance fp32
 # In-process layouts on the CPU: tensor parallel (ranks as threads) and uneven layer split.
 run 0 "$td/muse-spark-tiny" "$td/muse-spark-tiny/goldens.safetensors" --tp 2
 run 0 "$td/qwen3moe-tiny" "$td/qwen3moe-tiny/goldens.safetensors" --layer-split 3

@@ -41,6 +41,22 @@ TEST_P(GoldenTest, MatchesReference) {
   }
 }
 
+// model-q8_0.gguf against goldens that transformers computed on exactly the file's weights
+// (its Q8_0 tensors dequantized as ggml does; tests/testdata/q8_0_reference.py): the strict
+// fp32 tolerance holds, so the engine computes what the file holds. The loose Q8_0 profile
+// above measures the quantization itself against the unquantized goldens.
+TEST(GoldenQ8Test, MatchesTransformersOnTheFilesOwnWeights) {
+  std::string model = TestData() + "/qwen3moe-tok/model-q8_0.gguf";
+  if (!std::filesystem::exists(model)) GTEST_SKIP() << "shared testdata not found at " << model;
+  auto m = LoadModel(model, /*load_tokenizer=*/false);
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto rep = CheckModel(*m, std::string(MOESHARD_REPO_TESTDATA) + "/qwen3moe-tok-q8_0/goldens.safetensors", Tolerance::kFp32);
+  ASSERT_TRUE(rep.ok()) << rep.status();
+  EXPECT_EQ(rep->seqs.size(), 9u);
+  EXPECT_TRUE(rep->pass()) << rep->Format();
+  for (const auto& s : rep->seqs) EXPECT_EQ(s.top1, 1.0) << s.name;
+}
+
 INSTANTIATE_TEST_SUITE_P(
     TestData, GoldenTest,
     ::testing::Values(Case{"qwen3moe-tiny", "qwen3moe-tiny/goldens.safetensors", Tolerance::kFp32},

@@ -2,16 +2,18 @@
 
 #include <chrono>
 
+#include "common/metrics/metrics.h"
+
 namespace moeshard {
 
 InstrumentedCommunicator::InstrumentedCommunicator(std::unique_ptr<Communicator> inner, prometheus::Registry& r)
     : inner_(std::move(inner)) {
   set_timeout(inner_->timeout());
-  auto& secs = prometheus::BuildCounter().Name("moeshard:communicator_seconds_total")
+  auto& secs = prometheus::BuildCounter().Name(MetricName("communicator_seconds_total"))
                    .Help("Time spent in communicator operations, by operation").Register(r);
-  auto& bytes = prometheus::BuildCounter().Name("moeshard:communicator_bytes_total")
+  auto& bytes = prometheus::BuildCounter().Name(MetricName("communicator_bytes_total"))
                     .Help("Bytes moved by communicator operations (this rank's payload), by operation").Register(r);
-  auto& errs = prometheus::BuildCounter().Name("moeshard:communicator_errors_total")
+  auto& errs = prometheus::BuildCounter().Name(MetricName("communicator_errors_total"))
                    .Help("Communicator operations that failed (timeouts included), by operation").Register(r);
   auto make = [&](const char* op) { return Op{&secs.Add({{"op", op}}), &bytes.Add({{"op", op}}), &errs.Add({{"op", op}})}; };
   all_reduce_ = make("all_reduce");

@@ -1,5 +1,5 @@
 // A Communicator decorator that counts time and bytes per operation into Prometheus:
-// moeshard:communicator_seconds_total{op} and moeshard:communicator_bytes_total{op}.
+// <prefix>communicator_seconds_total{op} and <prefix>communicator_bytes_total{op}.
 #pragma once
 
 #include <memory>

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/metrics/metrics.h"
 #include "worker/service/proto_convert.h"
 #include "common/comm/gloo_communicator.h"
 #include "common/comm/nccl_communicator.h"
@@ -37,12 +38,12 @@ grpc::Status ToGrpc(const absl::Status& s) {
 
 WorkerServiceImpl::WorkerServiceImpl(WorkerOptions options, std::shared_ptr<prometheus::Registry> registry)
     : options_(std::move(options)), registry_(std::move(registry)) {
-  step_seconds_ = &prometheus::BuildHistogram().Name("moeshard:worker_step_seconds")
+  step_seconds_ = &prometheus::BuildHistogram().Name(MetricName("worker_step_seconds"))
                        .Help("Time of one step on this worker, by phase").Register(*registry_);
-  auto& steps = prometheus::BuildCounter().Name("moeshard:worker_steps_total").Help("Steps run, by result").Register(*registry_);
+  auto& steps = prometheus::BuildCounter().Name(MetricName("worker_steps_total")).Help("Steps run, by result").Register(*registry_);
   steps_ok_ = &steps.Add({{"result", "ok"}});
   steps_failed_ = &steps.Add({{"result", "error"}});
-  auto& mem = prometheus::BuildGauge().Name("moeshard:worker_memory_bytes")
+  auto& mem = prometheus::BuildGauge().Name(MetricName("worker_memory_bytes"))
                   .Help("Memory this worker holds, by kind (weights are memory-mapped)").Register(*registry_);
   weight_bytes_ = &mem.Add({{"kind", "weights"}});
   kv_bytes_ = &mem.Add({{"kind", "kv_cache"}});
