@@ -76,8 +76,8 @@ absl::Status Residual(const ResidualParams& p, GpuStream stream) {
 
 absl::Status Rope(const RopeParams& p, GpuStream stream) {
   if (p.num_tokens <= 0) return absl::OkStatus();
-  if (!p.x || !p.pos || p.head_dim <= 0 || p.head_dim % 2) {
-    return absl::InvalidArgumentError("Rope: no input or positions, or an odd head_dim");
+  if (!p.x || !p.pos || p.head_dim <= 0 || p.head_dim % 2 || p.head_dim > 8192) {
+    return absl::InvalidArgumentError("Rope: no input or positions, or a head_dim that is odd or above 8192");
   }
   MOESHARD_CUDA_RETURN_IF_ERROR(LaunchRope(p, stream));
   return absl::OkStatus();

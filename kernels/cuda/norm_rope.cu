@@ -58,13 +58,21 @@ __global__ void ResidualKernel(ResidualParams p) {
 // One block per token; threads over (head, i < head_dim / 2).
 template <typename Act>
 __global__ void RopeKernel(RopeParams p) {
+  // The token's angles, once per frequency (not once per head): cos and sin of
+  // pos / theta^(2i/d) in double, as the CPU reference, kept in shared memory.
+  extern __shared__ float cs[];  // [half] cos, then [half] sin
   const int64_t t = blockIdx.x, half = p.head_dim / 2;
   const double pos = p.pos[t];
+  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+    const double a = pos / pow(p.theta, static_cast<double>(2 * i) / static_cast<double>(p.head_dim));
+    cs[i] = static_cast<float>(cos(a));
+    cs[half + i] = static_cast<float>(sin(a));
+  }
+  __syncthreads();
   Act* x = static_cast<Act*>(p.x) + t * (p.row_stride ? p.row_stride : p.heads * p.head_dim);
   for (int64_t j = threadIdx.x; j < p.heads * half; j += blockDim.x) {
     const int64_t h = j / half, i = j % half;
-    const double a = pos / pow(p.theta, static_cast<double>(2 * i) / static_cast<double>(p.head_dim));
-    const float c = static_cast<float>(cos(a)), s = static_cast<float>(sin(a));
+    const float c = cs[i], s = cs[half + i];
     Act* v = x + h * p.head_dim;
     const float x0 = LoadF(v + i), x1 = LoadF(v + i + half);
     StoreF(v + i, x0 * c - x1 * s);
@@ -99,10 +107,11 @@ cudaError_t LaunchResidual(const ResidualParams& p, cudaStream_t st) {
 }
 
 cudaError_t LaunchRope(const RopeParams& p, cudaStream_t st) {
+  const size_t smem = static_cast<size_t>(p.head_dim) * sizeof(float);  // cos and sin of head_dim / 2 angles
   if (p.dtype == ActDType::kF32) {
-    RopeKernel<float><<<p.num_tokens, kRowThreads, 0, st>>>(p);
+    RopeKernel<float><<<p.num_tokens, kRowThreads, smem, st>>>(p);
   } else {
-    RopeKernel<uint16_t><<<p.num_tokens, kRowThreads, 0, st>>>(p);
+    RopeKernel<uint16_t><<<p.num_tokens, kRowThreads, smem, st>>>(p);
   }
   return cudaGetLastError();
 }

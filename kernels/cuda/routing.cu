@@ -1,9 +1,11 @@
 // MoE routing and small elementwise kernels.
 //
-// Routing: one thread per token picks the top-k of its fp32 router logits by repeated
-// selection (ties to the lower index, as the CPU reference), then the weights: softmax over
-// all experts restricted to the picked ones (optionally renormalized), or softmax over the
-// picked logits only. Exponentials in double, as the CPU reference.
+// Routing: the top-k of each token's fp32 router logits by repeated selection (ties to the
+// lower index, as the CPU reference), then the weights: softmax over all experts restricted
+// to the picked ones (optionally renormalized), or softmax over the picked logits only.
+// Exponentials in double, as the CPU reference. One warp per token (each lane holds
+// experts lane, lane + 32, ...; a selection round is a warp argmax) up to 512 experts; one
+// thread per token beyond.
 #include "kernels/cuda/act.cuh"
 #include "kernels/cuda/launchers.h"
 
@@ -49,6 +51,78 @@ __global__ void RoutingKernel(RoutingParams p) {
     p.local_ids[t * k + j] = (local >= 0 && local < p.num_local_experts) ? static_cast<int32_t>(local) : -1;
     p.weights[t * k + j] = static_cast<float>(w[j]);
     if (p.global_ids) p.global_ids[t * k + j] = ids[j];
+  }
+}
+
+constexpr int kWarpPerLane = 16;  // the warp kernel holds up to 32 * 16 = 512 experts
+
+// The better of two candidates (value, expert): larger value, then lower index; e < 0 is none.
+__device__ __forceinline__ bool Better(float v, int e, float bv, int be) {
+  return e >= 0 && (be < 0 || v > bv || (v == bv && e < be));
+}
+
+__global__ void RoutingWarpKernel(RoutingParams p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t t = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5;
+  if (t >= p.num_tokens) return;  // whole warps leave together
+  const float* l = p.logits + t * p.num_experts;
+  const int E = static_cast<int>(p.num_experts), k = static_cast<int>(p.top_k);
+  float v[kWarpPerLane];
+#pragma unroll
+  for (int i = 0; i < kWarpPerLane; ++i) v[i] = lane + 32 * i < E ? l[lane + 32 * i] : 0.f;
+  unsigned taken = 0;  // bit i: expert lane + 32 i already picked
+  int my_id = -1;      // lane j < k keeps the j-th pick
+  int first = -1;
+  for (int j = 0; j < k; ++j) {
+    float bv = 0.f;
+    int be = -1;
+#pragma unroll
+    for (int i = 0; i < kWarpPerLane; ++i) {
+      const int e = lane + 32 * i;
+      if (e < E && !((taken >> i) & 1u) && Better(v[i], e, bv, be)) {
+        bv = v[i];
+        be = e;
+      }
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+      const int oe = __shfl_xor_sync(0xffffffffu, be, off);
+      if (Better(ov, oe, bv, be)) {
+        bv = ov;
+        be = oe;
+      }
+    }
+    be = max(be, 0);  // a candidate always exists (k <= E); the clamp only guards the reads below
+    if ((be & 31) == lane) taken |= 1u << (be >> 5);
+    if (lane == j) my_id = be;
+    if (j == 0) first = be;
+  }
+  const double m = l[first];
+  double sum = 0;
+  if (p.softmax_topk_only) {
+    double part = lane < k ? exp(static_cast<double>(l[my_id]) - m) : 0.0;
+    for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(0xffffffffu, part, off);
+    sum = part;
+  } else {
+    double part = 0;
+#pragma unroll
+    for (int i = 0; i < kWarpPerLane; ++i) {
+      if (lane + 32 * i < E) part += exp(static_cast<double>(v[i]) - m);
+    }
+    for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(0xffffffffu, part, off);
+    sum = part;
+  }
+  float w = lane < k ? static_cast<float>(exp(static_cast<double>(l[my_id]) - m) / sum) : 0.f;
+  if (!p.softmax_topk_only && p.renormalize) {
+    double picked = w;
+    for (int off = 16; off > 0; off >>= 1) picked += __shfl_xor_sync(0xffffffffu, picked, off);
+    w = static_cast<float>(w / picked);
+  }
+  if (lane < k) {
+    const int64_t local = my_id - p.expert_begin;
+    p.local_ids[t * k + lane] = (local >= 0 && local < p.num_local_experts) ? static_cast<int32_t>(local) : -1;
+    p.weights[t * k + lane] = w;
+    if (p.global_ids) p.global_ids[t * k + lane] = my_id;
   }
 }
 
@@ -100,6 +174,10 @@ unsigned GridFor(int64_t n) { return static_cast<unsigned>(std::min<int64_t>((n 
 int64_t MaxRoutingTopK() { return kMaxTopK; }
 
 cudaError_t LaunchRouting(const RoutingParams& p, cudaStream_t st) {
+  if (p.num_experts <= 32 * kWarpPerLane && p.top_k <= 32) {
+    RoutingWarpKernel<<<static_cast<unsigned>((p.num_tokens + 3) / 4), 128, 0, st>>>(p);  // 4 tokens per block
+    return cudaGetLastError();
+  }
   RoutingKernel<<<static_cast<unsigned>((p.num_tokens + 127) / 128), 128, 0, st>>>(p);
   return cudaGetLastError();
 }

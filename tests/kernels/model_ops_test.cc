@@ -244,38 +244,50 @@ TEST_P(ModelOpsTest, CublasProjectionMatchesCpuMatMul) {
 }
 
 TEST_P(ModelOpsTest, RoutingBothSoftmaxModes) {
-  const int64_t T = 33, E = 24, k = 4;
-  auto logits = Randn(T * E, rng_, 2.f);
-  logits[5] = logits[6];  // a tie: the lower index wins
-  Dev<float> dl(logits);
-  for (bool topk_only : {false, true}) {
-    for (bool renorm : {false, true}) {
-      Dev<int32_t> ids(T * k), gids(T * k);
-      Dev<float> w(T * k);
-      gpu::RoutingParams p;
-      p.logits = dl.get();
-      p.num_tokens = T;
-      p.num_experts = E;
-      p.top_k = k;
-      p.softmax_topk_only = topk_only;
-      p.renormalize = renorm;
-      p.expert_begin = 8;
-      p.num_local_experts = 8;
-      p.local_ids = ids.get();
-      p.weights = w.get();
-      p.global_ids = gids.get();
-      STATUS_OK(gpu::Routing(p, nullptr));
-      std::vector<int32_t> rid(T * k);
-      std::vector<float> rw(T * k);
-      TopKRouting(logits.data(), T, E, k, topk_only, renorm, rid.data(), rw.data());
-      EXPECT_EQ(gids.Host(), rid);
-      EXPECT_LE(RelErr(w.Host(), rw), 1e-6);
-      auto local = ids.Host();
-      for (int64_t i = 0; i < T * k; ++i) {
-        EXPECT_EQ(local[i], rid[i] >= 8 && rid[i] < 16 ? rid[i] - 8 : -1);
+  // E = 24 and 256 take the warp-per-token kernel (one with experts past 32 per lane's first
+  // slot), 600 the thread-per-token fallback; top-k up to 8 and the 32 maximum.
+  struct Shape {
+    int64_t T, E, k;
+  };
+  for (const Shape sh : {Shape{33, 24, 4}, Shape{37, 256, 8}, Shape{5, 64, 32}, Shape{9, 600, 8}}) {
+    const int64_t T = sh.T, E = sh.E, k = sh.k;
+    SCOPED_TRACE(testing::Message() << "T " << T << " E " << E << " k " << k);
+    auto logits = Randn(T * E, rng_, 2.f);
+    logits[5] = logits[6];            // a tie: the lower index wins
+    logits[E + 40 % E] = logits[E + 3];  // another, across lanes
+    Dev<float> dl(logits);
+    const int64_t begin = E / 3, nloc = E / 3;
+    for (bool topk_only : {false, true}) {
+      for (bool renorm : {false, true}) {
+        Dev<int32_t> ids(T * k), gids(T * k);
+        Dev<float> w(T * k);
+        gpu::RoutingParams p;
+        p.logits = dl.get();
+        p.num_tokens = T;
+        p.num_experts = E;
+        p.top_k = k;
+        p.softmax_topk_only = topk_only;
+        p.renormalize = renorm;
+        p.expert_begin = begin;
+        p.num_local_experts = nloc;
+        p.local_ids = ids.get();
+        p.weights = w.get();
+        p.global_ids = gids.get();
+        STATUS_OK(gpu::Routing(p, nullptr));
+        std::vector<int32_t> rid(T * k);
+        std::vector<float> rw(T * k);
+        TopKRouting(logits.data(), T, E, k, topk_only, renorm, rid.data(), rw.data());
+        EXPECT_EQ(gids.Host(), rid);
+        EXPECT_LE(RelErr(w.Host(), rw), 1e-6);
+        auto local = ids.Host();
+        for (int64_t i = 0; i < T * k; ++i) {
+          EXPECT_EQ(local[i], rid[i] >= begin && rid[i] < begin + nloc ? rid[i] - begin : -1);
+        }
       }
     }
   }
+  const int64_t E = 24;
+  Dev<float> dl(Randn(E, rng_, 1.f));
   Dev<int32_t> ids(1);
   Dev<float> w(1);
   gpu::RoutingParams bad{dl.get(), 1, E, E + 1, false, false, 0, E, ids.get(), w.get(), nullptr};
