@@ -180,26 +180,39 @@ absl::Status WorkerServiceImpl::DoStep(const v1::StepRequest& req, v1::StepReply
   RETURN_IF_ERROR(runner_->ValidateBatch(batch));
   const int64_t H = runner_->config().hidden_size;
   const int tp = shard_.tp_size(), pp_rank = shard_.pp_rank();
-  std::vector<float> hidden;
-  auto tp0 = std::chrono::steady_clock::now();
-  if (shard_.first_stage()) {
-    RETURN_IF_ERROR(runner_->Embed(batch, &hidden));
+  std::vector<float> hidden, logits;
+  // A shard with the whole model (one worker, or a tensor-parallel rank) runs the step as one
+  // Forward: hidden states stay on the device and decode steps replay as CUDA graphs. On the
+  // CPU the ranks beyond 0 would compute the LM head for nothing, so they keep the split path.
+  const bool whole = shard_.first_stage() && shard_.last_stage() && (tp == 1 || runner_->backend().rfind("cuda", 0) == 0);
+  std::chrono::steady_clock::time_point th;
+  if (whole) {
+    auto tf = std::chrono::steady_clock::now();
+    RETURN_IF_ERROR(runner_->Forward(batch, &logits));
+    phase("forward", tf);
+    th = std::chrono::steady_clock::now();
   } else {
-    hidden.resize(T * H);
-    RETURN_IF_ERROR(comm_->Recv(hidden.data(), hidden.size() * sizeof(float), (pp_rank - 1) * tp + shard_.tp_rank()));
-    phase("recv", tp0);
+    auto tp0 = std::chrono::steady_clock::now();
+    if (shard_.first_stage()) {
+      RETURN_IF_ERROR(runner_->Embed(batch, &hidden));
+    } else {
+      hidden.resize(T * H);
+      RETURN_IF_ERROR(comm_->Recv(hidden.data(), hidden.size() * sizeof(float), (pp_rank - 1) * tp + shard_.tp_rank()));
+      phase("recv", tp0);
+    }
+    auto tl = std::chrono::steady_clock::now();
+    RETURN_IF_ERROR(runner_->RunLayers(batch, &hidden));
+    phase("layers", tl);
+    if (!shard_.last_stage()) {
+      auto ts = std::chrono::steady_clock::now();
+      RETURN_IF_ERROR(comm_->Send(hidden.data(), hidden.size() * sizeof(float), (pp_rank + 1) * tp + shard_.tp_rank()));
+      phase("send", ts);
+    } else if (shard_.tp_rank() == 0) {
+      th = std::chrono::steady_clock::now();
+      RETURN_IF_ERROR(runner_->Head(batch, hidden, &logits));
+    }
   }
-  auto tl = std::chrono::steady_clock::now();
-  RETURN_IF_ERROR(runner_->RunLayers(batch, &hidden));
-  phase("layers", tl);
-  if (!shard_.last_stage()) {
-    auto ts = std::chrono::steady_clock::now();
-    RETURN_IF_ERROR(comm_->Send(hidden.data(), hidden.size() * sizeof(float), (pp_rank + 1) * tp + shard_.tp_rank()));
-    phase("send", ts);
-  } else if (shard_.tp_rank() == 0) {
-    auto th = std::chrono::steady_clock::now();
-    std::vector<float> logits;
-    RETURN_IF_ERROR(runner_->Head(batch, hidden, &logits));
+  if (shard_.last_stage() && shard_.tp_rank() == 0) {
     const int64_t V = runner_->config().vocab_size;
     for (int i = 0; i < req.chunks_size(); ++i) {
       const auto& c = req.chunks(i);
@@ -220,7 +233,7 @@ absl::Status WorkerServiceImpl::DoStep(const v1::StepRequest& req, v1::StepReply
         }
       }
     }
-    phase("head_sample", th);
+    phase(whole ? "sample" : "head_sample", th);
   }
   phase("total", t0);
   rep->set_compute_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
