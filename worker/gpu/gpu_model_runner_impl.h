@@ -1,0 +1,164 @@
+// The GPU model runner's class, shared by its two source files: gpu_runner_setup.cc (device,
+// weights, buffers and the per-step preparation) and gpu_model_runner.cc (the forward pass).
+// Internal to worker/gpu: everything else uses worker/gpu/gpu_model_runner.h.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gpu_ops.h"
+#include "worker/gpu/decode_graphs.h"
+#include "worker/gpu/device_memory.h"
+#include "worker/gpu/gpu_model_runner.h"
+#include "worker/gpu/gpu_weights.h"
+#include "worker/gpu/step_profile.h"
+
+namespace moeshard::gpu_runner {
+
+using namespace gpu;  // NOLINT: the GPU backend
+
+constexpr size_t kLogitChunkBytes = size_t{256} << 20;
+constexpr int64_t kAttentionWorkspaceBytes = int64_t{64} << 20;
+
+class GpuModelRunner : public ModelRunner {
+ public:
+  GpuModelRunner(const ModelConfig& c, const ShardSpec& s, const RunnerOptions& o, Communicator* comm)
+      : ModelRunner(c, s, o), comm_(comm) {
+    act_ = o.precision == ActPrecision::kFloat32 ? ActDType::kF32 : ActDType::kBF16;
+    act_bytes_ = act_ == ActDType::kF32 ? 4 : 2;
+  }
+  ~GpuModelRunner() override {
+    if (stream_) {
+      cudaSetDevice(options_.gpu_index);
+      cudaStreamSynchronize(stream_);
+      gemm_.reset();
+      w_.reset();
+      cudaStreamDestroy(stream_);
+    }
+    if (stage_) cudaFreeHost(stage_);
+  }
+
+  absl::Status Init(const TensorSource& src);
+  absl::Status InitRandom(WeightFormat expert_format, uint64_t seed);
+
+  absl::Status Embed(const std::vector<SeqChunk>& batch, std::vector<float>* hidden) override {
+    RETURN_IF_ERROR(Prepare(batch));
+    if (!w_->embed.valid()) return absl::FailedPreconditionError("this shard holds no embedding");
+    RETURN_IF_ERROR(EmbedDevice());
+    return Download(s_, T_ * config_.hidden_size, hidden);
+  }
+  absl::Status RunLayers(const std::vector<SeqChunk>& batch, std::vector<float>* hidden) override {
+    RETURN_IF_ERROR(Prepare(batch));
+    RETURN_IF_ERROR(UploadHidden(*hidden));
+    RETURN_IF_ERROR(LayersDevice());
+    return Download(s_, T_ * config_.hidden_size, hidden);
+  }
+  absl::Status Head(const std::vector<SeqChunk>& batch, const std::vector<float>& hidden,
+                    std::vector<float>* logits) override {
+    RETURN_IF_ERROR(Prepare(batch));
+    RETURN_IF_ERROR(UploadHidden(hidden));
+    return HeadDevice(logits);
+  }
+  absl::Status Forward(const std::vector<SeqChunk>& batch, std::vector<float>* logits) override {
+    RETURN_IF_ERROR(ValidateBatch(batch));
+    RETURN_IF_ERROR(Prepare(batch));
+    if (!w_->embed.valid() || !shard_.last_stage) {
+      return absl::FailedPreconditionError("Forward needs a shard with the embedding and the LM head");
+    }
+    if (absl::Status g = ForwardGraph(batch, logits); !absl::IsUnavailable(g)) return g;
+    RETURN_IF_ERROR(EmbedDevice());
+    RETURN_IF_ERROR(LayersDevice());
+    return HeadDevice(logits);
+  }
+  size_t kv_bytes() const override { return kv_bytes_; }
+  std::string ProfileReport() const override { return prof_.Report(); }
+  void ResetProfile() override { prof_.Reset(); }
+  void SetProfiling(bool on) override { prof_.SetActive(on && options_.profile); }
+  std::string backend() const override {
+    return absl::StrCat("cuda:", options_.gpu_index, act_ == ActDType::kF32 ? " float32" : " bfloat16", " kv ",
+                        kv_elem_ == KvElem::kF32 ? "float32" : kv_elem_ == KvElem::kBF16 ? "bfloat16" : "fp8");
+  }
+
+ private:
+  absl::Status Prepare(const std::vector<SeqChunk>& batch);
+  absl::Status StartDevice();
+  absl::Status InitBuffers();
+  absl::Status EmbedDevice() {
+    EmbedParams p{w_->embed, ids_, T_, s_};
+    return gpu::Embed(p, stream_);
+  }
+  absl::Status LayersDevice();
+  absl::Status HeadDevice(std::vector<float>* logits);
+  absl::Status HeadRows(int64_t r0, int64_t n);
+  absl::Status ForwardGraph(const std::vector<SeqChunk>& batch, std::vector<float>* logits);
+  absl::Status AttentionBlock(int64_t li);
+  absl::Status MlpBlock(int64_t li);
+  absl::Status AllReduce(float* dev, int64_t n);
+  // out (activation dtype) = rmsnorm(x rows) ⊙ weight; optional fp32 copy and row gather.
+  absl::Status Norm(const void* x, ActDType x_dtype, int64_t rows, int64_t dim, const float* weight, void* out,
+                    float* out_f32 = nullptr, const int32_t* row_index = nullptr) {
+    RmsNormParams p;
+    p.x = x;
+    p.x_dtype = x_dtype;
+    p.row_index = row_index;
+    p.rows = rows;
+    p.dim = dim;
+    p.weight = weight;
+    p.eps = config_.rms_eps;
+    p.out = out;
+    p.out_dtype = act_;
+    p.out_f32 = out_f32;
+    return gpu::RmsNorm(p, stream_);
+  }
+  absl::Status ResidualUpdate(const float* out, const float* norm, const float* alpha, const float* beta);
+  absl::Status Project(const DenseWeight& w, const void* x, void* y, ActDType y_dtype, int64_t rows,
+                       const float* bias = nullptr, const char* category = "dense projections");
+  absl::Status UploadHidden(const std::vector<float>& h);
+  absl::Status Download(const float* dev, int64_t n, std::vector<float>* out);
+  void* Act(int64_t elems) { return Take(elems * act_bytes_); }
+  float* F32(int64_t elems) { return static_cast<float*>(Take(elems * 4)); }
+  void* Take(int64_t bytes) {
+    auto p = arena_.AllocBytes(static_cast<size_t>(bytes));
+    if (!p.ok()) {
+      arena_error_ = p.status();
+      return nullptr;
+    }
+    return *p;
+  }
+
+  Communicator* comm_;
+  ActDType act_;
+  int64_t act_bytes_;
+  KvElem kv_elem_ = KvElem::kBF16;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<Gemm> gemm_;
+  std::unique_ptr<ModelWeights> host_w_;
+  std::unique_ptr<GpuModelWeights> w_;
+  DevicePool kv_pool_;
+  std::vector<KvCacheView> kv_;
+  size_t kv_bytes_ = 0;
+  StepArena arena_;
+  absl::Status arena_error_;
+  StepProfiler prof_;
+  DecodeGraphs graphs_;
+  float* head_logits_ = nullptr;  // HeadRows' output (arena)
+  float* stage_ = nullptr;  // pinned host memory for all-reduces and hidden states
+  int64_t index_capacity_ = 0;  // int32 entries of a step's index upload
+  int64_t stage_floats_ = 0, nq_ = 0, nkv_ = 0, inter_ = 0, logit_rows_ = 0;
+  // The current step.
+  std::vector<int32_t> host_idx_;
+  int64_t T_ = 0, R_ = 0, max_chunk_tokens_ = 0;
+  size_t step_mark_ = 0;  // the arena past the step's indices and residual stream
+  int32_t *ids_ = nullptr, *pos_ = nullptr, *slots_ = nullptr, *toff_ = nullptr, *tables_ = nullptr,
+          *rows_ = nullptr;
+  float* s_ = nullptr;
+};
+
+}  // namespace moeshard::gpu_runner

@@ -1,0 +1,213 @@
+// GpuModelRunner's set-up: the device and stream, weights (from a checkpoint or random on the
+// GPU), the KV pool and step arena sized once, and each step's preparation (its indices in
+// one upload). Also the factory functions of worker/gpu/gpu_model_runner.h.
+#include <algorithm>
+#include <cmath>
+
+#include "worker/gpu/gpu_model_runner_impl.h"
+#include "worker/gpu/random_weights.h"
+#include "worker/model_bench.h"
+
+namespace moeshard {
+namespace gpu_runner {
+
+absl::Status GpuModelRunner::StartDevice() {
+  MOESHARD_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.gpu_index));
+  MOESHARD_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  ASSIGN_OR_RETURN(gemm_, Gemm::Create(stream_));
+  if (comm_ && comm_->device_memory()) comm_->set_stream(stream_);
+  if (options_.profile) prof_.Enable(64 + 16 * static_cast<int>(shard_.layer_end - shard_.layer_begin));
+  return absl::OkStatus();
+}
+
+absl::Status GpuModelRunner::Init(const TensorSource& src) {
+  RETURN_IF_ERROR(StartDevice());
+  ASSIGN_OR_RETURN(host_w_, LoadModelWeights(config_, src, shard_));
+  ASSIGN_OR_RETURN(w_, UploadModelWeights(*host_w_, act_, stream_));
+  return InitBuffers();
+}
+
+absl::Status GpuModelRunner::InitRandom(WeightFormat expert_format, uint64_t seed) {
+  RETURN_IF_ERROR(StartDevice());
+  ASSIGN_OR_RETURN(auto made, RandomModelWeights(config_, shard_, act_, expert_format, seed, stream_));
+  host_w_ = std::move(made.first);
+  w_ = std::move(made.second);
+  return InitBuffers();
+}
+
+// The KV cache, the step arena and the pinned staging buffer, all sized here once.
+absl::Status GpuModelRunner::InitBuffers() {
+  const ModelConfig& c = config_;
+  nq_ = host_w_->num_local_heads;
+  nkv_ = host_w_->num_local_kv_heads;
+  inter_ = std::max(c.expert_intermediate, host_w_->local_dense_intermediate);
+
+  switch (options_.kv_dtype) {
+    case KvDType::kAuto: kv_elem_ = act_ == ActDType::kF32 ? KvElem::kF32 : KvElem::kBF16; break;
+    case KvDType::kFloat32: kv_elem_ = KvElem::kF32; break;
+    case KvDType::kBFloat16: kv_elem_ = KvElem::kBF16; break;
+    case KvDType::kFp8E4M3: kv_elem_ = KvElem::kFp8E4M3; break;
+  }
+  const int64_t slots = options_.num_kv_blocks * options_.block_size;
+  const size_t elem = kv_elem_ == KvElem::kF32 ? 4 : kv_elem_ == KvElem::kBF16 ? 2 : 1;
+  for (int64_t li = shard_.layer_begin; li < shard_.layer_end; ++li) {
+    KvCacheView v;
+    v.elem = kv_elem_;
+    v.block_size = options_.block_size;
+    v.num_kv_heads = nkv_;
+    v.head_dim = c.head_dim;
+    const size_t bytes = static_cast<size_t>(slots * nkv_ * c.head_dim) * elem;
+    ASSIGN_OR_RETURN(v.k, kv_pool_.Alloc(bytes));
+    ASSIGN_OR_RETURN(v.v, kv_pool_.Alloc(bytes));
+    if (kv_elem_ == KvElem::kFp8E4M3) {
+      ASSIGN_OR_RETURN(void* ks, kv_pool_.Alloc(static_cast<size_t>(slots * nkv_) * 4));
+      ASSIGN_OR_RETURN(void* vs, kv_pool_.Alloc(static_cast<size_t>(slots * nkv_) * 4));
+      v.k_scale = static_cast<float*>(ks);
+      v.v_scale = static_cast<float*>(vs);
+    }
+    kv_.push_back(v);
+  }
+  kv_bytes_ = kv_pool_.bytes_in_use();
+
+  // Scratch of the largest step: the buffers AttentionBlock, MlpBlock and HeadDevice take.
+  const int64_t T = options_.max_batch_tokens, H = c.hidden_size, hd = c.head_dim, Lw = c.expert_width();
+  const int64_t E = std::max<int64_t>(c.num_experts, 1), K = std::max<int64_t>(c.top_k, 1);
+  logit_rows_ = std::max<int64_t>(1, std::min<int64_t>(T, kLogitChunkBytes / (4 * c.vocab_size)));
+  // The step's indices ([ids, positions, slots, table offsets] per token, rows, block tables
+  // of up to 8 × the pool) and residual stream; then the largest of one attention block, one
+  // MLP block (with the expert step's workspace) and one chunk of the LM head.
+  index_capacity_ = 5 * T + 8 * options_.num_kv_blocks;
+  const int64_t fixed = 4 * index_capacity_ + 4 * H * T;
+  const int64_t attn = T * (act_bytes_ * (H + 2 * nq_ * hd + 2 * nkv_ * hd + nq_) + 4 * H) + kAttentionWorkspaceBytes;
+  int64_t mlp = T * (act_bytes_ * H + 8 * H);
+  if (host_w_->num_local_experts > 0) {
+    mlp += T * (4 * E + 8 * K + 4 * Lw + 2 * act_bytes_ * Lw);
+    mlp += static_cast<int64_t>(MoeExpertWorkspaceBytes(static_cast<int>(host_w_->num_local_experts), Lw,
+                                                        c.expert_intermediate, T, static_cast<int>(K)));
+  }
+  mlp = std::max(mlp, T * (act_bytes_ * H + 8 * H + 2 * act_bytes_ * host_w_->local_dense_intermediate));
+  const int64_t head = logit_rows_ * (act_bytes_ * H + 4 * c.vocab_size);
+  size_t bytes = static_cast<size_t>(fixed + std::max({attn, mlp, head})) + 256 * 32;  // + alignment of ~32 buffers
+  bytes += size_t{4} << 20;
+  RETURN_IF_ERROR(arena_.Reserve(bytes));
+  stage_floats_ = T * std::max(H, Lw);
+  MOESHARD_CUDA_RETURN_IF_ERROR(cudaMallocHost(&stage_, static_cast<size_t>(stage_floats_) * 4));
+  return absl::OkStatus();
+}
+
+absl::Status GpuModelRunner::Prepare(const std::vector<SeqChunk>& batch) {
+  MOESHARD_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.gpu_index));
+  arena_.Reset();
+  arena_error_ = absl::OkStatus();
+  T_ = 0;
+  R_ = 0;
+  max_chunk_tokens_ = 0;
+  int64_t table_total = 0;
+  for (auto& ch : batch) {
+    max_chunk_tokens_ = std::max<int64_t>(max_chunk_tokens_, static_cast<int64_t>(ch.tokens.size()));
+    T_ += static_cast<int64_t>(ch.tokens.size());
+    R_ += ch.all_logits ? static_cast<int64_t>(ch.tokens.size()) : 1;
+    table_total += static_cast<int64_t>(ch.block_table.size());
+  }
+  if (T_ > options_.max_batch_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("batch of ", T_, " tokens exceeds ", options_.max_batch_tokens));
+  }
+  // [ids T][pos T][slots T][table offsets T][rows R][tables]
+  if (4 * T_ + R_ + table_total > index_capacity_) {
+    return absl::InvalidArgumentError(absl::StrCat("the batch's block tables (", table_total,
+                                                   " entries) exceed this runner's index space"));
+  }
+  host_idx_.assign(4 * T_ + R_ + table_total, 0);
+  int32_t *ids = host_idx_.data(), *pos = ids + T_, *slots = pos + T_, *toff = slots + T_, *rows = toff + T_,
+          *tables = rows + R_;
+  int64_t t = 0, r = 0, toffset = 0;
+  const int64_t bs = options_.block_size;
+  for (auto& ch : batch) {
+    const int64_t n = static_cast<int64_t>(ch.tokens.size());
+    std::copy(ch.block_table.begin(), ch.block_table.end(), tables + toffset);
+    for (int64_t i = 0; i < n; ++i, ++t) {
+      const int64_t p = ch.start_pos + i;
+      ids[t] = ch.tokens[i];
+      pos[t] = static_cast<int32_t>(p);
+      slots[t] = static_cast<int32_t>(ch.block_table[p / bs] * bs + p % bs);
+      toff[t] = static_cast<int32_t>(toffset);
+      if (ch.all_logits || i == n - 1) rows[r++] = static_cast<int32_t>(t);
+    }
+    toffset += static_cast<int64_t>(ch.block_table.size());
+  }
+  // A fixed size, so that the addresses after it depend on T only (decode graphs replay them).
+  int32_t* dev = static_cast<int32_t*>(Take(index_capacity_ * 4));
+  s_ = F32(T_ * config_.hidden_size);
+  RETURN_IF_ERROR(arena_error_);
+  step_mark_ = arena_.Mark();
+  MOESHARD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev, host_idx_.data(), host_idx_.size() * 4,
+                                                cudaMemcpyHostToDevice, stream_));
+  ids_ = dev;
+  pos_ = dev + T_;
+  slots_ = dev + 2 * T_;
+  toff_ = dev + 3 * T_;
+  rows_ = dev + 4 * T_;
+  tables_ = rows_ + R_;
+  return absl::OkStatus();
+}
+
+absl::Status GpuModelRunner::UploadHidden(const std::vector<float>& h) {
+  if (static_cast<int64_t>(h.size()) != T_ * config_.hidden_size) {
+    return absl::InvalidArgumentError("hidden state size does not match the batch");
+  }
+  MOESHARD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s_, h.data(), h.size() * 4, cudaMemcpyHostToDevice, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status GpuModelRunner::Download(const float* dev, int64_t n, std::vector<float>* out) {
+  out->resize(n);
+  MOESHARD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out->data(), dev, n * 4, cudaMemcpyDeviceToHost, stream_));
+  MOESHARD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  prof_.Collect();
+  return absl::OkStatus();
+}
+
+}  // namespace gpu_runner
+
+using gpu_runner::GpuModelRunner;
+
+static absl::Status CheckGpu(const RunnerOptions& options) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError("no CUDA device is visible");
+  }
+  if (options.gpu_index < 0 || options.gpu_index >= count) {
+    return absl::InvalidArgumentError(absl::StrCat("GPU ", options.gpu_index, " does not exist (", count, " visible)"));
+  }
+  if (options.max_batch_tokens <= 0) return absl::InvalidArgumentError("max_batch_tokens must be positive");
+  if (options.block_size <= 0 || options.num_kv_blocks <= 0) {
+    return absl::InvalidArgumentError("KV cache needs a positive block size and block count");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateGpuModelRunner(const ModelConfig& config, const TensorSource& src,
+                                                                   const ShardSpec& shard, const RunnerOptions& options,
+                                                                   Communicator* tp_comm) {
+  RETURN_IF_ERROR(CheckGpu(options));
+  auto r = std::make_unique<GpuModelRunner>(config, shard, options, tp_comm);
+  RETURN_IF_ERROR(r->Init(src));
+  return std::unique_ptr<ModelRunner>(std::move(r));
+}
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateRandomGpuModelRunner(const ModelConfig& config,
+                                                                         const ShardSpec& shard,
+                                                                         const RunnerOptions& options,
+                                                                         WeightFormat expert_format, uint64_t seed,
+                                                                         Communicator* tp_comm) {
+  RETURN_IF_ERROR(CheckGpu(options));
+  if (shard.tp_size > 1 && (tp_comm == nullptr || tp_comm->size() != shard.tp_size)) {
+    return absl::InvalidArgumentError("tensor parallel shard needs a communicator of tp_size ranks");
+  }
+  auto r = std::make_unique<GpuModelRunner>(config, shard, options, tp_comm);
+  RETURN_IF_ERROR(r->InitRandom(expert_format, seed));
+  return std::unique_ptr<ModelRunner>(std::move(r));
+}
+
+}  // namespace moeshard
