@@ -36,6 +36,10 @@ class Sampler {
   std::mt19937_64 rng_;
 };
 
+// The definition Sampler::Sample implements (a seeded draw, position >= 0), by a full sort
+// of the vocabulary: tests and bench/sampler_bench compare the sampler with it.
+int32_t SampleByFullSort(const float* logits, int64_t vocab, const SamplingParams& p, int64_t position);
+
 // log-softmax of one row at `id`, and the `n` most likely (id, logprob) pairs.
 float LogProb(const float* logits, int64_t vocab, int32_t id);
 std::vector<std::pair<int32_t, float>> TopLogProbs(const float* logits, int64_t vocab, int n);
