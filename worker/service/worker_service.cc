@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/metrics/metrics.h"
+#include "common/thread_pool.h"
 #include "worker/service/proto_convert.h"
 #include "common/comm/gloo_communicator.h"
 #include "common/comm/nccl_communicator.h"
@@ -214,23 +215,44 @@ absl::Status WorkerServiceImpl::DoStep(const v1::StepRequest& req, v1::StepReply
   }
   if (shard_.last_stage() && shard_.tp_rank() == 0) {
     const int64_t V = runner_->config().vocab_size;
+    // Rows that sample, each with its sequence's sampler (made here, one thread); then the
+    // draws in parallel over the rows (each sampler has its own RNG, so the tokens do not
+    // depend on which thread draws them), appended to the reply in request order.
+    struct Draw {
+      int chunk;
+      Sampler* sampler;
+      int32_t token = 0;
+      float logprob = 0;
+      std::vector<std::pair<int32_t, float>> top;
+    };
+    std::vector<Draw> draws;
     for (int i = 0; i < req.chunks_size(); ++i) {
       const auto& c = req.chunks(i);
       if (!c.sample()) continue;
-      const float* row = logits.data() + i * V;
       auto it = samplers_.find(c.seq_id());
       if (it == samplers_.end()) it = samplers_.emplace(c.seq_id(), Sampler(SamplingFromProto(c.sampling()))).first;
-      int32_t tok = it->second.Sample(row, V, c.start_pos() + c.tokens_size());
+      draws.push_back(Draw{i, &it->second});
+    }
+    ThreadPool::Default().ParallelFor(static_cast<int64_t>(draws.size()), 1, [&](int64_t b, int64_t e) {
+      for (int64_t d = b; d < e; ++d) {
+        Draw& dr = draws[d];
+        const auto& c = req.chunks(dr.chunk);
+        const float* row = logits.data() + dr.chunk * V;
+        dr.token = dr.sampler->Sample(row, V, c.start_pos() + c.tokens_size());
+        if (c.logprobs() || c.top_logprobs() > 0) dr.logprob = LogProb(row, V, dr.token);
+        if (c.top_logprobs() > 0) dr.top = TopLogProbs(row, V, std::min(c.top_logprobs(), 20));
+      }
+    });
+    for (const Draw& dr : draws) {
+      const auto& c = req.chunks(dr.chunk);
       rep->add_seq_ids(c.seq_id());
       v1::TokenOutput* out = rep->add_tokens();
-      out->set_token_id(tok);
-      if (c.logprobs() || c.top_logprobs() > 0) out->set_logprob(LogProb(row, V, tok));
-      if (c.top_logprobs() > 0) {
-        for (auto& [id, lp] : TopLogProbs(row, V, std::min(c.top_logprobs(), 20))) {
-          auto* t = out->add_top();
-          t->set_token_id(id);
-          t->set_logprob(lp);
-        }
+      out->set_token_id(dr.token);
+      if (c.logprobs() || c.top_logprobs() > 0) out->set_logprob(dr.logprob);
+      for (const auto& [id, lp] : dr.top) {
+        auto* t = out->add_top();
+        t->set_token_id(id);
+        t->set_logprob(lp);
       }
     }
     phase(whole ? "sample" : "head_sample", th);
