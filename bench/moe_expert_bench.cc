@@ -13,12 +13,14 @@
 //
 //   moe_expert_bench [--t 1,8,64] [--skip-baseline] [--stages] [--iters N]
 //                    [--format q8_0|mxfp4|bf16|nvfp4] [--shape issue5|qwen30b]
-//                    [--routing uniform|zipf|both] [--no-hint]
+//                    [--routing uniform|zipf|both] [--no-hint] [--no-repack]
 // --stages adds each kernel's time alone (MoeExpertStepStages) under each row.
 // --shape qwen30b: E_local = 128 of 128 experts, top-8, L = 2048, I = 768 (Qwen3-30B-A3B on
 // one GPU); T defaults to 1, 4, 8, 64, 4096. --format picks the experts' weight format (the
 // random bytes are made sane: see bench::SaneWeights). The step gets the caller's format hint
-// (MoeExpertParams::expert_formats) unless --no-hint.
+// (MoeExpertParams::expert_formats) unless --no-hint. NVFP4 weights are repacked at load
+// (MoeRepackNvfp4: the streaming kernels) unless --no-repack or --no-hint; the reference
+// check reads the original weights.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -46,6 +48,7 @@ int kE = 32, kEAll = 256;
 int64_t kL = 4096, kI = 4096;
 WeightFormat kFormat = WeightFormat::kNVFP4;
 bool kUseHint = true;
+bool kRepack = true;
 
 #define CK(expr)                                                                                 \
   do {                                                                                           \
@@ -121,9 +124,9 @@ struct MatDev {
 };
 
 struct WeightSet {
-  std::vector<gpu::MoeExpertWeights> host;  // device pointers
-  gpu::MoeExpertWeights* dev = nullptr;
-  uint32_t hint = 0;  // MoeExpertFormats of host
+  std::vector<gpu::MoeExpertWeights> host;  // device pointers, original layout (reference, baseline)
+  gpu::MoeExpertWeights* dev = nullptr;     // what the step reads: repacked NVFP4 when kRepack
+  uint32_t hint = 0;                        // MoeExpertFormats of host
 };
 
 // A routing of T tokens: ids (local index or -1), weights, and its grouping.
@@ -344,6 +347,8 @@ int main(int argc, char** argv) {
       routings = r == "uniform" ? std::vector<bool>{false} : r == "zipf" ? std::vector<bool>{true} : routings;
     } else if (a == "--no-hint")
       kUseHint = false;
+    else if (a == "--no-repack")
+      kRepack = false;
     else if (a == "--skip-baseline")
       baseline = false;
     else if (a == "--stages")
@@ -389,8 +394,9 @@ int main(int argc, char** argv) {
   // Weights: kSets sets of kE experts; kBaseSets of them also expanded to bf16.
   const bool nvfp4 = kFormat == WeightFormat::kNVFP4;
   const size_t mat_bytes = kI * WeightRowBytes(kFormat, kL), scale_bytes = nvfp4 ? kI * kL / 16 : 0;
-  std::printf("shape: E_local %d of %d, top-%d, L %ld, I %ld, format %s, hint %s\n", kE, kEAll, kTopK, long(kL),
-              long(kI), WeightFormatName(kFormat), kUseHint ? "on" : "off");
+  std::printf("shape: E_local %d of %d, top-%d, L %ld, I %ld, format %s, hint %s, repack %s\n", kE, kEAll, kTopK,
+              long(kL), long(kI), WeightFormatName(kFormat), kUseHint ? "on" : "off",
+              kRepack && kUseHint && nvfp4 ? "on" : "off");
   std::vector<WeightSet> sets(kSets);
   for (int s = 0; s < kSets; ++s) {
     uint8_t* data = DevAlloc(3 * kE * mat_bytes);
@@ -405,8 +411,23 @@ int main(int argc, char** argv) {
       sets[s].host.push_back({m(0).Ref(kI, kL), m(1).Ref(kI, kL), m(2).Ref(kL, kI)});
     }
     sets[s].hint = gpu::MoeExpertFormats(sets[s].host.data(), kE, kL, kI);
+    std::vector<gpu::MoeExpertWeights> kernel_view = sets[s].host;
+    if (nvfp4 && kRepack && kUseHint) {
+      uint8_t* rdata = DevAlloc(3 * kE * mat_bytes);
+      uint8_t* rscale = DevAlloc(3 * kE * scale_bytes);
+      for (int e = 0; e < kE; ++e) {
+        WeightRef* v[3] = {&kernel_view[e].gate, &kernel_view[e].up, &kernel_view[e].down};
+        for (int j = 0; j < 3; ++j) {
+          auto r =
+              gpu::MoeRepackNvfp4(*v[j], rdata + (3 * e + j) * mat_bytes, rscale + (3 * e + j) * scale_bytes, nullptr);
+          if (!r.ok()) std::fprintf(stderr, "repack: %s\n", std::string(r.status().message()).c_str()), std::exit(1);
+          *v[j] = *r;
+        }
+      }
+      sets[s].hint |= gpu::kMoeNvfp4Repacked;
+    }
     sets[s].dev = DevAlloc<gpu::MoeExpertWeights>(sizeof(gpu::MoeExpertWeights) * kE);
-    CK(cudaMemcpy(sets[s].dev, sets[s].host.data(), sizeof(gpu::MoeExpertWeights) * kE, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(sets[s].dev, kernel_view.data(), sizeof(gpu::MoeExpertWeights) * kE, cudaMemcpyHostToDevice));
   }
   std::vector<std::vector<uint16_t*>> gu16(kBaseSets), dn16(kBaseSets);
   if (baseline) {

@@ -76,4 +76,15 @@ __device__ __forceinline__ void MmaBf16(float d[4], uint32_t a0, uint32_t a1, ui
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// Zeroes mma accumulators [token tiles][16-row slices][4].
+template <int M, int NT>
+__device__ __forceinline__ void ZeroAcc(float (&acc)[NT][M][4]) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[nt][m][i] = 0.f;
+}
+
 }  // namespace moeshard::gpu

@@ -3,7 +3,9 @@
 //      mark which path takes each expert (MoePath).
 //   2. bf16 activations only: gather each row's x as permuted bf16, then the NVFP4
 //      tensor-core gate/up (moe_nvfp4.cu) for the experts it takes; the GEMV/mma gate/up
-//      (moe_gemv.cu) for Q8_0, MXFP4 and BF16 experts.
+//      (moe_gemv.cu) for Q8_0, MXFP4 and BF16 experts. With kMoeNvfp4Repacked in
+//      expert_formats, the NVFP4 experts take the streaming kernels instead
+//      (moe_nvfp4_stream.cu), which read x and h in place: no gather.
 //   3. generic gate/up (moe_generic.cu) for all other experts (its blocks of taken experts
 //      return at once).
 //   4. the same three for down.
@@ -67,6 +69,12 @@ absl::Status Validate(const MoeExpertParams& p) {
   }
   if (reinterpret_cast<uintptr_t>(p.workspace) % kAlign != 0) {
     return absl::InvalidArgumentError("MoeExpertStep: workspace must be 256-byte aligned");
+  }
+  if ((p.expert_formats & kMoeNvfp4Repacked) &&
+      (p.act_dtype != ActDType::kBF16 || reinterpret_cast<uintptr_t>(p.x) % 16 != 0 || p.width % 256 != 0 ||
+       p.inter % 256 != 0)) {
+    return absl::InvalidArgumentError(
+        "MoeExpertStep: repacked NVFP4 experts need bf16 activations (16-byte aligned) and L, I multiples of 256");
   }
   const size_t need = MoeExpertWorkspaceBytes(p.num_local_experts, p.width, p.inter, p.num_tokens, p.top_k);
   if (p.workspace_bytes < need) {
@@ -138,38 +146,66 @@ cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStr
   // qualifies for a fast path that is on for this call.
   bool need_generic = true;
   if (known && (fmts & kMoeAllViewsFast) && bf16) {
-    const uint32_t present = fmts & ~kMoeAllViewsFast;
+    const uint32_t present = fmts & ~(kMoeAllViewsFast | kMoeNvfp4Repacked);
     uint32_t covered = 0;
     if (w.fast_allowed) covered |= nvfp4_bit;
     if (w.gemv_allowed) covered |= gemv_bits;
     need_generic = (present & ~covered) != 0;
   }
+  // Repacked NVFP4 weights: the streaming kernels read x and h as they are (no gather).
+  const bool repacked = known && (fmts & kMoeNvfp4Repacked);
   using Launch = cudaError_t (*)(const MoeExpertParams&, const MoeWork&, cudaStream_t);
-  enum Need { kAlways, kFast, kGemv, kGeneric };
+  enum Need { kAlways, kFast, kFastOld, kGemv, kGeneric };
   const struct {
     unsigned stage;
     Need need;
     Launch launch;
   } stages[] = {
       {kMoeStageRoute, kAlways, LaunchMoeRoute},
-      {kMoeStageGather, kFast, LaunchMoeGatherX},
-      {kMoeStageFastGateUp, kFast, LaunchMoeFastGateUp},
+      {kMoeStageGather, kFastOld, LaunchMoeGatherX},
+      {kMoeStageFastGateUp, kFast, repacked ? LaunchMoeStreamGateUp : LaunchMoeFastGateUp},
       {kMoeStageGemvGateUp, kGemv, LaunchMoeGemvGateUp},
       {kMoeStageGenericGateUp, kGeneric, LaunchMoeGenericGateUp},
-      {kMoeStageFastDown, kFast, LaunchMoeFastDown},
+      {kMoeStageFastDown, kFast, repacked ? LaunchMoeStreamDown : LaunchMoeFastDown},
       {kMoeStageGemvDown, kGemv, LaunchMoeGemvDown},
       {kMoeStageGenericDown, kGeneric, LaunchMoeGenericDown},
       {kMoeStageCombine, kAlways, LaunchMoeCombine},
   };
   for (const auto& s : stages) {
     if (!(mask & s.stage)) continue;
-    if ((s.need == kFast && !w.fast_allowed) || (s.need == kGemv && !w.gemv_allowed) ||
-        (s.need == kGeneric && !need_generic)) {
+    if (((s.need == kFast || s.need == kFastOld) && !w.fast_allowed) || (s.need == kFastOld && repacked) ||
+        (s.need == kGemv && !w.gemv_allowed) || (s.need == kGeneric && !need_generic)) {
       continue;
     }
     if (cudaError_t err = s.launch(p, w, stream); err != cudaSuccess) return err;
   }
   return cudaSuccess;
+}
+
+absl::StatusOr<WeightRef> MoeRepackNvfp4(const WeightRef& src, void* dst_data, void* dst_scale, GpuStream stream) {
+  if (!MoeRepackNvfp4Eligible(src)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MoeRepackNvfp4: needs an NVFP4 view with rows % 16 == 0, cols % 256 ",
+                     "== 0 and col_offset % 16 == 0; got ", src.rows, " x ", src.cols, " at column ", src.col_offset));
+  }
+  if (!dst_data || !dst_scale || reinterpret_cast<uintptr_t>(dst_data) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(dst_scale) % 16 != 0) {
+    return absl::InvalidArgumentError("MoeRepackNvfp4: destinations must be non-null and 16-byte aligned");
+  }
+  if (absl::Status s = CudaStatus(LaunchMoeRepackNvfp4(src, dst_data, dst_scale, stream), "MoeRepackNvfp4 launch");
+      !s.ok()) {
+    return s;
+  }
+  WeightRef r;
+  r.format = WeightFormat::kNVFP4;
+  r.rows = src.rows;
+  r.cols = src.cols;
+  r.data = static_cast<const uint8_t*>(dst_data);
+  r.row_stride_bytes = src.cols / 2;
+  r.scale = static_cast<const uint8_t*>(dst_scale);
+  r.scale_row_stride = src.cols / 16;
+  r.scale2 = src.scale2;
+  return r;
 }
 
 absl::Status MoeExpertStep(const MoeExpertParams& p, GpuStream stream) {

@@ -33,6 +33,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "kernels/moe/moe_params.h"
 
 namespace moeshard::gpu {
@@ -44,6 +45,15 @@ size_t MoeExpertWorkspaceBytes(int num_local_experts, int64_t width, int64_t int
 // HOST array of the same MoeExpertWeights that the device array holds: only formats, sizes,
 // column offsets, strides and pointer values are read (for alignment), never the memory.
 uint32_t MoeExpertFormats(const MoeExpertWeights* experts, int num_local_experts, int64_t width, int64_t inter);
+
+// Load-time repack of one NVFP4 matrix for the streaming tensor-core kernels
+// (moe_nvfp4_stream.cu): reads `src` (device pointers; any row stride, col_offset % 16 == 0,
+// rows % 16 == 0, cols % 256 == 0) and writes dst_data (rows · cols / 2 bytes) and dst_scale
+// (rows · cols / 16 bytes), both device memory 16-byte aligned, on `stream`. Returns the
+// view to store in MoeExpertWeights instead of `src` (same format, sizes and scale2; dense).
+// Once every NVFP4 expert's gate, up and down are repacked, set kMoeNvfp4Repacked in
+// MoeExpertParams::expert_formats. `src` may be freed once the stream has run the repack.
+absl::StatusOr<WeightRef> MoeRepackNvfp4(const WeightRef& src, void* dst_data, void* dst_scale, GpuStream stream);
 
 // Enqueues the whole step on `stream`: no allocation, no host synchronization.
 // InvalidArgument for bad sizes, null pointers or a short workspace; Internal for a

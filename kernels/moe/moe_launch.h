@@ -44,6 +44,11 @@ cudaError_t LaunchMoeFastGateUp(const MoeExpertParams& p, const MoeWork& w, cuda
 cudaError_t LaunchMoeFastDown(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
 cudaError_t LaunchMoeGemvGateUp(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
 cudaError_t LaunchMoeGemvDown(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
+// The streaming NVFP4 kernels (moe_nvfp4_stream.cu) over repacked weights, and the repack.
+cudaError_t LaunchMoeStreamGateUp(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
+cudaError_t LaunchMoeStreamDown(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
+bool MoeRepackNvfp4Eligible(const WeightRef& w);
+cudaError_t LaunchMoeRepackNvfp4(const WeightRef& src, void* dst_data, void* dst_scale, cudaStream_t stream);
 cudaError_t LaunchMoeCombine(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
 
 // Benchmarks only: MoeExpertStep (params already valid) restricted to the stages in `mask`,

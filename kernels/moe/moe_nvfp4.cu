@@ -107,16 +107,6 @@ __device__ __forceinline__ void MmaPair(const uint32_t (&a)[M][2][4], uint4 b, f
   }
 }
 
-template <int M, int NT>
-__device__ __forceinline__ void ZeroAcc(float (&acc)[NT][M][4]) {
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int m = 0; m < M; ++m)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[nt][m][i] = 0.f;
-}
-
 // Small tiles: one slice × (up to 8·NT tokens), B from global memory, 256 columns a step.
 template <int NT>
 __device__ __forceinline__ void SmallWarpTile(const RowPair (&a)[1], const uint16_t* b, int64_t K, int ntok, int lane,

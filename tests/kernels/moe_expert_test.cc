@@ -5,7 +5,10 @@
 // on other GPUs (-1), experts with no tokens, tokens with no local expert, and experts with
 // more than one 64-token tile; the GEMV/mma path (Q8_0, MXFP4, BF16 experts, bf16
 // activations) at decode and prefill group sizes, and the MoeExpertParams::expert_formats
-// hint, which must leave every result unchanged bit for bit. fp32 must match within 2e-5 of each row's largest value;
+// hint, which must leave every result unchanged bit for bit; and for NVFP4 with bf16
+// activations, the same step on weights repacked by MoeRepackNvfp4 (the streaming kernels,
+// decode-size items with the down GEMM split in K, mid-size and prefill-size items).
+// fp32 must match within 2e-5 of each row's largest value;
 // bf16 (which rounds gate, up and h to bf16) within 2 % of each row's L2 norm. Outputs are
 // poisoned with NaN first, and a second run must repeat the first bit for bit.
 // Labelled `gpu`; skips (exit 77) where no CUDA device is present.
@@ -131,6 +134,8 @@ constexpr Shape kShapes[] = {
     {"one token", 1, 2, 3, 3, 256, 256, 0, -1},         {"tp window", 37, 4, 6, 12, 256, 512, 32, 5},
     {"many tiles", 150, 2, 2, 2, 512, 256, 0, -1},      {"odd sizes", 9, 3, 4, 8, 96, 64, 16, 2},
     {"off-grid window", 20, 2, 3, 5, 256, 256, 48, -1},
+    // More than 512 tokens: the streaming kernels' prefill-size items (8 warps per block).
+    {"prefill", 600, 2, 2, 2, 256, 256, 0, -1},
     // The GEMV/mma path (Q8_0, MXFP4, BF16 with bf16 activations): decode-sized groups
     // (≤ 8 tokens per expert, 1 n8 tile), and groups of 9-16 and 17-32 tokens with tails
     // (several 32-token groups per expert); I = 96 or 192 is off the NVFP4 path's 256 grid.
@@ -227,38 +232,76 @@ void RunCase(const Shape& s, WeightFormat f, ActDType act, bool norm, std::mt199
     EXPECT_EQ(std::memcmp(got.data(), again.data(), T * L * 4), 0) << "the format hint changed the result";
   }
 
+  // NVFP4 with bf16 activations on the tensor-core path: the same step on weights repacked
+  // by MoeRepackNvfp4 (the streaming kernels) must meet the same tolerance and repeat run
+  // to run bit for bit.
+  std::vector<std::vector<float>> results = {got};
+  if (f == WeightFormat::kNVFP4 && act == ActDType::kBF16 && all_fast) {
+    std::vector<std::unique_ptr<DeviceMem>> keep;
+    std::vector<gpu::MoeExpertWeights> rdev = dev;
+    for (auto& ew : rdev) {
+      for (WeightRef* v : {&ew.gate, &ew.up, &ew.down}) {
+        keep.push_back(std::make_unique<DeviceMem>(v->rows * v->cols / 2));
+        keep.push_back(std::make_unique<DeviceMem>(v->rows * v->cols / 16));
+        auto r = gpu::MoeRepackNvfp4(*v, keep[keep.size() - 2]->ptr, keep.back()->ptr, nullptr);
+        ASSERT_TRUE(r.ok()) << r.status();
+        *v = *r;
+      }
+    }
+    DeviceMem d_rexperts(sizeof(gpu::MoeExpertWeights) * s.E);
+    CUDA_OK(cudaMemcpy(d_rexperts.ptr, rdev.data(), sizeof(gpu::MoeExpertWeights) * s.E, cudaMemcpyHostToDevice));
+    gpu::MoeExpertParams pr = p;
+    pr.experts = static_cast<const gpu::MoeExpertWeights*>(d_rexperts.ptr);
+    pr.expert_formats = hint | gpu::kMoeNvfp4Repacked;
+    for (std::vector<float>* dst : {&got, &again}) {
+      CUDA_OK(cudaMemset(d_out.ptr, 0xff, T * L * 4));
+      absl::Status st = gpu::MoeExpertStep(pr, nullptr);
+      ASSERT_TRUE(st.ok()) << st;
+      CUDA_OK(cudaDeviceSynchronize());
+      CUDA_OK(cudaMemcpy(dst->data(), d_out.ptr, T * L * 4, cudaMemcpyDeviceToHost));
+    }
+    EXPECT_EQ(std::memcmp(got.data(), again.data(), T * L * 4), 0) << "two repacked runs differ";
+    results.push_back(got);
+  }
+
   double worst = 0;
   int64_t bad = 0;
-  for (int64_t t = 0; t < T; ++t) {
-    const float* g = got.data() + t * L;
-    const float* r = want.data() + t * L;
-    double max_ref = 0, max_err = 0, ss_ref = 0, ss_err = 0;
-    bool nan = false;
-    for (int64_t i = 0; i < L; ++i) {
-      nan |= std::isnan(g[i]);
-      max_ref = std::max(max_ref, std::fabs(double(r[i])));
-      max_err = std::max(max_err, std::fabs(double(g[i]) - r[i]));
-      ss_ref += double(r[i]) * r[i];
-      ss_err += (double(g[i]) - r[i]) * (double(g[i]) - r[i]);
+  for (size_t which = 0; which < results.size(); ++which) {
+    for (int64_t t = 0; t < T; ++t) {
+      const float* g = results[which].data() + t * L;
+      const float* r = want.data() + t * L;
+      double max_ref = 0, max_err = 0, ss_ref = 0, ss_err = 0;
+      bool nan = false;
+      for (int64_t i = 0; i < L; ++i) {
+        nan |= std::isnan(g[i]);
+        max_ref = std::max(max_ref, std::fabs(double(r[i])));
+        max_err = std::max(max_err, std::fabs(double(g[i]) - r[i]));
+        ss_ref += double(r[i]) * r[i];
+        ss_err += (double(g[i]) - r[i]) * (double(g[i]) - r[i]);
+      }
+      double err;
+      bool ok;
+      if (max_ref == 0) {  // no local expert: exact zeros
+        err = max_err;
+        ok = !nan && max_err == 0;
+      } else if (act == ActDType::kF32) {
+        err = max_err / max_ref;
+        ok = !nan && err <= 2e-5;
+      } else {
+        err = std::sqrt(ss_err / ss_ref);
+        ok = !nan && err <= 2e-2;
+      }
+      worst = std::max(worst, nan ? INFINITY : err);
+      if (!ok && bad++ < 3) {
+        ADD_FAILURE() << (which ? "repacked: " : "") << "token " << t << ": error " << err << (nan ? " (NaN)" : "");
+      }
     }
-    double err;
-    bool ok;
-    if (max_ref == 0) {  // no local expert: exact zeros
-      err = max_err;
-      ok = !nan && max_err == 0;
-    } else if (act == ActDType::kF32) {
-      err = max_err / max_ref;
-      ok = !nan && err <= 2e-5;
-    } else {
-      err = std::sqrt(ss_err / ss_ref);
-      ok = !nan && err <= 2e-2;
-    }
-    worst = std::max(worst, nan ? INFINITY : err);
-    if (!ok && bad++ < 3) ADD_FAILURE() << "token " << t << ": error " << err << (nan ? " (NaN)" : "");
   }
   EXPECT_EQ(bad, 0);
-  std::printf("  %-16s %-5s act=%-4s norm=%d all_fast=%d  worst row error %.3g\n", s.name, WeightFormatName(f),
-              act == ActDType::kF32 ? "f32" : "bf16", int(norm), int(all_fast), worst);
+  const int repacked = results.size() > 1;
+  std::printf("  %-16s %-5s act=%-4s norm=%d all_fast=%d repacked=%d  worst row error %.3g\n", s.name,
+              WeightFormatName(f), act == ActDType::kF32 ? "f32" : "bf16", int(norm), int(all_fast), int(repacked),
+              worst);
 }
 
 class MoeExpertTest : public ::testing::Test {

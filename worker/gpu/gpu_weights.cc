@@ -5,6 +5,7 @@
 #include "common/status.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gpu_ops.h"
+#include "worker/gpu/expert_repack.h"
 
 namespace moeshard::gpu {
 namespace {
@@ -100,16 +101,33 @@ absl::StatusOr<std::unique_ptr<GpuModelWeights>> UploadModelWeights(const ModelW
     ASSIGN_OR_RETURN(l.dense.up, up.Dense(lw.dense.up));
     ASSIGN_OR_RETURN(l.dense.down, up.Dense(lw.dense.down));
     if (!lw.experts.empty()) {
+      const int64_t width = lw.experts[0].gate.cols, inter = lw.experts[0].gate.rows;
       std::vector<MoeExpertWeights> ex(lw.experts.size());
-      for (size_t e = 0; e < lw.experts.size(); ++e) {
-        ASSIGN_OR_RETURN(ex[e].gate, up.Stored(lw.experts[e].gate));
-        ASSIGN_OR_RETURN(ex[e].up, up.Stored(lw.experts[e].up));
-        ASSIGN_OR_RETURN(ex[e].down, up.Stored(lw.experts[e].down));
+      auto upload = [&](Uploader& u) -> absl::Status {
+        for (size_t e = 0; e < lw.experts.size(); ++e) {
+          ASSIGN_OR_RETURN(ex[e].gate, u.Stored(lw.experts[e].gate));
+          ASSIGN_OR_RETURN(ex[e].up, u.Stored(lw.experts[e].up));
+          ASSIGN_OR_RETURN(ex[e].down, u.Stored(lw.experts[e].down));
+        }
+        return absl::OkStatus();
+      };
+      bool repacked = false;
+      if (act == ActDType::kBF16 && lw.experts[0].gate.format == WeightFormat::kNVFP4) {
+        // NVFP4 experts pass through a temporary buffer into the streaming kernels' layout.
+        DevicePool tmp(/*chunk_bytes=*/0);
+        Uploader tu(tmp, act, stream);
+        RETURN_IF_ERROR(upload(tu));
+        if (WantNvfp4Repack(ex, width, inter, act)) {
+          RETURN_IF_ERROR(RepackNvfp4Experts(ex, g->pool, stream));
+          repacked = true;
+        }
+        MOESHARD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));  // before tmp is freed
       }
+      if (!repacked) RETURN_IF_ERROR(upload(up));
       ASSIGN_OR_RETURN(void* arr, g->pool.Upload(ex.data(), ex.size() * sizeof(MoeExpertWeights), stream));
       l.experts = static_cast<const MoeExpertWeights*>(arr);
-      l.expert_formats = MoeExpertFormats(ex.data(), static_cast<int>(ex.size()), lw.experts[0].gate.cols,
-                                          lw.experts[0].gate.rows);
+      l.expert_formats = MoeExpertFormats(ex.data(), static_cast<int>(ex.size()), width, inter);
+      if (repacked) l.expert_formats |= kMoeNvfp4Repacked;
     }
     g->layers.push_back(l);
   }

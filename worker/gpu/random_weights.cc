@@ -9,6 +9,7 @@
 #include "common/status.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gpu_ops.h"
+#include "worker/gpu/expert_repack.h"
 
 namespace moeshard::gpu {
 namespace {
@@ -147,14 +148,31 @@ absl::StatusOr<std::pair<std::unique_ptr<ModelWeights>, std::unique_ptr<GpuModel
         ASSIGN_OR_RETURN(l.latent_out, mk.Dense(H, Lw));
       }
       std::vector<MoeExpertWeights> ex(meta->num_local_experts);
-      for (auto& e : ex) {
-        ASSIGN_OR_RETURN(e.gate, mk.Stored(ef, c.expert_intermediate, Lw));
-        ASSIGN_OR_RETURN(e.up, mk.Stored(ef, c.expert_intermediate, Lw));
-        ASSIGN_OR_RETURN(e.down, mk.Stored(ef, Lw, c.expert_intermediate));
+      auto make = [&](Maker& m) -> absl::Status {
+        for (auto& e : ex) {
+          ASSIGN_OR_RETURN(e.gate, m.Stored(ef, c.expert_intermediate, Lw));
+          ASSIGN_OR_RETURN(e.up, m.Stored(ef, c.expert_intermediate, Lw));
+          ASSIGN_OR_RETURN(e.down, m.Stored(ef, Lw, c.expert_intermediate));
+        }
+        return absl::OkStatus();
+      };
+      bool repacked = false;
+      if (ef == WeightFormat::kNVFP4 && act == ActDType::kBF16) {
+        // Made in a temporary buffer, then repacked for the streaming kernels (as at load).
+        DevicePool tmp(/*chunk_bytes=*/0);
+        Maker tmk(tmp, act, seed * 1000003 + static_cast<uint64_t>(li), stream);
+        RETURN_IF_ERROR(make(tmk));
+        if (WantNvfp4Repack(ex, Lw, c.expert_intermediate, act)) {
+          RETURN_IF_ERROR(RepackNvfp4Experts(ex, g->pool, stream));
+          repacked = true;
+        }
+        MOESHARD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));  // before tmp is freed
       }
+      if (!repacked) RETURN_IF_ERROR(make(mk));
       ASSIGN_OR_RETURN(void* arr, g->pool.Upload(ex.data(), ex.size() * sizeof(MoeExpertWeights), stream));
       l.experts = static_cast<const MoeExpertWeights*>(arr);
       l.expert_formats = MoeExpertFormats(ex.data(), static_cast<int>(ex.size()), Lw, c.expert_intermediate);
+      if (repacked) l.expert_formats |= kMoeNvfp4Repacked;
       MOESHARD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));  // `ex` leaves scope
     }
     g->layers.push_back(l);

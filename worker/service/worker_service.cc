@@ -219,8 +219,8 @@ absl::Status WorkerServiceImpl::DoStep(const v1::StepRequest& req, v1::StepReply
     // draws in parallel over the rows (each sampler has its own RNG, so the tokens do not
     // depend on which thread draws them), appended to the reply in request order.
     struct Draw {
-      int chunk;
-      Sampler* sampler;
+      int chunk = 0;
+      Sampler* sampler = nullptr;
       int32_t token = 0;
       float logprob = 0;
       std::vector<std::pair<int32_t, float>> top;
@@ -231,7 +231,10 @@ absl::Status WorkerServiceImpl::DoStep(const v1::StepRequest& req, v1::StepReply
       if (!c.sample()) continue;
       auto it = samplers_.find(c.seq_id());
       if (it == samplers_.end()) it = samplers_.emplace(c.seq_id(), Sampler(SamplingFromProto(c.sampling()))).first;
-      draws.push_back(Draw{i, &it->second});
+      Draw d;
+      d.chunk = i;
+      d.sampler = &it->second;
+      draws.push_back(std::move(d));
     }
     ThreadPool::Default().ParallelFor(static_cast<int64_t>(draws.size()), 1, [&](int64_t b, int64_t e) {
       for (int64_t d = b; d < e; ++d) {

@@ -1,0 +1,532 @@
+// The streaming NVFP4 path: weights repacked once at load (MoeRepackNvfp4), then streamed
+// through shared memory by the bulk-copy engine while warps decode and multiply.
+//
+// Repacked layout (per matrix [rows, cols], dense; rows % 16 == 0, cols % 256 == 0). The
+// matrix is cut into 16-row slices and 256-column chunks; chunk (s, kc) is 2048 contiguous
+// bytes of codes at ((s · cols/256) + kc) · 2048 and 256 bytes of scales at the same index
+// · 256. Inside a chunk, lane (g, c) = (lane/4, lane%4) of a warp owns, for each 64-column
+// quad q, block c of the quad (16 columns) of rows g and g+8: four 32-bit words at byte
+// (q · 32 + lane) · 16, in the order (row g, cols 0-7), (row g+8, cols 0-7), (row g, cols
+// 8-15), (row g+8, cols 8-15). Each word holds the row's 8 consecutive codes with their
+// bits shuffled (kRepackBit) so that the decode needs 6 logic instructions and 5 shifts
+// written as multiplies (FMA pipe) per word, against 8 + 8 for the stored nibble order.
+// Scales: lane (g, c) finds at byte lane · 8 the e4m3 scales of block c for (quad 0, row g),
+// (quad 0, row g+8), (quad 1, row g), ... (quad 3, row g+8), sign bits cleared.
+//
+// mma k mapping. In k16 step u (0..3) of a quad, lane c's four k values (2c, 2c+1, 2c+8,
+// 2c+9) are columns 4u .. 4u+3 of block c: the lane's B fragments for the whole quad are
+// the 16 consecutive activations x[16c .. 16c+15] of the quad (two 16-byte loads, no
+// permutation of x or h), and every A register's two halves share one block scale.
+//
+// Decode (bf16): slot j of a word (codes 2j, 2j+1) becomes one bf16x2 register holding
+// e2m1 · 2^-126 (code bits at bf16 bits 6..8 and 15, as moe_device.cuh explains), times the
+// block scale · 2^118 (one bf16x2 multiply) → e2m1 · scale · 2^-8; the epilogue multiplies
+// by scale2 · 2^8.
+//
+// Pipeline. A block is CW consumer warps (4, or 8 above 512 tokens) and 1 producer warp;
+// the ring holds 2 stages of 256 columns (3 blocks per SM with CW = 4, 2 with CW = 8). The
+// producer walks the block's work items (persistent grid, static stride) and, per chunk,
+// fills a ring stage with cp.async.bulk copies (the slices' codes and scales, and one row
+// of activations per token) completing on the stage's "full" mbarrier; consumers wait on
+// it, compute, and release the stage through its "empty" mbarrier. The ring runs across
+// item boundaries, so an item's start never drains the pipeline.
+//
+// Work items (expert, row block, K part, 32-token tile), numbered expert by expert with
+// the token tile fastest. A warp owns M 16-row slices: gate/up M = 2 is gate and up of the
+// same 16 rows (16 · CW rows per item); M = 1 (up to 32 tokens) puts gate and up in
+// different warps that meet in shared memory (8 · CW rows per item: twice the items, so
+// that a few experts still fill every SM). Down: M 16-row slices per warp (16 · M · CW
+// rows per item), split in two K halves up to 16 tokens, whose fp32 partial sums are added
+// into y, zeroed by the gate/up kernel (two adds onto zero commute, so the result is still
+// the same bit for bit on every run).
+#include <algorithm>
+#include <cstdlib>
+
+#include "kernels/moe/moe_device.cuh"
+#include "kernels/moe/moe_launch.h"
+
+namespace moeshard::gpu {
+namespace {
+
+constexpr int kKc = 256;  // columns per stage
+constexpr int kMaxStages = 8;
+constexpr int kSliceData = 16 * kKc / 2;    // 2048 bytes of codes per slice and chunk
+constexpr int kSliceScale = 16 * kKc / 16;  // 256 bytes of scales
+constexpr int kQuads = kKc / 64;
+constexpr int kBRow = kKc * 2 + 16;  // one token's activations, padded (banks)
+// A block: CW consumer warps (4 or 8) and one producer warp.
+__host__ __device__ constexpr int Threads(int cw) { return 32 * (cw + 1); }
+__host__ __device__ constexpr int StageA(int cw) { return 2 * cw * kSliceData; }
+__host__ __device__ constexpr int StageS(int cw) { return 2 * cw * kSliceScale; }
+__host__ __device__ constexpr int StageBytes(int cw) { return StageA(cw) + StageS(cw) + kMoeTileTokens * kBRow; }
+constexpr int kXchgBytes = 2 * 4 * 4 * 32 * 4;               // M = 1 gate/up: two up warps' accumulators
+constexpr int kHeadBytes = 2 * kMaxStages * 8 + kXchgBytes;  // barriers, exchange; then the ring
+__host__ __device__ constexpr int SmemBytes(int cw, int stages) { return kHeadBytes + stages * StageBytes(cw); }
+
+// ---- PTX helpers ------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void MbarInit(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(SmemAddr(bar)), "r"(count));
+}
+__device__ __forceinline__ void MbarExpectTx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(SmemAddr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void MbarArrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(SmemAddr(bar)) : "memory");
+}
+__device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
+  const uint32_t a = SmemAddr(bar);
+  uint32_t ok = 0;
+  do {
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(ok)
+                 : "r"(a), "r"(parity)
+                 : "memory");
+  } while (!ok);
+}
+__device__ __forceinline__ void BulkCopy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(SmemAddr(dst)),
+      "l"(src), "r"(bytes), "r"(SmemAddr(bar))
+      : "memory");
+}
+__device__ __forceinline__ uint4 Lds128(const uint8_t* p) { return *reinterpret_cast<const uint4*>(p); }
+
+// The 4 bf16x2 slots of a repacked word, times s2 (moe_device.cuh: e2m1 · 2^-126 · s2).
+// Six LOP3 (the ALU pipe, the one that bounds this loop) and five shifts written as integer
+// multiplies (IMAD, the FMA pipe): slots 1 and 3 are whole shifts of the word, slots 0 and
+// 2 take their magnitude and sign bits from two different shifts.
+__device__ __forceinline__ void DecodeRepacked(uint32_t w, uint32_t s2, uint32_t out[4]) {
+  constexpr uint32_t kEm = 0x01C001C0u, kSign = 0x80008000u, kAll = kEm | kSign;
+  out[0] = MulBf16x2((__umulhi(w, 1u << 26) & kEm) | ((w * 16u) & kSign), s2);  // w >> 6, w << 4
+  out[1] = MulBf16x2(w & kAll, s2);
+  out[2] = MulBf16x2(((w * 8u) & kEm) | ((w * 32u) & kSign), s2);  // w << 3, w << 5
+  out[3] = MulBf16x2((w * 64u) & kAll, s2);                        // w << 6
+}
+
+// Bit b of a repacked word comes from bit kRepackBit[b] of the stored word (code i at bits
+// 4i..4i+3, sign on top). Derived from DecodeRepacked: slot j, half h (code 2j + h) has its
+// magnitude bits where shifting left by (-6, 0, 3, 6)[j] puts them at 6..8 + 16h and its
+// sign where shifting by (4, 0, 5, 6)[j] puts it at 15 + 16h.
+__constant__ uint8_t kRepackBit[32] = {24, 25, 26, 16, 17, 18, 8,  9,  10, 27, 19, 3, 0, 1, 2, 11,
+                                       28, 29, 30, 20, 21, 22, 12, 13, 14, 31, 23, 7, 4, 5, 6, 15};
+
+// ---- work items --------------------------------------------------------------------------
+
+struct Item {
+  int e;
+  int64_t rb;
+  int ks, ntok;
+  int32_t row0;  // first grouped row of the tile
+};
+
+// Item `item` (numbered expert by expert; within an expert row block, then K part, then
+// token tile fastest). `e` only moves forward: a block's items increase.
+__device__ __forceinline__ void GetItem(const MoeWork& w, int64_t per_tile, int ksplit, int64_t item, int& e,
+                                        Item& it) {
+  while (static_cast<int64_t>(w.tile_base[e + 1]) * per_tile <= item) ++e;
+  const int64_t local = item - static_cast<int64_t>(w.tile_base[e]) * per_tile;
+  const int32_t begin = w.offsets[e], count = w.offsets[e + 1] - begin;
+  const int tiles = (count + kMoeTileTokens - 1) / kMoeTileTokens;
+  it.e = e;
+  it.rb = local / (int64_t{tiles} * ksplit);
+  const int rem = static_cast<int>(local % (int64_t{tiles} * ksplit));
+  it.ks = rem / tiles;
+  const int tile = rem % tiles;
+  it.ntok = min(kMoeTileTokens, count - tile * kMoeTileTokens);
+  it.row0 = begin + tile * kMoeTileTokens;
+}
+
+// Output rows per item.
+template <bool kGateUp, int M, int CW>
+__host__ __device__ constexpr int ItemRows() {
+  return kGateUp ? 8 * M * CW : 16 * M * CW;
+}
+
+// Slice l (0 .. 4M-1; consumer warp l / M, its slice l % M) of an item: matrix and first row.
+template <bool kGateUp, int M, int CW>
+__device__ __forceinline__ const WeightRef& SliceOf(const MoeExpertWeights& ew, int64_t rb, int l, int64_t& row) {
+  if constexpr (kGateUp) {
+    if constexpr (M == 2) {
+      row = rb * ItemRows<true, M, CW>() + 16 * (l >> 1);
+      return (l & 1) ? ew.up : ew.gate;
+    } else {
+      row = rb * ItemRows<true, M, CW>() + 16 * (l % (CW / 2));
+      return l >= CW / 2 ? ew.up : ew.gate;
+    }
+  } else {
+    row = rb * ItemRows<false, M, CW>() + 16 * l;
+    return ew.down;
+  }
+}
+
+// ---- consumers ---------------------------------------------------------------------------
+
+// One 256-column stage: M slices × NT n8 tiles.
+template <int M, int NT, int CW>
+__device__ __forceinline__ void ComputeStage(const uint8_t* sb, int warp, int lane, float (&acc)[NT][M][4]) {
+  constexpr uint32_t k2p119 = 0x7B007B00u;
+  const int g = lane >> 2, c = lane & 3;
+#pragma unroll
+  for (int q = 0; q < kQuads; ++q) {
+    uint4 wd[M];
+    uint32_t s2[M][2];
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const int l = warp * M + m;
+      wd[m] = Lds128(sb + l * kSliceData + (q * 32 + lane) * 16);
+      const uint32_t sc =
+          *reinterpret_cast<const uint32_t*>(sb + StageA(CW) + l * kSliceScale + lane * (2 * kQuads) + (q >> 1) * 4);
+      const uint32_t tiny = __byte_perm(sc, 0, (q & 1) == 0 ? 0x4140 : 0x4342) << 4;  // e4m3 · 2^-120 per half
+      const uint32_t both = MulBf16x2(MulBf16x2(tiny, k2p119), k2p119);               // rows g, g+8
+      s2[m][0] = __byte_perm(both, 0, 0x1010);
+      s2[m][1] = __byte_perm(both, 0, 0x3232);
+    }
+    uint4 bq[NT][2];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const uint8_t* bp = sb + StageA(CW) + StageS(CW) + (nt * 8 + g) * kBRow + q * 128 + c * 32;
+      bq[nt][0] = Lds128(bp);
+      bq[nt][1] = Lds128(bp + 16);
+    }
+#pragma unroll
+    for (int jw = 0; jw < 2; ++jw) {
+      uint32_t ag[M][4], ag8[M][4];
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        DecodeRepacked(jw == 0 ? wd[m].x : wd[m].z, s2[m][0], ag[m]);
+        DecodeRepacked(jw == 0 ? wd[m].y : wd[m].w, s2[m][1], ag8[m]);
+      }
+#pragma unroll
+      for (int uu = 0; uu < 2; ++uu) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const uint4 b = bq[nt][jw];
+          const uint32_t b0 = uu == 0 ? b.x : b.z, b1 = uu == 0 ? b.y : b.w;
+#pragma unroll
+          for (int m = 0; m < M; ++m) {
+            MmaBf16(acc[nt][m], ag[m][2 * uu], ag8[m][2 * uu], ag[m][2 * uu + 1], ag8[m][2 * uu + 1], b0, b1);
+          }
+        }
+      }
+    }
+  }
+}
+
+struct Ring {
+  uint8_t* stages;
+  uint64_t* full;
+  uint64_t* empty;
+  int n;
+  int stage = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void Advance() {
+    if (++stage == n) stage = 0, phase ^= 1;
+  }
+};
+
+template <bool kGateUp, int M, int NT, int CW>
+__device__ __forceinline__ void ConsumeItem(const MoeExpertParams& p, const MoeWork& w, const Item& it, int kc0,
+                                            int kc1, int ksplit, Ring& ring, float* xchg, int warp, int lane,
+                                            int probe) {
+  float acc[NT][M][4];
+  ZeroAcc<M, NT>(acc);
+#pragma unroll 1
+  for (int kc = kc0; kc < kc1; ++kc) {
+    MbarWait(&ring.full[ring.stage], ring.phase);
+    if (probe != 2) ComputeStage<M, NT, CW>(ring.stages + ring.stage * StageBytes(CW), warp, lane, acc);
+    __syncwarp();
+    if (lane == 0) MbarArrive(&ring.empty[ring.stage]);
+    ring.Advance();
+  }
+  const int g = lane >> 2, c = lane & 3;
+  const MoeExpertWeights& ew = p.experts[it.e];
+  if constexpr (kGateUp) {
+    const float sg = ew.gate.scale2 * 256.f, su = ew.up.scale2 * 256.f;
+    uint16_t* h = static_cast<uint16_t*>(w.h);
+    int64_t i0;
+    float up[NT][4];
+    if constexpr (M == 2) {
+      i0 = it.rb * ItemRows<true, M, CW>() + 16 * warp;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) up[nt][q] = acc[nt][1][q];
+    } else {
+      static_assert(CW == 4, "M = 1 exchanges through two warps' worth of shared memory");
+      i0 = it.rb * ItemRows<true, M, CW>() + 16 * (warp % (CW / 2));
+      float* xw = xchg + (warp % (CW / 2)) * (4 * 4 * 32);
+      if (warp >= CW / 2) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) xw[(nt * 4 + q) * 32 + lane] = acc[nt][0][q];
+      }
+      asm volatile("bar.sync 1, %0;" ::"n"(32 * CW) : "memory");
+      if (warp < CW / 2) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) up[nt][q] = xw[(nt * 4 + q) * 32 + lane];
+      }
+      asm volatile("bar.sync 1, %0;" ::"n"(32 * CW) : "memory");
+      if (warp >= CW / 2) return;
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int tok = nt * 8 + 2 * c + (q & 1);
+        if (tok >= it.ntok) continue;
+        const int64_t i = i0 + g + ((q & 2) ? 8 : 0);
+        const float gv = RoundBf16(acc[nt][0][q] * sg), uv = RoundBf16(up[nt][q] * su);
+        h[(it.row0 + tok) * p.inter + i] = DevF32ToBf16(Silu(gv) * uv);
+      }
+  } else {
+    const float sd = ew.down.scale2 * 256.f;
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const int64_t i0 = it.rb * ItemRows<false, M, CW>() + 16 * (warp * M + m);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int tok = nt * 8 + 2 * c + (q & 1);
+          if (tok >= it.ntok) continue;
+          const int64_t i = i0 + g + ((q & 2) ? 8 : 0);
+          float* dst = w.y + (it.row0 + tok) * p.width + i;
+          if (ksplit == 1) {
+            *dst = acc[nt][m][q] * sd;
+          } else {
+            atomicAdd(dst, acc[nt][m][q] * sd);
+          }
+        }
+    }
+  }
+}
+
+template <bool kGateUp, int M, int CW>
+__global__ void __launch_bounds__(Threads(CW), CW == 4 ? 3 : 2)
+    StreamKernel(MoeExpertParams p, MoeWork w, int ksplit, bool zero_y, int stages, int probe) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  Ring ring;
+  ring.n = stages;
+  ring.full = reinterpret_cast<uint64_t*>(smem);
+  ring.empty = ring.full + kMaxStages;
+  float* xchg = reinterpret_cast<float*>(smem + 2 * kMaxStages * 8);
+  ring.stages = smem + kHeadBytes;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) {
+      MbarInit(&ring.full[s], 1);
+      MbarInit(&ring.empty[s], CW);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  const int E = p.num_local_experts;
+  if (zero_y) {  // down runs split in K: its partial sums are added onto zeros
+    const int64_t n4 = static_cast<int64_t>(w.offsets[E]) * p.width / 4;
+    float4* y4 = reinterpret_cast<float4*>(w.y);
+    for (int64_t i = blockIdx.x * int64_t{Threads(CW)} + threadIdx.x; i < n4; i += int64_t{gridDim.x} * Threads(CW)) {
+      y4[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  }
+  const int64_t K = kGateUp ? p.width : p.inter;
+  const int64_t N = kGateUp ? p.inter : p.width;
+  const int64_t rbs = N / ItemRows<kGateUp, M, CW>();
+  const int64_t per_tile = rbs * ksplit;
+  const int64_t total = static_cast<int64_t>(w.tile_base[E]) * per_tile;
+  const int chunks = static_cast<int>(K / kKc), part = chunks / ksplit;
+  int e = 0;
+  if (warp == CW) {  // producer
+    for (int64_t item = blockIdx.x; item < total; item += gridDim.x) {
+      Item it;
+      GetItem(w, per_tile, ksplit, item, e, it);
+      const MoeExpertWeights& ew = p.experts[it.e];
+      const uint8_t *dsrc = nullptr, *ssrc = nullptr, *bsrc = nullptr;
+      if (lane < CW * M) {
+        int64_t row;
+        const WeightRef& wr = SliceOf<kGateUp, M, CW>(ew, it.rb, lane, row);
+        const int64_t idx = (row / 16) * (wr.cols / kKc);
+        dsrc = wr.data + idx * kSliceData;
+        ssrc = wr.scale + idx * kSliceScale;
+      }
+      if (lane < it.ntok) {
+        const int32_t r = it.row0 + lane;
+        bsrc = kGateUp ? reinterpret_cast<const uint8_t*>(static_cast<const uint16_t*>(p.x) +
+                                                          static_cast<int64_t>(w.rows[r] / p.top_k) * p.width)
+                       : reinterpret_cast<const uint8_t*>(static_cast<const uint16_t*>(w.h) + int64_t{r} * p.inter);
+      }
+      const uint32_t bytes = CW * M * (kSliceData + kSliceScale) + it.ntok * kKc * 2;
+      for (int kc = it.ks * part; kc < (it.ks + 1) * part; ++kc) {
+        MbarWait(&ring.empty[ring.stage], ring.phase ^ 1);
+        uint64_t* full = &ring.full[ring.stage];
+        if (probe == 1) {  // benchmarks: the consumers alone, on stale data
+          if (lane == 0) MbarArrive(full);
+          ring.Advance();
+          continue;
+        }
+        if (lane == 0) MbarExpectTx(full, bytes);
+        __syncwarp();
+        uint8_t* sb = ring.stages + ring.stage * StageBytes(CW);
+        if (dsrc) {
+          BulkCopy(sb + lane * kSliceData, dsrc + int64_t{kc} * kSliceData, kSliceData, full);
+          BulkCopy(sb + StageA(CW) + lane * kSliceScale, ssrc + int64_t{kc} * kSliceScale, kSliceScale, full);
+        }
+        if (bsrc) BulkCopy(sb + StageA(CW) + StageS(CW) + lane * kBRow, bsrc + int64_t{kc} * kKc * 2, kKc * 2, full);
+        ring.Advance();
+      }
+    }
+    return;
+  }
+  for (int64_t item = blockIdx.x; item < total; item += gridDim.x) {
+    Item it;
+    GetItem(w, per_tile, ksplit, item, e, it);
+    const int kc0 = it.ks * part, kc1 = kc0 + part;
+    switch ((it.ntok + 7) / 8) {
+      case 1:
+        ConsumeItem<kGateUp, M, 1, CW>(p, w, it, kc0, kc1, ksplit, ring, xchg, warp, lane, probe);
+        break;
+      case 2:
+        ConsumeItem<kGateUp, M, 2, CW>(p, w, it, kc0, kc1, ksplit, ring, xchg, warp, lane, probe);
+        break;
+      case 3:
+        ConsumeItem<kGateUp, M, 3, CW>(p, w, it, kc0, kc1, ksplit, ring, xchg, warp, lane, probe);
+        break;
+      default:
+        ConsumeItem<kGateUp, M, 4, CW>(p, w, it, kc0, kc1, ksplit, ring, xchg, warp, lane, probe);
+        break;
+    }
+  }
+}
+
+int EnvInt(const char* name, int def) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : def;
+}
+
+// Ring depth: 2 stages of 256 columns (75 KB with 4 consumer warps) let 3 blocks share an
+// SM (12 consumer warps). MOESHARD_MOE_STAGES overrides (benchmarks).
+int RingStages() {
+  static const int n = std::min(std::max(EnvInt("MOESHARD_MOE_STAGES", 2), 2), kMaxStages);
+  return n;
+}
+
+// MOESHARD_MOE_PROBE (benchmarks only; wrong results): 1 = no loads (the consumers
+// alone, on stale shared memory), 2 = no math (the copy pipeline alone). Shows which side
+// of the pipeline bounds a size (PERF_NOTES.md).
+int Probe() {
+  static const int v = EnvInt("MOESHARD_MOE_PROBE", 0);
+  return v;
+}
+
+template <bool kGateUp, int M, int CW>
+cudaError_t LaunchStream(const MoeExpertParams& p, const MoeWork& w, int ksplit, bool zero_y, cudaStream_t stream) {
+  const int stages = RingStages();
+  static const int blocks_per_sm = [stages] {
+    if (cudaFuncSetAttribute(StreamKernel<kGateUp, M, CW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             SmemBytes(CW, stages)) != cudaSuccess) {
+      return 0;
+    }
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, StreamKernel<kGateUp, M, CW>, Threads(CW),
+                                                      SmemBytes(CW, stages)) != cudaSuccess) {
+      return 0;
+    }
+    return std::max(n, 1);
+  }();
+  if (blocks_per_sm == 0) return cudaErrorInvalidConfiguration;
+  const int64_t N = kGateUp ? p.inter : p.width;
+  const int64_t pairs = p.num_tokens * p.top_k;
+  const int64_t max_tiles = std::min<int64_t>(p.num_local_experts, pairs) + pairs / kMoeTileTokens;
+  const int64_t items = max_tiles * (N / ItemRows<kGateUp, M, CW>()) * ksplit;
+  const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(items, int64_t{blocks_per_sm} * w.num_sms));
+  StreamKernel<kGateUp, M, CW><<<static_cast<unsigned>(grid), Threads(CW), SmemBytes(CW, stages), stream>>>(
+      p, w, ksplit, zero_y, stages, Probe());
+  return cudaGetLastError();
+}
+
+// Decode sizes: finer items (M = 1) so that few experts still fill every SM; the down GEMM
+// split in two K halves as well.
+// MOESHARD_MOE_SMALL_T and MOESHARD_MOE_SPLIT_T override the token thresholds (benchmarks).
+bool SmallItems(const MoeExpertParams& p) {
+  static const int t = EnvInt("MOESHARD_MOE_SMALL_T", 32);
+  return p.num_tokens <= t;
+}
+// Prefill sizes: 8 consumer warps per block, twice the rows per item, so each token's
+// activations are read from L2 half as often per weight byte. MOESHARD_MOE_LARGE_T overrides.
+bool LargeItems(const MoeExpertParams& p) {
+  static const int t = EnvInt("MOESHARD_MOE_LARGE_T", 512);
+  return p.num_tokens > t;
+}
+int DownSplit(const MoeExpertParams& p) {
+  static const int t = EnvInt("MOESHARD_MOE_SPLIT_T", 16);
+  return p.num_tokens <= t && p.inter % (2 * kKc) == 0 ? 2 : 1;
+}
+
+// ---- repack ------------------------------------------------------------------------------
+
+__global__ void RepackKernel(WeightRef src, uint8_t* dst_data, uint8_t* dst_scale) {
+  constexpr int kWordsPerChunk = kSliceData / 4, kWordsPerQuad = 128;
+  const int64_t chunks = src.cols / kKc;
+  const int64_t words = src.rows * src.cols / 8;
+  for (int64_t o = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; o < words; o += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t chunk = o / kWordsPerChunk;
+    const int within = static_cast<int>(o % kWordsPerChunk);
+    const int q = within / kWordsPerQuad, lane = (within / 4) % 32, wi = within % 4;
+    const int j = wi >> 1, h = wi & 1, g = lane >> 2, c = lane & 3;
+    const int64_t s = chunk / chunks, kc = chunk % chunks;
+    const int64_t row = 16 * s + g + 8 * h, col = src.col_offset + kc * kKc + q * 64 + 16 * c + 8 * j;
+    const uint8_t* b = src.data + row * src.row_stride_bytes + col / 2;
+    const uint32_t in = uint32_t{b[0]} | uint32_t{b[1]} << 8 | uint32_t{b[2]} << 16 | uint32_t{b[3]} << 24;
+    uint32_t out = 0;
+#pragma unroll
+    for (int bit = 0; bit < 32; ++bit) out |= ((in >> kRepackBit[bit]) & 1u) << bit;
+    reinterpret_cast<uint32_t*>(dst_data)[o] = out;
+    if (wi == 0 && (q & 1) == 0) {  // the lane's scale bytes of quads q, q + 1
+      uint32_t sc = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int qq = q + (i >> 1), hh = i & 1;
+        const int64_t r = 16 * s + g + 8 * hh, blk = (src.col_offset + kc * kKc + qq * 64) / 16 + c;
+        sc |= uint32_t{src.scale[r * src.scale_row_stride + blk] & 0x7Fu} << (8 * i);
+      }
+      reinterpret_cast<uint32_t*>(dst_scale)[(chunk * 32 + lane) * (kQuads / 2) + q / 2] = sc;
+    }
+  }
+}
+
+}  // namespace
+
+bool MoeRepackNvfp4Eligible(const WeightRef& w) {
+  return w.format == WeightFormat::kNVFP4 && w.rows > 0 && w.rows % 16 == 0 && w.cols > 0 && w.cols % kKc == 0 &&
+         w.col_offset % 16 == 0 && w.data && w.scale;
+}
+
+cudaError_t LaunchMoeRepackNvfp4(const WeightRef& src, void* dst_data, void* dst_scale, cudaStream_t stream) {
+  const int64_t words = src.rows * src.cols / 8;
+  const int64_t blocks = std::min<int64_t>((words + 255) / 256, 4096);
+  RepackKernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(src, static_cast<uint8_t*>(dst_data),
+                                                                  static_cast<uint8_t*>(dst_scale));
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchMoeStreamGateUp(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
+  const bool zero_y = DownSplit(p) > 1;
+  if (SmallItems(p)) return LaunchStream<true, 1, 4>(p, w, 1, zero_y, stream);
+  if (LargeItems(p)) return LaunchStream<true, 2, 8>(p, w, 1, zero_y, stream);
+  return LaunchStream<true, 2, 4>(p, w, 1, zero_y, stream);
+}
+
+cudaError_t LaunchMoeStreamDown(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
+  const int split = DownSplit(p);
+  if (SmallItems(p)) return LaunchStream<false, 1, 4>(p, w, split, false, stream);
+  if (LargeItems(p)) return LaunchStream<false, 2, 8>(p, w, split, false, stream);
+  return LaunchStream<false, 2, 4>(p, w, split, false, stream);
+}
+
+}  // namespace moeshard::gpu
