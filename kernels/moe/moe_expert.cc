@@ -33,7 +33,7 @@ size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 // Byte offsets of the workspace's buffers; `end` is the total.
 struct Layout {
-  size_t offsets, tile_base, gemv_base, fast, rows, pos, xg, h, y, end;
+  size_t offsets, tile_base, gemv_base, fast, rows, pos, xg, h, y, fix_count, fix_part, end;
 };
 
 Layout MakeLayout(int E, int64_t L, int64_t I, int64_t T, int top_k) {
@@ -49,6 +49,8 @@ Layout MakeLayout(int E, int64_t L, int64_t I, int64_t T, int top_k) {
   l.xg = o, o = AlignUp(o + sizeof(uint16_t) * cap * L);
   l.h = o, o = AlignUp(o + sizeof(float) * cap * I);
   l.y = o, o = AlignUp(o + sizeof(float) * cap * L);
+  l.fix_count = o, o = AlignUp(o + sizeof(uint32_t) * kMoeFixBlocks);
+  l.fix_part = o, o = AlignUp(o + sizeof(float) * size_t{kMoeFixBlocks} * 2 * kMoeFixSlotFloats);
   l.end = o;
   return l;
 }
@@ -133,6 +135,8 @@ cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStr
   w.xg = reinterpret_cast<uint16_t*>(ws + l.xg);
   w.h = ws + l.h;
   w.y = reinterpret_cast<float*>(ws + l.y);
+  w.fix_count = reinterpret_cast<uint32_t*>(ws + l.fix_count);
+  w.fix_part = reinterpret_cast<float*>(ws + l.fix_part);
   w.num_sms = num_sms;
   const bool bf16 = p.act_dtype == ActDType::kBF16 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
   const uint32_t fmts = p.expert_formats;  // 0: unknown

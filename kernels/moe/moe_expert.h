@@ -21,7 +21,8 @@
 // windows), with fp32 weights on CUDA cores.
 //
 // Workspace: worst case over routings, T · top_k rows of x (bf16), h (fp32) and the expert
-// outputs (fp32): about 2.7 GB for T = 8192, top_k = 8, L = I = 4096.
+// outputs (fp32): about 2.7 GB for T = 8192, top_k = 8, L = I = 4096; plus 32 MB at any T
+// for the streaming kernels' split work items (partial sums).
 //
 // Ownership: nothing is kept; every pointer in the params (the device expert array too)
 // must stay valid until the stream has run the step. Thread-safety: none beyond the

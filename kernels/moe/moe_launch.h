@@ -17,6 +17,11 @@ constexpr int kMoeTileTokens = 32;  // 4 n8 tiles: more would spill registers
 // Tokens per task of the GEMV/mma path (moe_gemv.cu).
 constexpr int kMoeGemvTokens = 32;
 
+// Stream-K fix-up of the streaming NVFP4 kernels (moe_nvfp4_stream.cu): at most this many
+// blocks per launch, each with two slots of partial sums (its first and its last piece).
+constexpr int kMoeFixBlocks = 512;
+constexpr int kMoeFixSlotFloats = 8 * 32 * 32;  // 8 warps × 32 lanes × 32 accumulators
+
 // Values of MoeWork::fast[e]: which path computes expert e.
 enum MoePath : uint8_t { kMoePathGeneric = 0, kMoePathNvfp4 = 1, kMoePathGemv = 2 };
 
@@ -31,6 +36,8 @@ struct MoeWork {
   uint16_t* xg = nullptr;        // [capacity, L] bf16: x of each row, k-permuted (fast path)
   void* h = nullptr;             // [capacity, I]: silu(gate)·up, fp32 or bf16
   float* y = nullptr;            // [capacity, L]: each row's down output, fp32
+  uint32_t* fix_count = nullptr;  // [kMoeFixBlocks]: arrivals per split item, zeroed by the route
+  float* fix_part = nullptr;      // [kMoeFixBlocks, 2, kMoeFixSlotFloats]: partial sums
   bool fast_allowed = false;     // bf16 activations and sizes the NVFP4 fast path takes
   bool gemv_allowed = false;     // bf16 activations and sizes the GEMV/mma path takes
   int num_sms = 0;

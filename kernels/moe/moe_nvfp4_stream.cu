@@ -40,6 +40,7 @@
 // into y, zeroed by the gate/up kernel (two adds onto zero commute, so the result is still
 // the same bit for bit on every run).
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 
 #include "kernels/moe/moe_device.cuh"
@@ -56,12 +57,19 @@ constexpr int kQuads = kKc / 64;
 constexpr int kBRow = kKc * 2 + 16;  // one token's activations, padded (banks)
 // A block: CW consumer warps (4 or 8) and one producer warp.
 __host__ __device__ constexpr int Threads(int cw) { return 32 * (cw + 1); }
-__host__ __device__ constexpr int StageA(int cw) { return 2 * cw * kSliceData; }
-__host__ __device__ constexpr int StageS(int cw) { return 2 * cw * kSliceScale; }
-__host__ __device__ constexpr int StageBytes(int cw) { return StageA(cw) + StageS(cw) + kMoeTileTokens * kBRow; }
-constexpr int kXchgBytes = 2 * 4 * 4 * 32 * 4;               // M = 1 gate/up: two up warps' accumulators
-constexpr int kHeadBytes = 2 * kMaxStages * 8 + kXchgBytes;  // barriers, exchange; then the ring
-__host__ __device__ constexpr int SmemBytes(int cw, int stages) { return kHeadBytes + stages * StageBytes(cw); }
+// A stage holds the slices of CW warps × max(M, 2) (M = 1 items use half of them).
+__host__ __device__ constexpr int Slices(int cw, int m) { return cw * (m < 2 ? 2 : m); }
+__host__ __device__ constexpr int StageA(int cw, int m) { return Slices(cw, m) * kSliceData; }
+__host__ __device__ constexpr int StageS(int cw, int m) { return Slices(cw, m) * kSliceScale; }
+__host__ __device__ constexpr int StageBytes(int cw, int m) {
+  return StageA(cw, m) + StageS(cw, m) + kMoeTileTokens * kBRow;
+}
+constexpr int kXchgBytes = 2 * 4 * 4 * 32 * 4;  // M = 1 gate/up: two up warps' accumulators
+constexpr int kFlagOffset = 2 * kMaxStages * 8 + kXchgBytes;
+constexpr int kHeadBytes = kFlagOffset + 128;  // barriers, exchange, fix-up flag; then the ring
+__host__ __device__ constexpr int SmemBytes(int cw, int m, int stages) {
+  return kHeadBytes + stages * StageBytes(cw, m);
+}
 
 // ---- PTX helpers ------------------------------------------------------------------------
 
@@ -119,23 +127,20 @@ __constant__ uint8_t kRepackBit[32] = {24, 25, 26, 16, 17, 18, 8,  9,  10, 27, 1
 struct Item {
   int e;
   int64_t rb;
-  int ks, ntok;
+  int ntok;
   int32_t row0;  // first grouped row of the tile
 };
 
-// Item `item` (numbered expert by expert; within an expert row block, then K part, then
-// token tile fastest). `e` only moves forward: a block's items increase.
-__device__ __forceinline__ void GetItem(const MoeWork& w, int64_t per_tile, int ksplit, int64_t item, int& e,
-                                        Item& it) {
+// Item `item` (numbered expert by expert; within an expert row block, then token tile
+// fastest). `e` only moves forward: a block's items increase.
+__device__ __forceinline__ void GetItem(const MoeWork& w, int64_t per_tile, int64_t item, int& e, Item& it) {
   while (static_cast<int64_t>(w.tile_base[e + 1]) * per_tile <= item) ++e;
   const int64_t local = item - static_cast<int64_t>(w.tile_base[e]) * per_tile;
   const int32_t begin = w.offsets[e], count = w.offsets[e + 1] - begin;
   const int tiles = (count + kMoeTileTokens - 1) / kMoeTileTokens;
   it.e = e;
-  it.rb = local / (int64_t{tiles} * ksplit);
-  const int rem = static_cast<int>(local % (int64_t{tiles} * ksplit));
-  it.ks = rem / tiles;
-  const int tile = rem % tiles;
+  it.rb = local / tiles;
+  const int tile = static_cast<int>(local % tiles);
   it.ntok = min(kMoeTileTokens, count - tile * kMoeTileTokens);
   it.row0 = begin + tile * kMoeTileTokens;
 }
@@ -146,11 +151,12 @@ __host__ __device__ constexpr int ItemRows() {
   return kGateUp ? 8 * M * CW : 16 * M * CW;
 }
 
-// Slice l (0 .. 4M-1; consumer warp l / M, its slice l % M) of an item: matrix and first row.
+// Slice l (0 .. CW·M-1; consumer warp l / M, its slice l % M) of an item: matrix and first
+// row. Gate/up with even M: slices 2i and 2i+1 are gate and up of the same 16 rows.
 template <bool kGateUp, int M, int CW>
 __device__ __forceinline__ const WeightRef& SliceOf(const MoeExpertWeights& ew, int64_t rb, int l, int64_t& row) {
   if constexpr (kGateUp) {
-    if constexpr (M == 2) {
+    if constexpr (M % 2 == 0) {
       row = rb * ItemRows<true, M, CW>() + 16 * (l >> 1);
       return (l & 1) ? ew.up : ew.gate;
     } else {
@@ -178,8 +184,8 @@ __device__ __forceinline__ void ComputeStage(const uint8_t* sb, int warp, int la
     for (int m = 0; m < M; ++m) {
       const int l = warp * M + m;
       wd[m] = Lds128(sb + l * kSliceData + (q * 32 + lane) * 16);
-      const uint32_t sc =
-          *reinterpret_cast<const uint32_t*>(sb + StageA(CW) + l * kSliceScale + lane * (2 * kQuads) + (q >> 1) * 4);
+      const uint32_t sc = *reinterpret_cast<const uint32_t*>(sb + StageA(CW, M) + l * kSliceScale + lane * (2 * kQuads) +
+                                                             (q >> 1) * 4);
       const uint32_t tiny = __byte_perm(sc, 0, (q & 1) == 0 ? 0x4140 : 0x4342) << 4;  // e4m3 · 2^-120 per half
       const uint32_t both = MulBf16x2(MulBf16x2(tiny, k2p119), k2p119);               // rows g, g+8
       s2[m][0] = __byte_perm(both, 0, 0x1010);
@@ -188,7 +194,7 @@ __device__ __forceinline__ void ComputeStage(const uint8_t* sb, int warp, int la
     uint4 bq[NT][2];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      const uint8_t* bp = sb + StageA(CW) + StageS(CW) + (nt * 8 + g) * kBRow + q * 128 + c * 32;
+      const uint8_t* bp = sb + StageA(CW, M) + StageS(CW, M) + (nt * 8 + g) * kBRow + q * 128 + c * 32;
       bq[nt][0] = Lds128(bp);
       bq[nt][1] = Lds128(bp + 16);
     }
@@ -228,34 +234,134 @@ struct Ring {
   }
 };
 
+// A block's pieces: whole items b, b + G, ... below `full` (the full waves, strided so that
+// the blocks running together share experts), then its units [u, uend) of the tail's
+// (item, chunk) sequence, cut evenly over the blocks (stream-K).
+// Only the 4-warp kernels cut the tail (the 8-warp ones, above 512 tokens, have many waves,
+// and the cursor's registers would spill there: they sit at 96).
+template <int CW>
+constexpr bool kStreamK = CW == 4;
+
+struct Cursor {
+  int next, full, G;  // strided whole items
+  int u, uend, U;     // tail units
+  template <bool kSplit>
+  __device__ __forceinline__ bool Next(int chunks, int& item, int& kc0, int& kc1) {
+    if (next < full) {
+      item = next, kc0 = 0, kc1 = chunks;
+      next += G;
+      return true;
+    }
+    if (!kSplit || u >= uend) return false;
+    const int t = u / chunks;
+    item = full + t;
+    kc0 = u - t * chunks;
+    kc1 = kc0 + (uend - u) < chunks ? kc0 + (uend - u) : chunks;
+    u += kc1 - kc0;
+    return true;
+  }
+};
+
+// Stream-K: a block's units (item, chunk) are one contiguous range, so an item may be cut
+// between blocks first .. first + nparts - 1. Each writes its partial sums to its slot (0 for
+// the block's first piece, 1 for its last) and counts itself in; the last to arrive adds
+// all the slots in block order (the same sum whoever arrives last: bit-exact run to run)
+// and runs the epilogue.
+struct Fix {
+  int u0;  // the item's first unit
+  int U;   // units per block
+  int first, nparts;
+};
+
+template <int NT, int M, int CW>
+__device__ __forceinline__ bool FixUp(const MoeWork& w, const Fix& fx, int* flag, int warp, int lane,
+                                      float (&acc)[NT][M][4]) {
+  constexpr int kPer = NT * M * 4 * 32;  // floats per warp
+  auto slot = [&](int j) {
+    return w.fix_part + (int64_t{j} * 2 + (fx.u0 < j * fx.U ? 0 : 1)) * kMoeFixSlotFloats + warp * kPer;
+  };
+  float* mine = slot(blockIdx.x);
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) __stcg(mine + ((nt * M + m) * 4 + q) * 32 + lane, acc[nt][m][q]);
+  __threadfence();
+  asm volatile("bar.sync 2, %0;" ::"n"(32 * CW) : "memory");
+  if (warp == 0 && lane == 0) {
+    const uint32_t old = atomicAdd(&w.fix_count[fx.first], 1u);
+    const int last = old == static_cast<uint32_t>(fx.nparts - 1);
+    if (last) w.fix_count[fx.first] = 0;  // ready for the next launch
+    *reinterpret_cast<volatile int*>(flag) = last;
+  }
+  asm volatile("bar.sync 2, %0;" ::"n"(32 * CW) : "memory");
+  if (!*reinterpret_cast<volatile int*>(flag)) return false;
+  __threadfence();
+  // Every part from the slots (this block's own too), in block order.
+#pragma unroll 1
+  for (int j = fx.first; j < fx.first + fx.nparts; ++j) {
+    const float* src = slot(j);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int m = 0; m < M; ++m)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const float v = __ldcg(src + ((nt * M + m) * 4 + q) * 32 + lane);
+          acc[nt][m][q] = j == fx.first ? v : acc[nt][m][q] + v;
+        }
+  }
+  return true;
+}
+
 template <bool kGateUp, int M, int NT, int CW>
-__device__ __forceinline__ void ConsumeItem(const MoeExpertParams& p, const MoeWork& w, const Item& it, int kc0,
-                                            int kc1, int ksplit, Ring& ring, float* xchg, int warp, int lane,
-                                            int probe) {
+__device__ __forceinline__ void ConsumeItem(const MoeExpertParams& p, const MoeWork& w, const Item& it, int item,
+                                            int kc0, int kc1, int chunks, const Cursor& cur, Ring& ring, float* xchg,
+                                            int* flag, int warp, int lane, int probe) {
   float acc[NT][M][4];
   ZeroAcc<M, NT>(acc);
 #pragma unroll 1
   for (int kc = kc0; kc < kc1; ++kc) {
     MbarWait(&ring.full[ring.stage], ring.phase);
-    if (probe != 2) ComputeStage<M, NT, CW>(ring.stages + ring.stage * StageBytes(CW), warp, lane, acc);
+    if (probe != 2) ComputeStage<M, NT, CW>(ring.stages + ring.stage * StageBytes(CW, M), warp, lane, acc);
     __syncwarp();
     if (lane == 0) MbarArrive(&ring.empty[ring.stage]);
     ring.Advance();
+  }
+  if constexpr (kStreamK<CW>) {
+    if (kc1 - kc0 < chunks) {  // a piece of a tail item
+      Fix fx;
+      fx.u0 = (item - cur.full) * chunks;  // in the tail's units
+      fx.U = cur.U;
+      fx.first = fx.u0 / fx.U;
+      fx.nparts = (fx.u0 + chunks - 1) / fx.U - fx.first + 1;
+      if (fx.nparts > 1 && !FixUp<NT, M, CW>(w, fx, flag, warp, lane, acc)) return;
+    }
   }
   const int g = lane >> 2, c = lane & 3;
   const MoeExpertWeights& ew = p.experts[it.e];
   if constexpr (kGateUp) {
     const float sg = ew.gate.scale2 * 256.f, su = ew.up.scale2 * 256.f;
     uint16_t* h = static_cast<uint16_t*>(w.h);
-    int64_t i0;
-    float up[NT][4];
-    if constexpr (M == 2) {
-      i0 = it.rb * ItemRows<true, M, CW>() + 16 * warp;
+    if constexpr (M % 2 == 0) {
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
+      for (int mp = 0; mp < M / 2; ++mp) {
+        const int64_t i0 = it.rb * ItemRows<true, M, CW>() + 16 * (warp * (M / 2) + mp);
 #pragma unroll
-        for (int q = 0; q < 4; ++q) up[nt][q] = acc[nt][1][q];
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const int tok = nt * 8 + 2 * c + (q & 1);
+            if (tok >= it.ntok) continue;
+            const int64_t i = i0 + g + ((q & 2) ? 8 : 0);
+            const float gv = RoundBf16(acc[nt][2 * mp][q] * sg), uv = RoundBf16(acc[nt][2 * mp + 1][q] * su);
+            h[(it.row0 + tok) * p.inter + i] = DevF32ToBf16(Silu(gv) * uv);
+          }
+      }
     } else {
+      int64_t i0;
+      float up[NT][4];
       static_assert(CW == 4, "M = 1 exchanges through two warps' worth of shared memory");
       i0 = it.rb * ItemRows<true, M, CW>() + 16 * (warp % (CW / 2));
       float* xw = xchg + (warp % (CW / 2)) * (4 * 4 * 32);
@@ -274,17 +380,17 @@ __device__ __forceinline__ void ConsumeItem(const MoeExpertParams& p, const MoeW
       }
       asm volatile("bar.sync 1, %0;" ::"n"(32 * CW) : "memory");
       if (warp >= CW / 2) return;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int tok = nt * 8 + 2 * c + (q & 1);
+          if (tok >= it.ntok) continue;
+          const int64_t i = i0 + g + ((q & 2) ? 8 : 0);
+          const float gv = RoundBf16(acc[nt][0][q] * sg), uv = RoundBf16(up[nt][q] * su);
+          h[(it.row0 + tok) * p.inter + i] = DevF32ToBf16(Silu(gv) * uv);
+        }
     }
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int tok = nt * 8 + 2 * c + (q & 1);
-        if (tok >= it.ntok) continue;
-        const int64_t i = i0 + g + ((q & 2) ? 8 : 0);
-        const float gv = RoundBf16(acc[nt][0][q] * sg), uv = RoundBf16(up[nt][q] * su);
-        h[(it.row0 + tok) * p.inter + i] = DevF32ToBf16(Silu(gv) * uv);
-      }
   } else {
     const float sd = ew.down.scale2 * 256.f;
 #pragma unroll
@@ -297,12 +403,7 @@ __device__ __forceinline__ void ConsumeItem(const MoeExpertParams& p, const MoeW
           const int tok = nt * 8 + 2 * c + (q & 1);
           if (tok >= it.ntok) continue;
           const int64_t i = i0 + g + ((q & 2) ? 8 : 0);
-          float* dst = w.y + (it.row0 + tok) * p.width + i;
-          if (ksplit == 1) {
-            *dst = acc[nt][m][q] * sd;
-          } else {
-            atomicAdd(dst, acc[nt][m][q] * sd);
-          }
+          w.y[(it.row0 + tok) * p.width + i] = acc[nt][m][q] * sd;
         }
     }
   }
@@ -310,13 +411,14 @@ __device__ __forceinline__ void ConsumeItem(const MoeExpertParams& p, const MoeW
 
 template <bool kGateUp, int M, int CW>
 __global__ void __launch_bounds__(Threads(CW), CW == 4 ? 3 : 2)
-    StreamKernel(MoeExpertParams p, MoeWork w, int ksplit, bool zero_y, int stages, int probe) {
+    StreamKernel(MoeExpertParams p, MoeWork w, int stages, int probe, int split_mode, int min_tail) {
   extern __shared__ __align__(128) uint8_t smem[];
   Ring ring;
   ring.n = stages;
   ring.full = reinterpret_cast<uint64_t*>(smem);
   ring.empty = ring.full + kMaxStages;
   float* xchg = reinterpret_cast<float*>(smem + 2 * kMaxStages * 8);
+  int* flag = reinterpret_cast<int*>(smem + kFlagOffset);
   ring.stages = smem + kHeadBytes;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0) {
@@ -328,24 +430,32 @@ __global__ void __launch_bounds__(Threads(CW), CW == 4 ? 3 : 2)
   }
   __syncthreads();
   const int E = p.num_local_experts;
-  if (zero_y) {  // down runs split in K: its partial sums are added onto zeros
-    const int64_t n4 = static_cast<int64_t>(w.offsets[E]) * p.width / 4;
-    float4* y4 = reinterpret_cast<float4*>(w.y);
-    for (int64_t i = blockIdx.x * int64_t{Threads(CW)} + threadIdx.x; i < n4; i += int64_t{gridDim.x} * Threads(CW)) {
-      y4[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-  }
   const int64_t K = kGateUp ? p.width : p.inter;
   const int64_t N = kGateUp ? p.inter : p.width;
-  const int64_t rbs = N / ItemRows<kGateUp, M, CW>();
-  const int64_t per_tile = rbs * ksplit;
+  const int64_t per_tile = N / ItemRows<kGateUp, M, CW>();
   const int64_t total = static_cast<int64_t>(w.tile_base[E]) * per_tile;
-  const int chunks = static_cast<int>(K / kKc), part = chunks / ksplit;
+  const int chunks = static_cast<int>(K / kKc);
+  // Whole items in full waves; the last partial wave's items (when more than min_tail,
+  // or split_mode 2; never with split_mode 0) cut in K over all the blocks, so every block
+  // gets the same work. Units fit in 32 bits (LaunchStream checks).
+  Cursor cur;
+  cur.G = gridDim.x;
+  cur.next = blockIdx.x;
+  cur.full = static_cast<int>(total) / cur.G * cur.G;
+  if (!kStreamK<CW> || split_mode == 0 || (split_mode == 1 && static_cast<int>(total) - cur.full <= min_tail)) {
+    cur.full = static_cast<int>(total);
+  }
+  const int tail_units = (static_cast<int>(total) - cur.full) * chunks;
+  cur.U = (tail_units + cur.G - 1) / cur.G;
+  if (cur.U < 1) cur.U = 1;
+  cur.u = blockIdx.x * cur.U;
+  cur.uend = cur.u + cur.U < tail_units ? cur.u + cur.U : tail_units;
   int e = 0;
+  int item, kc0, kc1;
   if (warp == CW) {  // producer
-    for (int64_t item = blockIdx.x; item < total; item += gridDim.x) {
+    while (cur.Next<kStreamK<CW>>(chunks, item, kc0, kc1)) {
       Item it;
-      GetItem(w, per_tile, ksplit, item, e, it);
+      GetItem(w, per_tile, item, e, it);
       const MoeExpertWeights& ew = p.experts[it.e];
       const uint8_t *dsrc = nullptr, *ssrc = nullptr, *bsrc = nullptr;
       if (lane < CW * M) {
@@ -362,7 +472,7 @@ __global__ void __launch_bounds__(Threads(CW), CW == 4 ? 3 : 2)
                        : reinterpret_cast<const uint8_t*>(static_cast<const uint16_t*>(w.h) + int64_t{r} * p.inter);
       }
       const uint32_t bytes = CW * M * (kSliceData + kSliceScale) + it.ntok * kKc * 2;
-      for (int kc = it.ks * part; kc < (it.ks + 1) * part; ++kc) {
+      for (int kc = kc0; kc < kc1; ++kc) {
         MbarWait(&ring.empty[ring.stage], ring.phase ^ 1);
         uint64_t* full = &ring.full[ring.stage];
         if (probe == 1) {  // benchmarks: the consumers alone, on stale data
@@ -372,33 +482,34 @@ __global__ void __launch_bounds__(Threads(CW), CW == 4 ? 3 : 2)
         }
         if (lane == 0) MbarExpectTx(full, bytes);
         __syncwarp();
-        uint8_t* sb = ring.stages + ring.stage * StageBytes(CW);
+        uint8_t* sb = ring.stages + ring.stage * StageBytes(CW, M);
         if (dsrc) {
           BulkCopy(sb + lane * kSliceData, dsrc + int64_t{kc} * kSliceData, kSliceData, full);
-          BulkCopy(sb + StageA(CW) + lane * kSliceScale, ssrc + int64_t{kc} * kSliceScale, kSliceScale, full);
+          BulkCopy(sb + StageA(CW, M) + lane * kSliceScale, ssrc + int64_t{kc} * kSliceScale, kSliceScale, full);
         }
-        if (bsrc) BulkCopy(sb + StageA(CW) + StageS(CW) + lane * kBRow, bsrc + int64_t{kc} * kKc * 2, kKc * 2, full);
+        if (bsrc) {
+          BulkCopy(sb + StageA(CW, M) + StageS(CW, M) + lane * kBRow, bsrc + int64_t{kc} * kKc * 2, kKc * 2, full);
+        }
         ring.Advance();
       }
     }
     return;
   }
-  for (int64_t item = blockIdx.x; item < total; item += gridDim.x) {
+  while (cur.Next<kStreamK<CW>>(chunks, item, kc0, kc1)) {
     Item it;
-    GetItem(w, per_tile, ksplit, item, e, it);
-    const int kc0 = it.ks * part, kc1 = kc0 + part;
+    GetItem(w, per_tile, item, e, it);
     switch ((it.ntok + 7) / 8) {
       case 1:
-        ConsumeItem<kGateUp, M, 1, CW>(p, w, it, kc0, kc1, ksplit, ring, xchg, warp, lane, probe);
+        ConsumeItem<kGateUp, M, 1, CW>(p, w, it, item, kc0, kc1, chunks, cur, ring, xchg, flag, warp, lane, probe);
         break;
       case 2:
-        ConsumeItem<kGateUp, M, 2, CW>(p, w, it, kc0, kc1, ksplit, ring, xchg, warp, lane, probe);
+        ConsumeItem<kGateUp, M, 2, CW>(p, w, it, item, kc0, kc1, chunks, cur, ring, xchg, flag, warp, lane, probe);
         break;
       case 3:
-        ConsumeItem<kGateUp, M, 3, CW>(p, w, it, kc0, kc1, ksplit, ring, xchg, warp, lane, probe);
+        ConsumeItem<kGateUp, M, 3, CW>(p, w, it, item, kc0, kc1, chunks, cur, ring, xchg, flag, warp, lane, probe);
         break;
       default:
-        ConsumeItem<kGateUp, M, 4, CW>(p, w, it, kc0, kc1, ksplit, ring, xchg, warp, lane, probe);
+        ConsumeItem<kGateUp, M, 4, CW>(p, w, it, item, kc0, kc1, chunks, cur, ring, xchg, flag, warp, lane, probe);
         break;
     }
   }
@@ -424,48 +535,61 @@ int Probe() {
   return v;
 }
 
+// Cutting the last partial wave in K (stream-K): the down GEMM always, gate/up when the
+// tail has more items than there are SMs (fewer run one block per SM alone, fast enough;
+// measured: gate/up at T = 64 and 256 lost 4-5 % to the fix-ups, down gained 3-15 %).
+// MOESHARD_MOE_STREAMK (benchmarks): 0 never, 2 always.
+int SplitMode() {
+  static const int v = EnvInt("MOESHARD_MOE_STREAMK", 1);
+  return v;
+}
+
 template <bool kGateUp, int M, int CW>
-cudaError_t LaunchStream(const MoeExpertParams& p, const MoeWork& w, int ksplit, bool zero_y, cudaStream_t stream) {
+cudaError_t LaunchStream(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
   const int stages = RingStages();
   static const int blocks_per_sm = [stages] {
     if (cudaFuncSetAttribute(StreamKernel<kGateUp, M, CW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             SmemBytes(CW, stages)) != cudaSuccess) {
+                             SmemBytes(CW, M, stages)) != cudaSuccess) {
       return 0;
     }
     int n = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, StreamKernel<kGateUp, M, CW>, Threads(CW),
-                                                      SmemBytes(CW, stages)) != cudaSuccess) {
+                                                      SmemBytes(CW, M, stages)) != cudaSuccess) {
       return 0;
+    }
+    if (EnvInt("MOESHARD_MOE_VERBOSE", 0)) {  // benchmarks: the occupancy each kernel got
+      cudaFuncAttributes fa{};
+      cudaFuncGetAttributes(&fa, StreamKernel<kGateUp, M, CW>);
+      std::fprintf(stderr, "stream kernel gate_up=%d M=%d CW=%d: %d blocks per SM, %d registers, %zu bytes local\n",
+                   int(kGateUp), M, CW, n, fa.numRegs, fa.localSizeBytes);
     }
     return std::max(n, 1);
   }();
   if (blocks_per_sm == 0) return cudaErrorInvalidConfiguration;
   const int64_t N = kGateUp ? p.inter : p.width;
+  const int64_t K = kGateUp ? p.width : p.inter;
   const int64_t pairs = p.num_tokens * p.top_k;
   const int64_t max_tiles = std::min<int64_t>(p.num_local_experts, pairs) + pairs / kMoeTileTokens;
-  const int64_t items = max_tiles * (N / ItemRows<kGateUp, M, CW>()) * ksplit;
-  const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(items, int64_t{blocks_per_sm} * w.num_sms));
-  StreamKernel<kGateUp, M, CW><<<static_cast<unsigned>(grid), Threads(CW), SmemBytes(CW, stages), stream>>>(
-      p, w, ksplit, zero_y, stages, Probe());
+  const int64_t units = max_tiles * (N / ItemRows<kGateUp, M, CW>()) * (K / kKc);
+  if (units > int64_t{1} << 30) return cudaErrorInvalidValue;  // the kernel counts units in 32 bits
+  const int64_t grid = std::max<int64_t>(
+      1, std::min<int64_t>({units, int64_t{blocks_per_sm} * w.num_sms, int64_t{kMoeFixBlocks}}));
+  StreamKernel<kGateUp, M, CW><<<static_cast<unsigned>(grid), Threads(CW), SmemBytes(CW, M, stages), stream>>>(
+      p, w, stages, Probe(), SplitMode(), kGateUp ? w.num_sms : 0);
   return cudaGetLastError();
 }
 
-// Decode sizes: finer items (M = 1) so that few experts still fill every SM; the down GEMM
-// split in two K halves as well.
-// MOESHARD_MOE_SMALL_T and MOESHARD_MOE_SPLIT_T override the token thresholds (benchmarks).
+// Item shapes by tokens (MOESHARD_MOE_SMALL_T and _LARGE_T override, benchmarks): up to 4
+// tokens M = 1 (gate and up in different warps, half the rows per item); above 512 tokens
+// 8 consumer warps per block, twice the rows per item, so each token's activations are
+// read from L2 half as often per weight byte.
 bool SmallItems(const MoeExpertParams& p) {
-  static const int t = EnvInt("MOESHARD_MOE_SMALL_T", 32);
+  static const int t = EnvInt("MOESHARD_MOE_SMALL_T", 4);
   return p.num_tokens <= t;
 }
-// Prefill sizes: 8 consumer warps per block, twice the rows per item, so each token's
-// activations are read from L2 half as often per weight byte. MOESHARD_MOE_LARGE_T overrides.
 bool LargeItems(const MoeExpertParams& p) {
   static const int t = EnvInt("MOESHARD_MOE_LARGE_T", 512);
   return p.num_tokens > t;
-}
-int DownSplit(const MoeExpertParams& p) {
-  static const int t = EnvInt("MOESHARD_MOE_SPLIT_T", 16);
-  return p.num_tokens <= t && p.inter % (2 * kKc) == 0 ? 2 : 1;
 }
 
 // ---- repack ------------------------------------------------------------------------------
@@ -516,17 +640,15 @@ cudaError_t LaunchMoeRepackNvfp4(const WeightRef& src, void* dst_data, void* dst
 }
 
 cudaError_t LaunchMoeStreamGateUp(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
-  const bool zero_y = DownSplit(p) > 1;
-  if (SmallItems(p)) return LaunchStream<true, 1, 4>(p, w, 1, zero_y, stream);
-  if (LargeItems(p)) return LaunchStream<true, 2, 8>(p, w, 1, zero_y, stream);
-  return LaunchStream<true, 2, 4>(p, w, 1, zero_y, stream);
+  if (SmallItems(p)) return LaunchStream<true, 1, 4>(p, w, stream);
+  if (LargeItems(p)) return LaunchStream<true, 2, 8>(p, w, stream);
+  return LaunchStream<true, 2, 4>(p, w, stream);
 }
 
 cudaError_t LaunchMoeStreamDown(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
-  const int split = DownSplit(p);
-  if (SmallItems(p)) return LaunchStream<false, 1, 4>(p, w, split, false, stream);
-  if (LargeItems(p)) return LaunchStream<false, 2, 8>(p, w, split, false, stream);
-  return LaunchStream<false, 2, 4>(p, w, split, false, stream);
+  if (SmallItems(p)) return LaunchStream<false, 1, 4>(p, w, stream);
+  if (LargeItems(p)) return LaunchStream<false, 2, 8>(p, w, stream);
+  return LaunchStream<false, 2, 4>(p, w, stream);
 }
 
 }  // namespace moeshard::gpu

@@ -37,6 +37,9 @@ __global__ void __launch_bounds__(kRouteThreads) RouteKernel(MoeExpertParams p, 
   const int lane = tid & 31, warp = tid >> 5;
   const int64_t num_pairs = p.num_tokens * p.top_k;
   for (int i = tid; i < E; i += blockDim.x) hist[i] = 0;
+  if (e == 0) {  // the streaming kernels' fix-up counters (each last arrival resets its own too)
+    for (int i = tid; i < kMoeFixBlocks; i += blockDim.x) w.fix_count[i] = 0;
+  }
   __syncthreads();
   // kRun independent loads per thread before the atomics: the loop is latency-bound otherwise.
   for (int64_t c0 = 0; c0 < num_pairs; c0 += int64_t{kRouteThreads} * kRun) {
