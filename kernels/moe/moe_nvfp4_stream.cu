@@ -25,20 +25,28 @@
 //
 // Pipeline. A block is CW consumer warps (4, or 8 above 512 tokens) and 1 producer warp;
 // the ring holds 2 stages of 256 columns (3 blocks per SM with CW = 4, 2 with CW = 8). The
-// producer walks the block's work items (persistent grid, static stride) and, per chunk,
-// fills a ring stage with cp.async.bulk copies (the slices' codes and scales, and one row
-// of activations per token) completing on the stage's "full" mbarrier; consumers wait on
-// it, compute, and release the stage through its "empty" mbarrier. The ring runs across
-// item boundaries, so an item's start never drains the pipeline.
+// producer walks the block's pieces of work (Cursor, below) and, per chunk, fills a ring
+// stage with cp.async.bulk copies (the slices' codes and scales, and one row of
+// activations per token) completing on the stage's "full" mbarrier; consumers wait on it,
+// compute, and release the stage through its "empty" mbarrier. The ring runs across item
+// boundaries, so an item's start never drains the pipeline.
 //
-// Work items (expert, row block, K part, 32-token tile), numbered expert by expert with
-// the token tile fastest. A warp owns M 16-row slices: gate/up M = 2 is gate and up of the
-// same 16 rows (16 · CW rows per item); M = 1 (up to 32 tokens) puts gate and up in
-// different warps that meet in shared memory (8 · CW rows per item: twice the items, so
-// that a few experts still fill every SM). Down: M 16-row slices per warp (16 · M · CW
-// rows per item), split in two K halves up to 16 tokens, whose fp32 partial sums are added
-// into y, zeroed by the gate/up kernel (two adds onto zero commute, so the result is still
-// the same bit for bit on every run).
+// Work items (expert, row block, 32-token tile), numbered expert by expert with the token
+// tile fastest. A warp owns M 16-row slices: gate/up M = 2 is gate and up of the same 16
+// rows (16 · CW rows per item); M = 1 (up to 4 tokens) puts gate and up in different warps
+// that meet in shared memory (8 · CW rows per item). Down: M 16-row slices per warp
+// (16 · M · CW rows per item).
+//
+// Schedule (persistent grid of G blocks): the full waves of whole items with a static
+// stride (block b: items b, b + G, ...), then, with 4 consumer warps, the last partial
+// wave cut in K (stream-K): its (item, chunk) units are split evenly into G contiguous
+// ranges, so an item may be shared by a few blocks. Each writes its fp32 partial sums to a
+// slot in the workspace and counts itself in; the last to arrive adds all the slots in
+// block order and runs the epilogue (FixUp): the same sums in the same order whichever
+// block comes last, so results repeat bit for bit run to run (they depend on the grid and
+// the batch's routing, as the cut does). The down GEMM always cuts its tail; gate/up only
+// when the tail has more items than there are SMs (a smaller tail runs one block per SM,
+// alone and fast enough: cutting it measured slower).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -445,6 +453,10 @@ __global__ void __launch_bounds__(Threads(CW), CW == 4 ? 3 : 2)
   if (!kStreamK<CW> || split_mode == 0 || (split_mode == 1 && static_cast<int>(total) - cur.full <= min_tail)) {
     cur.full = static_cast<int>(total);
   }
+  if (probe == 3 && blockIdx.x == 0 && threadIdx.x == 0) {  // MOESHARD_MOE_PROBE=3: the split decision
+    printf("stream kernel gate_up=%d M=%d CW=%d: items %d, grid %d, whole %d, split_mode %d, min_tail %d\n",
+           int(kGateUp), M, CW, static_cast<int>(total), cur.G, cur.full, split_mode, min_tail);
+  }
   const int tail_units = (static_cast<int>(total) - cur.full) * chunks;
   cur.U = (tail_units + cur.G - 1) / cur.G;
   if (cur.U < 1) cur.U = 1;
@@ -528,7 +540,8 @@ int RingStages() {
 }
 
 // MOESHARD_MOE_PROBE (benchmarks only; wrong results): 1 = no loads (the consumers
-// alone, on stale shared memory), 2 = no math (the copy pipeline alone). Shows which side
+// alone, on stale shared memory), 2 = no math (the copy pipeline alone); 3 (results
+// right) prints each launch's work split from block 0. Shows which side
 // of the pipeline bounds a size (PERF_NOTES.md).
 int Probe() {
   static const int v = EnvInt("MOESHARD_MOE_PROBE", 0);
