@@ -1,6 +1,9 @@
 // Internal to the attention kernels (attention*.cu): reading the paged KV cache four
-// elements at a time, converted to fp32 exactly as the first kernel did one at a time.
+// elements at a time, converted to fp32 exactly as the first kernel did one at a time, and
+// the per-run bookkeeping the tiled kernels share (block-table runs, row positions).
 #pragma once
+
+#include <climits>
 
 #include <cuda_fp8.h>
 
@@ -40,6 +43,31 @@ __device__ __forceinline__ int WarpMaxInt(int v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
+}
+
+// Tokens [s0, s1) of a tile that share token s0's block table (one sequence's chunk): s1.
+__device__ __forceinline__ int64_t SameTableEnd(const AttentionParams& p, int64_t s0, int64_t t_end) {
+  const int32_t toff = p.table_offset[s0];
+  int64_t s1 = s0 + 1;
+  while (s1 < t_end && p.table_offset[s1] == toff) ++s1;
+  return s1;
+}
+
+// The query rows of a run: row r is head r % group of token s0 + r / group. Threads
+// tid < rows store each row's position and first visible key (INT_MAX / -1 for rows
+// past the run or the tile) for the causal and sliding-window masks.
+__device__ __forceinline__ void StoreRowPositions(const AttentionParams& p, int64_t s0, int64_t s1, int group,
+                                                  int rows_used, int rows, int tid, int* rpos, int* rfirst) {
+  if (tid < rows) {
+    const int64_t t = s0 + tid / group;
+    int ps = -1, fs = INT_MAX;
+    if (tid < rows_used && t < s1) {
+      ps = p.pos[t];
+      fs = p.window > 0 ? static_cast<int>(max(int64_t{0}, ps - p.window + 1)) : 0;
+    }
+    rpos[tid] = ps;
+    rfirst[tid] = fs;
+  }
 }
 
 // Raises kernel k's dynamic shared-memory limit to `bytes` once per device (the call costs

@@ -52,21 +52,10 @@ __global__ void __launch_bounds__(kThreads, HD <= 128 ? 2 : 1)
   Act* obase = static_cast<Act*>(p.out);
 
   for (int64_t s0 = t_begin; s0 < t_end;) {
-    const int32_t toff = p.table_offset[s0];
-    int64_t s1 = s0 + 1;
-    while (s1 < t_end && p.table_offset[s1] == toff) ++s1;
-    const int32_t* table = p.block_tables + toff;
+    const int64_t s1 = SameTableEnd(p, s0, t_end);
+    const int32_t* table = p.block_tables + p.table_offset[s0];
     __syncthreads();  // the previous run's reads of shared memory are done
-    if (tid < kRows) {
-      const int64_t t = s0 + tid / group;
-      int ps = -1, fs = INT_MAX;
-      if (tid < rows_used && t < s1) {
-        ps = p.pos[t];
-        fs = p.window > 0 ? static_cast<int>(max(int64_t{0}, ps - p.window + 1)) : 0;
-      }
-      rpos[tid] = ps;
-      rfirst[tid] = fs;
-    }
+    StoreRowPositions(p, s0, s1, group, rows_used, kRows, tid, rpos, rfirst);
     for (int i = tid; i < kRows * D4; i += kThreads) {
       const int r = i / D4, d = (i % D4) * 4;
       const int64_t t = s0 + r / group;
