@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/cuda_check.h"
+#include "tests/kernels/gpu_test_util.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gpu_ops.h"
 
@@ -30,11 +31,6 @@ namespace {
 
 using gpu::ActDType;
 
-#define STATUS_OK(expr)         \
-  do {                          \
-    absl::Status s_ = (expr);   \
-    ASSERT_TRUE(s_.ok()) << s_; \
-  } while (0)
 
 // Device copy of a host vector, freed on scope exit.
 template <typename T>

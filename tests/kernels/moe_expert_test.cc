@@ -30,20 +30,14 @@
 #include "kernels/cpu/moe_ref.h"
 #include "kernels/cpu/quantize.h"
 #include "kernels/cuda/cuda_check.h"
+#include "tests/kernels/gpu_test_util.h"
 
 namespace moeshard {
 namespace {
 
 using gpu::ActDType;
 
-#define CUDA_OK(expr)                                 \
-  do {                                                \
-    absl::Status s_ = gpu::CudaStatus((expr), #expr); \
-    ASSERT_TRUE(s_.ok()) << s_;                       \
-  } while (0)
-
-constexpr WeightFormat kFormats[] = {WeightFormat::kF32,  WeightFormat::kBF16,  WeightFormat::kF16,
-                                     WeightFormat::kQ8_0, WeightFormat::kMXFP4, WeightFormat::kNVFP4};
+constexpr auto& kFormats = testing_gpu::kAllFormats;
 
 // Device memory freed on scope exit.
 struct DeviceMem {
