@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/metrics/metrics.h"
 
 namespace moeshard::router {
 namespace {
@@ -97,10 +98,7 @@ absl::StatusOr<RouterConfig> ParseRouterFlags(const std::vector<std::string>& ar
   }
   if (values.count("metric-prefix")) {
     c.metric_prefix = get("metric-prefix");
-    if (c.metric_prefix != "moeshard_" && c.metric_prefix != "moeshard:") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--metric-prefix must be moeshard_ or moeshard:, got '", c.metric_prefix, "'"));
-    }
+    if (absl::Status st = ValidateMetricPrefix(c.metric_prefix); !st.ok()) return st;
   }
   c.model_path = get("model");
   c.served_model_name = get("served-model-name");

@@ -30,6 +30,10 @@ repack=$(kl 1 bfloat16) || exit 1
 norepack=$(kl 0 bfloat16) || exit 1
 fp32=$(kl 1 float32) || exit 1
 echo "mean KL vs CPU fp32: bf16 repacked $repack, bf16 not repacked $norepack, float32 $fp32"
+num='^[0-9.eE+-]+$'
+if ! [[ $repack =~ $num && $norepack =~ $num && $fp32 =~ $num ]]; then
+  echo "FAIL: no 'mean KLD' line in an eval report"; exit 1
+fi
 awk -v r="$repack" -v n="$norepack" -v f="$fp32" 'BEGIN {
   ok = (f <= 1e-6) && (r <= 1.5 * n + 1e-4);
   print ok ? "PASS" : "FAIL"; exit ok ? 0 : 1 }'

@@ -12,11 +12,16 @@ std::string& Prefix() {
 }
 }  // namespace
 
-absl::Status SetMetricPrefix(const std::string& prefix) {
+absl::Status ValidateMetricPrefix(const std::string& prefix) {
   if (prefix != "moeshard_" && prefix != "moeshard:") {
     return absl::InvalidArgumentError(absl::StrCat("--metric-prefix must be moeshard_ (the default, promtool-clean) or moeshard: (vLLM's style), got '",
                                                    prefix, "'"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status SetMetricPrefix(const std::string& prefix) {
+  if (absl::Status st = ValidateMetricPrefix(prefix); !st.ok()) return st;
   Prefix() = prefix;
   return absl::OkStatus();
 }

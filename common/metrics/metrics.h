@@ -29,6 +29,8 @@ inline constexpr const char* kDefaultMetricPrefix = "moeshard_";
 // Sets the prefix for metrics registered from now on: "moeshard_" or "moeshard:"; any
 // other value is an InvalidArgument naming the accepted ones. Call before any metric exists.
 absl::Status SetMetricPrefix(const std::string& prefix);
+// Checks a --metric-prefix value without setting it (the same error as SetMetricPrefix).
+absl::Status ValidateMetricPrefix(const std::string& prefix);
 const std::string& MetricPrefix();
 std::string MetricName(const std::string& base);
 

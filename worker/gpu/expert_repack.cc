@@ -8,9 +8,14 @@
 
 namespace moeshard::gpu {
 
+bool MayNvfp4Repack(WeightFormat format, int64_t width, int64_t inter, ActDType act) {
+  if (act != ActDType::kBF16 || format != WeightFormat::kNVFP4 || width % 256 != 0 || inter % 256 != 0) return false;
+  const char* env = std::getenv("MOESHARD_MOE_REPACK");
+  return env == nullptr || std::strcmp(env, "0") != 0;
+}
+
 bool WantNvfp4Repack(const std::vector<MoeExpertWeights>& ex, int64_t width, int64_t inter, ActDType act) {
-  if (act != ActDType::kBF16 || ex.empty()) return false;
-  if (const char* env = std::getenv("MOESHARD_MOE_REPACK"); env != nullptr && std::strcmp(env, "0") == 0) return false;
+  if (ex.empty() || !MayNvfp4Repack(ex[0].gate.format, width, inter, act)) return false;
   for (const MoeExpertWeights& e : ex) {
     if (e.gate.format != WeightFormat::kNVFP4 || e.up.format != WeightFormat::kNVFP4 ||
         e.down.format != WeightFormat::kNVFP4 || !MoeNvfp4Eligible(e, width, inter)) {

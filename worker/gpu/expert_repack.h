@@ -16,7 +16,12 @@
 
 namespace moeshard::gpu {
 
-// True when RepackNvfp4Experts would repack these experts.
+// Whether a layer of `format` experts of these sizes can be repacked at all (bf16 steps,
+// NVFP4, width and intermediate multiples of 256, MOESHARD_MOE_REPACK not 0): read from the
+// sizes alone, before any upload, so that other layers are uploaded once.
+bool MayNvfp4Repack(WeightFormat format, int64_t width, int64_t inter, ActDType act);
+
+// True when RepackNvfp4Experts would repack these (uploaded) experts.
 bool WantNvfp4Repack(const std::vector<MoeExpertWeights>& ex, int64_t width, int64_t inter, ActDType act);
 
 // Replaces every view of `ex` (device memory, e.g. in a temporary pool) by its repacked copy

@@ -112,7 +112,7 @@ absl::StatusOr<std::unique_ptr<GpuModelWeights>> UploadModelWeights(const ModelW
         return absl::OkStatus();
       };
       bool repacked = false;
-      if (act == ActDType::kBF16 && lw.experts[0].gate.format == WeightFormat::kNVFP4) {
+      if (MayNvfp4Repack(lw.experts[0].gate.format, width, inter, act)) {
         // NVFP4 experts pass through a temporary buffer into the streaming kernels' layout.
         DevicePool tmp(/*chunk_bytes=*/0);
         Uploader tu(tmp, act, stream);

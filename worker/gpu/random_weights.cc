@@ -157,7 +157,7 @@ absl::StatusOr<std::pair<std::unique_ptr<ModelWeights>, std::unique_ptr<GpuModel
         return absl::OkStatus();
       };
       bool repacked = false;
-      if (ef == WeightFormat::kNVFP4 && act == ActDType::kBF16) {
+      if (MayNvfp4Repack(ef, Lw, c.expert_intermediate, act)) {
         // Made in a temporary buffer, then repacked for the streaming kernels (as at load).
         DevicePool tmp(/*chunk_bytes=*/0);
         Maker tmk(tmp, act, seed * 1000003 + static_cast<uint64_t>(li), stream);

@@ -130,6 +130,7 @@ absl::Status WorkerServiceImpl::DoHandshake(const v1::HandshakeRequest& req, v1:
     }
   }
   ASSIGN_OR_RETURN(runner_, ModelRunner::Create(model_->config, *model_->source, shard, ro, tp));
+  gpu_runner_ = ro.device == Device::kCuda;
   shard_ = sp;
   next_step_ = 0;
   ready_ = true;
@@ -185,7 +186,7 @@ absl::Status WorkerServiceImpl::DoStep(const v1::StepRequest& req, v1::StepReply
   // A shard with the whole model (one worker, or a tensor-parallel rank) runs the step as one
   // Forward: hidden states stay on the device and decode steps replay as CUDA graphs. On the
   // CPU the ranks beyond 0 would compute the LM head for nothing, so they keep the split path.
-  const bool whole = shard_.first_stage() && shard_.last_stage() && (tp == 1 || runner_->backend().rfind("cuda", 0) == 0);
+  const bool whole = shard_.first_stage() && shard_.last_stage() && (tp == 1 || gpu_runner_);
   std::chrono::steady_clock::time_point th;
   if (whole) {
     auto tf = std::chrono::steady_clock::now();

@@ -61,6 +61,7 @@ class WorkerServiceImpl final : public v1::Worker::Service {
   std::unique_ptr<Communicator> tp_comm_;  // NCCL for the runner's all-reduces, when chosen
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<ModelRunner> runner_;
+  bool gpu_runner_ = false;  // runner_ is the CUDA backend (set with it)
   v1::ShardProto shard_;
   std::map<int64_t, Sampler> samplers_;
   prometheus::Family<prometheus::Histogram>* step_seconds_ = nullptr;
