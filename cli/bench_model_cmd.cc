@@ -18,6 +18,7 @@ namespace {
 constexpr char kUsage[] =
     "usage: moeshard bench-model --arch muse_spark|qwen3_moe [--preset tiny|small|full-layer] [--layers N]\n"
     "       [--experts E] [--top-k K] [--hidden H] [--vocab V] [--expert-format nvfp4|mxfp4|q8_0|bf16]\n"
+    "       [--dense-format bf16|q8_0]\n"
     "       [--prompt-len 4096] [--decode-steps 32] [--streams 1,4] [--gpu N] [--dtype bfloat16|float32]\n"
     "       [--kv-dtype auto|bfloat16|fp8] [--seed S]\n"
     "  weights are random and made on the GPU; prints a table of each phase against its floor\n";
@@ -46,6 +47,9 @@ absl::Status Run(const Args& a) {
   base.device = Device::kCuda;
   ASSIGN_OR_RETURN(o.runner, ParseRunnerFlags(a, base));
   ASSIGN_OR_RETURN(o.expert_format, ParseFormat(a.Get("expert-format", "nvfp4")));
+  const std::string dense = a.Get("dense-format", "bf16");
+  if (dense != "bf16" && dense != "q8_0") return absl::InvalidArgumentError("--dense-format must be bf16 or q8_0");
+  o.dense_format = dense == "q8_0" ? WeightFormat::kQ8_0 : WeightFormat::kBF16;
   ASSIGN_OR_RETURN(o.prompt_len, a.GetInt("prompt-len", 4096));
   ASSIGN_OR_RETURN(o.decode_steps, a.GetInt("decode-steps", 32));
   ASSIGN_OR_RETURN(int64_t seed, a.GetInt("seed", 1));
@@ -70,7 +74,7 @@ absl::Status Run(const Args& a) {
 int BenchModelCommand(const std::vector<std::string>& argv) {
   auto a = Args::Parse(argv,
                        {"arch", "preset", "layers", "vocab", "hidden", "experts", "top-k", "intermediate", "latent",
-                        "expert-format", "prompt-len", "decode-steps", "streams", "seed", "device", "gpu", "dtype",
+                        "expert-format", "dense-format", "prompt-len", "decode-steps", "streams", "seed", "device", "gpu", "dtype",
                         "kv-dtype", "max-batch-tokens"},
                        {"help"});
   if (!a.ok() || a->Flag("help")) {

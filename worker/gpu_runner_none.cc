@@ -12,7 +12,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateGpuModelRunner(const ModelCon
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateRandomGpuModelRunner(const ModelConfig&, const ShardSpec&,
                                                                          const RunnerOptions&, WeightFormat, uint64_t,
-                                                                         Communicator*) {
+                                                                         Communicator*, WeightFormat) {
   return absl::UnimplementedError("this moeshard was built without the CUDA backend");
 }
 

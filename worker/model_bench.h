@@ -17,6 +17,7 @@ namespace moeshard {
 struct ModelBenchOptions {
   RunnerOptions runner;           // device, precision, KV dtype (block counts are set here)
   WeightFormat expert_format = WeightFormat::kNVFP4;
+  WeightFormat dense_format = WeightFormat::kBF16;  // kQ8_0: dense matrices as a Q8_0 file's (split Q8)
   int64_t prompt_len = 4096;
   int64_t decode_steps = 32;
   std::vector<int64_t> streams = {1, 4};
@@ -32,6 +33,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateRandomGpuModelRunner(const Mo
                                                                          const ShardSpec& shard,
                                                                          const RunnerOptions& options,
                                                                          WeightFormat expert_format, uint64_t seed,
-                                                                         Communicator* tp_comm = nullptr);
+                                                                         Communicator* tp_comm = nullptr,
+                                                                         WeightFormat dense_format = WeightFormat::kBF16);
 
 }  // namespace moeshard

@@ -104,6 +104,21 @@ absl::Status KvWrite(const KvWriteParams& p, GpuStream stream) {
   return absl::OkStatus();
 }
 
+bool QkPrepSupports(int64_t head_dim) { return head_dim > 0 && head_dim % 64 == 0 && head_dim <= 256; }
+
+absl::Status QkPrep(const QkPrepParams& p, GpuStream stream) {
+  if (p.num_tokens <= 0) return absl::OkStatus();
+  if (absl::Status s = CheckCache(p.cache); !s.ok()) return s;
+  if (!QkPrepSupports(p.cache.head_dim)) return absl::InvalidArgumentError("QkPrep: head_dim must be 64, 128, 192 or 256");
+  if (!p.q || !p.k || !p.v || !p.slots || (p.rope && !p.pos)) {
+    return absl::InvalidArgumentError("QkPrep: missing q, k, v, slots or positions");
+  }
+  if ((p.q_norm == nullptr) != (p.k_norm == nullptr)) return absl::InvalidArgumentError("QkPrep: q_norm and k_norm go together");
+  if (p.num_heads <= 0 || p.num_tokens > 0x7fffffff) return absl::InvalidArgumentError("QkPrep: bad head or token count");
+  MOESHARD_CUDA_RETURN_IF_ERROR(LaunchQkPrep(p, stream));
+  return absl::OkStatus();
+}
+
 absl::Status Attention(const AttentionParams& p, GpuStream stream) {
   if (p.num_tokens <= 0) return absl::OkStatus();
   if (absl::Status s = CheckCache(p.cache); !s.ok()) return s;

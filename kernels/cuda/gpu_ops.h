@@ -21,6 +21,9 @@ absl::Status RmsNorm(const RmsNormParams& p, GpuStream stream);
 absl::Status Residual(const ResidualParams& p, GpuStream stream);
 absl::Status Rope(const RopeParams& p, GpuStream stream);
 absl::Status KvWrite(const KvWriteParams& p, GpuStream stream);
+// q/k norm + RoPE + KV write in one launch; QkPrepSupports says whether the shape qualifies.
+bool QkPrepSupports(int64_t head_dim);
+absl::Status QkPrep(const QkPrepParams& p, GpuStream stream);
 absl::Status Attention(const AttentionParams& p, GpuStream stream);
 // Bytes of AttentionParams::workspace that let the split-decode kernel cut each of
 // num_tokens tokens' keys into up to max_splits ranges (capped at 64). A smaller workspace

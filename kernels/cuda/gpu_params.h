@@ -81,6 +81,8 @@ struct RmsNormParams {
 };
 
 // Plain: s += out. Gated (Muse Spark): s = alpha ⊙ s + beta ⊙ (rmsnorm(out) ⊙ out_norm).
+// With next_out set, also the next block's input: next_out = rmsnorm(s) ⊙ next_norm (as
+// RmsNormParams computes it, from the updated fp32 s), plus an optional fp32 copy.
 struct ResidualParams {
   float* s = nullptr;
   const float* out = nullptr;
@@ -88,6 +90,10 @@ struct ResidualParams {
   bool gated = false;
   const float *out_norm = nullptr, *alpha = nullptr, *beta = nullptr;
   float eps = 1e-6f;
+  const float* next_norm = nullptr;  // optional weight of the fused norm
+  void* next_out = nullptr;
+  ActDType next_dtype = ActDType::kF32;
+  float* next_out_f32 = nullptr;
 };
 
 // NeoX rotate-half RoPE in place on x[T, heads, head_dim] (rows `row_stride` apart).
@@ -108,6 +114,26 @@ struct KvWriteParams {
   int64_t num_tokens = 0;
   const int32_t* slots = nullptr;
   KvCacheView cache;
+};
+
+// The attention block's per-head steps between the QKV projection and attention, in one
+// launch: each query and key head optionally RMS-normalized (q_norm / k_norm weights over
+// head_dim, eps), then NeoX RoPE at pos[t] when `rope`; q written back in place, k and v
+// stored into the cache at slots[t] as KvWrite does. fp32 throughout (one rounding to the
+// activation dtype for q, one to the cache element for k and v). head_dim a multiple of 64,
+// at most 256; other shapes take the separate kernels.
+struct QkPrepParams {
+  void* q = nullptr;
+  const void *k = nullptr, *v = nullptr;
+  ActDType dtype = ActDType::kF32;
+  int64_t num_tokens = 0, num_heads = 0;
+  const float *q_norm = nullptr, *k_norm = nullptr;  // both or neither
+  float eps = 1e-6f;
+  bool rope = false;
+  const int32_t* pos = nullptr;
+  double theta = 10000.0;
+  const int32_t* slots = nullptr;
+  KvCacheView cache;  // num_kv_heads and head_dim come from here
 };
 
 // Which attention kernel runs (kernels/cuda/attention*.cu). kAuto picks one from the shape:

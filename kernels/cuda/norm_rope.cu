@@ -37,6 +37,9 @@ __global__ void RmsNormKernel(RmsNormParams p) {
   }
 }
 
+// Each thread reads back only the elements of s it wrote, so the fused norm needs no barrier
+// beyond the block sum's.
+template <typename Out>
 __global__ void ResidualKernel(ResidualParams p) {
   __shared__ float scratch[32];
   const int64_t r = blockIdx.x, D = p.dim;
@@ -44,14 +47,25 @@ __global__ void ResidualKernel(ResidualParams p) {
   const float* o = p.out + r * D;
   if (!p.gated) {
     for (int64_t i = threadIdx.x; i < D; i += blockDim.x) s[i] += o[i];
-    return;
+  } else {
+    float ss = 0.f;
+    for (int64_t i = threadIdx.x; i < D; i += blockDim.x) ss = fmaf(o[i], o[i], ss);
+    ss = BlockSum(ss, scratch);
+    const float inv = rsqrtf(ss / static_cast<float>(D) + p.eps);
+    for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
+      s[i] = p.alpha[i] * s[i] + p.beta[i] * (o[i] * inv * p.out_norm[i]);
+    }
   }
+  if (!p.next_out) return;
   float ss = 0.f;
-  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) ss = fmaf(o[i], o[i], ss);
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) ss = fmaf(s[i], s[i], ss);
   ss = BlockSum(ss, scratch);
   const float inv = rsqrtf(ss / static_cast<float>(D) + p.eps);
+  Out* out = static_cast<Out*>(p.next_out) + r * D;
   for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
-    s[i] = p.alpha[i] * s[i] + p.beta[i] * (o[i] * inv * p.out_norm[i]);
+    const float v = s[i] * inv * (p.next_norm ? p.next_norm[i] : 1.f);
+    if (p.next_out_f32) p.next_out_f32[r * D + i] = v;
+    StoreF(out + i, v);
   }
 }
 
@@ -102,7 +116,11 @@ cudaError_t LaunchRmsNorm(const RmsNormParams& p, cudaStream_t st) {
 }
 
 cudaError_t LaunchResidual(const ResidualParams& p, cudaStream_t st) {
-  ResidualKernel<<<p.rows, kRowThreads, 0, st>>>(p);
+  if (p.next_dtype == ActDType::kF32) {
+    ResidualKernel<float><<<p.rows, kRowThreads, 0, st>>>(p);
+  } else {
+    ResidualKernel<uint16_t><<<p.rows, kRowThreads, 0, st>>>(p);
+  }
   return cudaGetLastError();
 }
 

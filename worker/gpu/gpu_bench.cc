@@ -98,7 +98,7 @@ absl::StatusOr<std::string> RunModelBench(const ModelConfig& c, const ModelBench
   ro.profile = true;
   const ShardSpec whole{0, c.num_layers, 0, 1, true, true};
   auto t_load = Clock::now();
-  ASSIGN_OR_RETURN(auto runner, CreateRandomGpuModelRunner(c, whole, ro, o.expert_format, o.seed));
+  ASSIGN_OR_RETURN(auto runner, CreateRandomGpuModelRunner(c, whole, ro, o.expert_format, o.seed, nullptr, o.dense_format));
   const double load_s = Since(t_load);
   const bool bf16 = ro.precision == ActPrecision::kBFloat16;
   const double act = bf16 ? 2 : 4;
@@ -106,12 +106,14 @@ absl::StatusOr<std::string> RunModelBench(const ModelConfig& c, const ModelBench
                          : ro.kv_dtype == KvDType::kBFloat16 ? 2 : act;
   const int64_t H = c.hidden_size, hd = c.head_dim, Lw = c.expert_width(), I = c.expert_intermediate;
   const double kv_per_token_layer = 2.0 * c.num_kv_heads * hd * kv_elem + (kv_elem == 1 ? 8.0 * c.num_kv_heads : 0);
-  double dense_layer = act * (2.0 * c.num_heads * hd * H + 2.0 * c.num_kv_heads * hd * H);
-  if (c.attn_output_gate) dense_layer += act * c.num_heads * H;
-  if (c.latent_size > 0) dense_layer += act * 2.0 * Lw * H;
+  // Bytes per dense weight: the activation dtype, or split Q8's 8.5 bits.
+  const double dense_elem = o.dense_format == WeightFormat::kQ8_0 && bf16 ? 34.0 / 32.0 : act;
+  double dense_layer = dense_elem * (2.0 * c.num_heads * hd * H + 2.0 * c.num_kv_heads * hd * H);
+  if (c.attn_output_gate) dense_layer += dense_elem * c.num_heads * H;
+  if (c.latent_size > 0) dense_layer += dense_elem * 2.0 * Lw * H;
   dense_layer += 4.0 * c.num_experts * H;  // fp32 router
   const double expert_bytes = ExpertBytes(o.expert_format, Lw, I);
-  const double head_bytes = act * c.vocab_size * H;
+  const double head_bytes = dense_elem * c.vocab_size * H;
 
   std::mt19937 rng(static_cast<uint32_t>(o.seed));
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab_size - 1));
@@ -124,10 +126,10 @@ absl::StatusOr<std::string> RunModelBench(const ModelConfig& c, const ModelBench
   std::vector<float> logits;
   std::vector<std::string> profiles;
   std::string rep = absl::StrFormat(
-      "model: %s, %d layers, hidden %d, %d experts top-%d, expert width %d x %d, experts %s, %s, KV %s\n"
+      "model: %s, %d layers, hidden %d, %d experts top-%d, expert width %d x %d, experts %s, dense %s, %s, KV %s\n"
       "ceilings (this run): copy %.0f GB/s (read + write), bf16 GEMM %.0f TFLOP/s; weights made in %.1f s\n",
       c.model_type, c.num_layers, H, c.num_experts, c.top_k, Lw, I, WeightFormatName(o.expert_format),
-      runner->backend(), ro.kv_dtype == KvDType::kFp8E4M3 ? "fp8" : bf16 ? "bf16" : "fp32", copy_gbs, tflops, load_s);
+      dense_elem == act ? (bf16 ? "bf16" : "f32") : "q8_0", runner->backend(), ro.kv_dtype == KvDType::kFp8E4M3 ? "fp8" : bf16 ? "bf16" : "fp32", copy_gbs, tflops, load_s);
   absl::StrAppend(&rep, absl::StrFormat("KV cache: %.0f bytes per token (all layers)\n", kv_per_token_layer * c.num_layers));
 
   // Prefill: warm up once, then time one prompt.

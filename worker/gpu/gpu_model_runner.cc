@@ -12,9 +12,72 @@
 
 namespace moeshard::gpu_runner {
 
+namespace {
+
+GemvWeight GemvTypeOf(const DenseWeight& w) {
+  if (w.q8_scales) return GemvWeight::kQ8;
+  return w.dtype == ActDType::kF32 ? GemvWeight::kF32 : GemvWeight::kBF16;
+}
+
+GemvMatrix GemvOf(const DenseWeight& w, const float* bias, void* y) {
+  GemvMatrix m;
+  m.w = w.data;
+  m.scales = w.q8_scales;
+  m.rows = w.rows;
+  m.bias = bias;
+  m.y = y;
+  return m;
+}
+
+}  // namespace
+
+// Decode-sized batches (≤ kGemvMaxTokens rows) read each weight once through Gemv, up to three
+// matrices of the same input in one launch; larger ones go through cuBLAS.
+bool GpuModelRunner::UseGemv(const DenseWeight& w, int64_t rows) const {
+  return gemv_enabled_ && rows <= kGemvMaxTokens && GemvSupports(GemvTypeOf(w), w.cols);
+}
+
+absl::Status GpuModelRunner::ProjectMany(std::initializer_list<ProjectOut> outs, const void* x, ActDType y_dtype,
+                                         int64_t rows, const char* category) {
+  const DenseWeight& w0 = *outs.begin()->w;
+  bool fused = outs.size() <= 3;
+  for (const ProjectOut& o : outs) {
+    fused = fused && UseGemv(*o.w, rows) && GemvTypeOf(*o.w) == GemvTypeOf(w0) && o.w->cols == w0.cols;
+  }
+  if (!fused) {
+    for (const ProjectOut& o : outs) RETURN_IF_ERROR(Project(*o.w, x, o.y, y_dtype, rows, o.bias, category));
+    return absl::OkStatus();
+  }
+  GemvParams g;
+  g.wtype = GemvTypeOf(w0);
+  g.x = x;
+  g.x_dtype = w0.dtype;
+  g.y_dtype = y_dtype;
+  g.cols = w0.cols;
+  g.num_tokens = rows;
+  g.num_matrices = 0;
+  for (const ProjectOut& o : outs) g.m[g.num_matrices++] = GemvOf(*o.w, o.bias, o.y);
+  auto region = prof_.Region(category, stream_);
+  return Gemv(g, stream_);
+}
+
 absl::Status GpuModelRunner::Project(const DenseWeight& w, const void* x, void* y, ActDType y_dtype, int64_t rows,
                                      const float* bias, const char* category) {
+  if (UseGemv(w, rows)) {
+    GemvParams g;
+    g.wtype = GemvTypeOf(w);
+    g.x = x;
+    g.x_dtype = w.dtype;
+    g.y_dtype = y_dtype;
+    g.cols = w.cols;
+    g.num_tokens = rows;
+    g.m[0] = GemvOf(w, bias, y);
+    auto region = prof_.Region(category, stream_);
+    return Gemv(g, stream_);
+  }
   GemmArgs a;
+  a.scratch = w_->gemm_scratch;
+  a.scratch_bytes = w_->gemm_scratch_bytes;
   a.w = w;
   a.x = x;
   a.x_dtype = w.dtype;
@@ -42,7 +105,7 @@ absl::Status GpuModelRunner::AllReduce(float* dev, int64_t n) {
 }
 
 absl::Status GpuModelRunner::ResidualUpdate(const float* out, const float* norm, const float* alpha,
-                                            const float* beta) {
+                                            const float* beta, const float* next_norm, bool next_f32) {
   ResidualParams p;
   p.s = s_;
   p.out = out;
@@ -53,10 +116,18 @@ absl::Status GpuModelRunner::ResidualUpdate(const float* out, const float* norm,
   p.alpha = alpha;
   p.beta = beta;
   p.eps = config_.rms_eps;
+  if (next_norm && fuse_norms_) {  // the next block's input norm, from the updated stream
+    p.next_norm = next_norm;
+    p.next_out = xn_;
+    p.next_dtype = act_;
+    p.next_out_f32 = next_f32 ? xn32_ : nullptr;
+    prenormed_ = true;
+  }
   return gpu::Residual(p, stream_);
 }
 
 absl::Status GpuModelRunner::LayersDevice() {
+  prenormed_ = false;
   for (int64_t li = 0; li < shard_.layer_end - shard_.layer_begin; ++li) {
     RETURN_IF_ERROR(AttentionBlock(li));
     RETURN_IF_ERROR(MlpBlock(li));
@@ -70,20 +141,39 @@ absl::Status GpuModelRunner::AttentionBlock(int64_t li) {
   const LayerSpec& spec = c.layers[shard_.layer_begin + li];
   const int64_t T = T_, H = c.hidden_size, hd = c.head_dim;
   arena_.Release(step_mark_);  // the previous block's scratch is dead
-  void *x = Act(T * H), *q = Act(T * nq_ * hd), *k = Act(T * nkv_ * hd), *v = Act(T * nkv_ * hd),
+  void *x = xn_, *q = Act(T * nq_ * hd), *k = Act(T * nkv_ * hd), *v = Act(T * nkv_ * hd),
        *o = Act(T * nq_ * hd);
   float* a = F32(T * H);
   RETURN_IF_ERROR(arena_error_);
-  RETURN_IF_ERROR(Norm(s_, ActDType::kF32, T, H, lw.attn_norm, x));
-  RETURN_IF_ERROR(Project(lw.q, x, q, act_, T, lw.q_bias));
-  RETURN_IF_ERROR(Project(lw.k, x, k, act_, T, lw.k_bias));
-  RETURN_IF_ERROR(Project(lw.v, x, v, act_, T, lw.v_bias));
-  if (c.qk_norm) {
+  if (!prenormed_) RETURN_IF_ERROR(Norm(s_, ActDType::kF32, T, H, lw.attn_norm, x));
+  prenormed_ = false;
+  RETURN_IF_ERROR(ProjectMany({{&lw.q, q, lw.q_bias}, {&lw.k, k, lw.k_bias}, {&lw.v, v, lw.v_bias}}, x, act_, T));
+  const bool fused_prep = QkPrepSupports(hd) && qk_prep_enabled_;
+  if (fused_prep) {
+    QkPrepParams qp;
+    qp.q = q;
+    qp.k = k;
+    qp.v = v;
+    qp.dtype = act_;
+    qp.num_tokens = T;
+    qp.num_heads = nq_;
+    qp.q_norm = c.qk_norm ? lw.q_norm : nullptr;
+    qp.k_norm = c.qk_norm ? lw.k_norm : nullptr;
+    qp.eps = c.rms_eps;
+    qp.rope = spec.rope;
+    qp.pos = pos_;
+    qp.theta = c.rope_theta;
+    qp.slots = slots_;
+    qp.cache = kv_[li];
+    auto region = prof_.Region("attention", stream_);
+    RETURN_IF_ERROR(gpu::QkPrep(qp, stream_));
+  }
+  if (c.qk_norm && !fused_prep) {
     for (auto [buf, heads, w] : {std::tuple{q, nq_, lw.q_norm}, std::tuple{k, nkv_, lw.k_norm}}) {
       RETURN_IF_ERROR(Norm(buf, act_, T * heads, hd, w, buf));
     }
   }
-  if (spec.rope) {
+  if (spec.rope && !fused_prep) {
     for (auto [buf, heads] : {std::pair{q, nq_}, std::pair{k, nkv_}}) {
       RopeParams rp;
       rp.x = buf;
@@ -125,7 +215,7 @@ absl::Status GpuModelRunner::AttentionBlock(int64_t li) {
   }
   {
     auto region = prof_.Region("attention", stream_);
-    RETURN_IF_ERROR(gpu::KvWrite(kw, stream_));
+    if (!fused_prep) RETURN_IF_ERROR(gpu::KvWrite(kw, stream_));
     RETURN_IF_ERROR(gpu::Attention(ap, stream_));
   }
   if (c.attn_output_gate) {
@@ -137,7 +227,7 @@ absl::Status GpuModelRunner::AttentionBlock(int64_t li) {
   }
   RETURN_IF_ERROR(Project(lw.o, o, a, ActDType::kF32, T, lw.o_bias));
   RETURN_IF_ERROR(AllReduce(a, T * H));
-  return ResidualUpdate(a, lw.attn_out_norm, lw.attn_alpha, lw.attn_beta);
+  return ResidualUpdate(a, lw.attn_out_norm, lw.attn_alpha, lw.attn_beta, lw.moe_norm, spec.moe);
 }
 
 absl::Status GpuModelRunner::MlpBlock(int64_t li) {
@@ -146,22 +236,24 @@ absl::Status GpuModelRunner::MlpBlock(int64_t li) {
   const LayerSpec& spec = c.layers[shard_.layer_begin + li];
   const int64_t T = T_, H = c.hidden_size;
   arena_.Release(step_mark_);
-  void* y = Act(T * H);
+  void* y = xn_;
   float* f = F32(T * H);
-  float* y32 = spec.moe ? F32(T * H) : nullptr;
+  float* y32 = spec.moe ? xn32_ : nullptr;
   RETURN_IF_ERROR(arena_error_);
-  RETURN_IF_ERROR(Norm(s_, ActDType::kF32, T, H, lw.moe_norm, y, y32));
+  if (!prenormed_) RETURN_IF_ERROR(Norm(s_, ActDType::kF32, T, H, lw.moe_norm, y, y32));
+  prenormed_ = false;
+  // The next layer's input norm rides on this block's residual update.
+  const float* next_norm = li + 1 < static_cast<int64_t>(w_->layers.size()) ? w_->layers[li + 1].attn_norm : nullptr;
   if (!spec.moe) {
     const int64_t I = lw.dense.gate.rows;
     void *g = Act(T * I), *u = Act(T * I);
     RETURN_IF_ERROR(arena_error_);
-    RETURN_IF_ERROR(Project(lw.dense.gate, y, g, act_, T));
-    RETURN_IF_ERROR(Project(lw.dense.up, y, u, act_, T));
+    RETURN_IF_ERROR(ProjectMany({{&lw.dense.gate, g, nullptr}, {&lw.dense.up, u, nullptr}}, y, act_, T));
     SiluMulParams sm{g, u, g, act_, T * I};
     RETURN_IF_ERROR(gpu::SiluMul(sm, stream_));
     RETURN_IF_ERROR(Project(lw.dense.down, g, f, ActDType::kF32, T));
     RETURN_IF_ERROR(AllReduce(f, T * H));
-    return ResidualUpdate(f, lw.moe_out_norm, lw.moe_alpha, lw.moe_beta);
+    return ResidualUpdate(f, lw.moe_out_norm, lw.moe_alpha, lw.moe_beta, next_norm, false);
   }
   const int64_t E = c.num_experts, K = c.top_k, Lw = c.expert_width();
   float* logits = F32(T * E);
@@ -173,15 +265,7 @@ absl::Status GpuModelRunner::MlpBlock(int64_t li) {
                                                   c.expert_intermediate, T, static_cast<int>(K));
   void* ws = Take(static_cast<int64_t>(ws_bytes));
   RETURN_IF_ERROR(arena_error_);
-  GemmArgs ra;
-  ra.w = lw.router;
-  ra.x = y32;
-  ra.y = logits;
-  ra.num_tokens = T;
-  {
-    auto region = prof_.Region("router", stream_);
-    RETURN_IF_ERROR(gemm_->Run(ra));  // fp32 router
-  }
+  RETURN_IF_ERROR(Project(lw.router, y32, logits, ActDType::kF32, T, nullptr, "router"));  // fp32 router
   RoutingParams rp;
   rp.logits = logits;
   rp.num_tokens = T;
@@ -227,7 +311,7 @@ absl::Status GpuModelRunner::MlpBlock(int64_t li) {
     }
     RETURN_IF_ERROR(Project(lw.latent_out, mix_act, f, ActDType::kF32, T));
   }
-  return ResidualUpdate(f, lw.moe_out_norm, lw.moe_alpha, lw.moe_beta);
+  return ResidualUpdate(f, lw.moe_out_norm, lw.moe_alpha, lw.moe_beta, next_norm, false);
 }
 
 // Final norm and LM head of rows [r0, r0 + n) into head_logits_ (device).

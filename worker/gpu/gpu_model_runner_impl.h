@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "common/status.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gemv.h"
 #include "kernels/cuda/gpu_ops.h"
 #include "worker/gpu/decode_graphs.h"
 #include "worker/gpu/device_memory.h"
@@ -46,7 +48,7 @@ class GpuModelRunner : public ModelRunner {
   }
 
   absl::Status Init(const TensorSource& src);
-  absl::Status InitRandom(WeightFormat expert_format, uint64_t seed);
+  absl::Status InitRandom(WeightFormat expert_format, uint64_t seed, WeightFormat dense_format);
 
   absl::Status Embed(const std::vector<SeqChunk>& batch, std::vector<float>* hidden) override {
     RETURN_IF_ERROR(Prepare(batch));
@@ -117,9 +119,21 @@ class GpuModelRunner : public ModelRunner {
     p.out_f32 = out_f32;
     return gpu::RmsNorm(p, stream_);
   }
-  absl::Status ResidualUpdate(const float* out, const float* norm, const float* alpha, const float* beta);
+  // s updated with a block's output; with next_norm (and fusion on), the next block's input
+  // norm too, into xn_ (and xn32_ when next_f32), and prenormed_ set.
+  absl::Status ResidualUpdate(const float* out, const float* norm, const float* alpha, const float* beta,
+                              const float* next_norm, bool next_f32);
   absl::Status Project(const DenseWeight& w, const void* x, void* y, ActDType y_dtype, int64_t rows,
                        const float* bias = nullptr, const char* category = "dense projections");
+  struct ProjectOut {
+    const DenseWeight* w;
+    void* y;
+    const float* bias;
+  };
+  // Several projections of the same x: one Gemv launch when all qualify, else one call each.
+  absl::Status ProjectMany(std::initializer_list<ProjectOut> outs, const void* x, ActDType y_dtype, int64_t rows,
+                           const char* category = "dense projections");
+  bool UseGemv(const DenseWeight& w, int64_t rows) const;
   absl::Status UploadHidden(const std::vector<float>& h);
   absl::Status Download(const float* dev, int64_t n, std::vector<float>* out);
   void* Act(int64_t elems) { return Take(elems * act_bytes_); }
@@ -139,6 +153,10 @@ class GpuModelRunner : public ModelRunner {
   KvElem kv_elem_ = KvElem::kBF16;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<Gemm> gemm_;
+  bool gemv_enabled_ = true;  // MOESHARD_GEMV=0: every projection through cuBLAS
+  bool qk_prep_enabled_ = true;
+  bool fuse_norms_ = true;  // MOESHARD_FUSE_NORMS=0: each block's input norm as its own kernel
+  bool prenormed_ = false;  // xn_ (and xn32_) already hold the next block's normalized input  // MOESHARD_QK_PREP=0: q/k norm, RoPE and the KV write as separate kernels
   std::unique_ptr<ModelWeights> host_w_;
   std::unique_ptr<GpuModelWeights> w_;
   DevicePool kv_pool_;
@@ -159,6 +177,8 @@ class GpuModelRunner : public ModelRunner {
   int32_t *ids_ = nullptr, *pos_ = nullptr, *slots_ = nullptr, *toff_ = nullptr, *tables_ = nullptr,
           *rows_ = nullptr;
   float* s_ = nullptr;
+  void* xn_ = nullptr;       // [T, H] activation dtype: the current block's normalized input
+  float* xn32_ = nullptr;    // [T, H] its fp32 copy (the MoE router's input)
 };
 
 }  // namespace moeshard::gpu_runner

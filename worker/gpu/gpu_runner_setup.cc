@@ -3,6 +3,8 @@
 // one upload). Also the factory functions of worker/gpu/gpu_model_runner.h.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "worker/gpu/gpu_model_runner_impl.h"
 #include "worker/gpu/random_weights.h"
@@ -15,6 +17,12 @@ absl::Status GpuModelRunner::StartDevice() {
   MOESHARD_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.gpu_index));
   MOESHARD_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   ASSIGN_OR_RETURN(gemm_, Gemm::Create(stream_));
+  const char* gemv = std::getenv("MOESHARD_GEMV");
+  gemv_enabled_ = !(gemv && std::string(gemv) == "0");
+  const char* prep = std::getenv("MOESHARD_QK_PREP");
+  qk_prep_enabled_ = !(prep && std::string(prep) == "0");
+  const char* fuse = std::getenv("MOESHARD_FUSE_NORMS");
+  fuse_norms_ = !(fuse && std::string(fuse) == "0");
   if (comm_ && comm_->device_memory()) comm_->set_stream(stream_);
   if (options_.profile) prof_.Enable(64 + 16 * static_cast<int>(shard_.layer_end - shard_.layer_begin));
   return absl::OkStatus();
@@ -27,9 +35,9 @@ absl::Status GpuModelRunner::Init(const TensorSource& src) {
   return InitBuffers();
 }
 
-absl::Status GpuModelRunner::InitRandom(WeightFormat expert_format, uint64_t seed) {
+absl::Status GpuModelRunner::InitRandom(WeightFormat expert_format, uint64_t seed, WeightFormat dense_format) {
   RETURN_IF_ERROR(StartDevice());
-  ASSIGN_OR_RETURN(auto made, RandomModelWeights(config_, shard_, act_, expert_format, seed, stream_));
+  ASSIGN_OR_RETURN(auto made, RandomModelWeights(config_, shard_, act_, expert_format, seed, stream_, dense_format));
   host_w_ = std::move(made.first);
   w_ = std::move(made.second);
   return InitBuffers();
@@ -77,7 +85,7 @@ absl::Status GpuModelRunner::InitBuffers() {
   // of up to 8 × the pool) and residual stream; then the largest of one attention block, one
   // MLP block (with the expert step's workspace) and one chunk of the LM head.
   index_capacity_ = 5 * T + 8 * options_.num_kv_blocks;
-  const int64_t fixed = 4 * index_capacity_ + 4 * H * T;
+  const int64_t fixed = 4 * index_capacity_ + 4 * H * T + (act_bytes_ + 4) * H * T;  // + xn_, xn32_
   const int64_t attn = T * (act_bytes_ * (H + 2 * nq_ * hd + 2 * nkv_ * hd + nq_) + 4 * H) + kAttentionWorkspaceBytes;
   int64_t mlp = T * (act_bytes_ * H + 8 * H);
   if (host_w_->num_local_experts > 0) {
@@ -138,6 +146,8 @@ absl::Status GpuModelRunner::Prepare(const std::vector<SeqChunk>& batch) {
   // A fixed size, so that the addresses after it depend on T only (decode graphs replay them).
   int32_t* dev = static_cast<int32_t*>(Take(index_capacity_ * 4));
   s_ = F32(T_ * config_.hidden_size);
+  xn_ = Act(T_ * config_.hidden_size);
+  xn32_ = F32(T_ * config_.hidden_size);
   RETURN_IF_ERROR(arena_error_);
   step_mark_ = arena_.Mark();
   MOESHARD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev, host_idx_.data(), host_idx_.size() * 4,
@@ -200,13 +210,14 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateRandomGpuModelRunner(const Mo
                                                                          const ShardSpec& shard,
                                                                          const RunnerOptions& options,
                                                                          WeightFormat expert_format, uint64_t seed,
-                                                                         Communicator* tp_comm) {
+                                                                         Communicator* tp_comm,
+                                                                         WeightFormat dense_format) {
   RETURN_IF_ERROR(CheckGpu(options));
   if (shard.tp_size > 1 && (tp_comm == nullptr || tp_comm->size() != shard.tp_size)) {
     return absl::InvalidArgumentError("tensor parallel shard needs a communicator of tp_size ranks");
   }
   auto r = std::make_unique<GpuModelRunner>(config, shard, options, tp_comm);
-  RETURN_IF_ERROR(r->InitRandom(expert_format, seed));
+  RETURN_IF_ERROR(r->InitRandom(expert_format, seed, dense_format));
   return std::unique_ptr<ModelRunner>(std::move(r));
 }
 

@@ -2,8 +2,13 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
 #include "common/status.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/gemv.h"
 #include "kernels/cuda/gpu_ops.h"
 #include "worker/gpu/expert_repack.h"
 
@@ -40,6 +45,11 @@ class Uploader {
     DevicePool tmp(/*chunk_bytes=*/0);  // exact sizes: freed right after the expansion
     Uploader up(tmp, dt, stream_);
     ASSIGN_OR_RETURN(WeightRef dw, up.Stored(w));
+    if (w.format == WeightFormat::kQ8_0 && KeepDenseQ8(dt) && w.cols % 32 == 0 && w.col_offset % 32 == 0) {
+      ASSIGN_OR_RETURN(DenseWeight d, SplitQ8Dense(dw, pool_, dt, stream_));
+      MOESHARD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));  // before tmp is freed
+      return d;
+    }
     const size_t elem = dt == ActDType::kF32 ? 4 : 2;
     ASSIGN_OR_RETURN(void* out, pool_.Alloc(static_cast<size_t>(w.rows * w.cols) * elem));
     ExpandParams p;
@@ -65,6 +75,42 @@ class Uploader {
 };
 
 }  // namespace
+
+bool KeepDenseQ8(ActDType act) {
+  static const bool on = [] {
+    const char* v = std::getenv("MOESHARD_DENSE_Q8");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return on && act == ActDType::kBF16;
+}
+
+absl::StatusOr<DenseWeight> SplitQ8Dense(const WeightRef& q8_dev, DevicePool& pool, ActDType act, GpuStream stream) {
+  ASSIGN_OR_RETURN(void* codes, pool.Alloc(static_cast<size_t>(q8_dev.rows * q8_dev.cols)));
+  ASSIGN_OR_RETURN(void* scales, pool.Alloc(static_cast<size_t>(q8_dev.rows * (q8_dev.cols / 32)) * 2));
+  RETURN_IF_ERROR(GemvSplitQ8(q8_dev, static_cast<int8_t*>(codes), static_cast<uint16_t*>(scales), stream));
+  DenseWeight d{codes, act, q8_dev.rows, q8_dev.cols};
+  d.q8_scales = static_cast<const uint16_t*>(scales);
+  return d;
+}
+
+absl::Status AllocGemmScratch(GpuModelWeights* g, ActDType act) {
+  size_t most = 0;
+  const size_t elem = act == ActDType::kF32 ? 4 : 2;
+  auto see = [&](const DenseWeight& w) {
+    if (w.q8_scales) most = std::max(most, static_cast<size_t>(w.rows * w.cols) * elem);
+  };
+  see(g->lm_head);
+  for (const GpuLayerWeights& l : g->layers) {
+    for (const DenseWeight* w : {&l.q, &l.k, &l.v, &l.o, &l.head_gate, &l.latent_in, &l.latent_out, &l.dense.gate,
+                                 &l.dense.up, &l.dense.down}) {
+      see(*w);
+    }
+  }
+  if (most == 0) return absl::OkStatus();
+  g->gemm_scratch_bytes = std::min<size_t>(most, size_t{64} << 20);
+  ASSIGN_OR_RETURN(g->gemm_scratch, g->pool.Alloc(g->gemm_scratch_bytes));
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<GpuModelWeights>> UploadModelWeights(const ModelWeights& w, ActDType act,
                                                                     GpuStream stream) {
@@ -131,6 +177,7 @@ absl::StatusOr<std::unique_ptr<GpuModelWeights>> UploadModelWeights(const ModelW
     }
     g->layers.push_back(l);
   }
+  RETURN_IF_ERROR(AllocGemmScratch(g.get(), act));
   MOESHARD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   return g;
 }

@@ -1,5 +1,7 @@
 // The weights of one GPU worker, on the device: dense projections expanded once to the
-// activation dtype (cuBLAS reads them), the router in fp32, norms and biases in fp32, and
+// activation dtype (cuBLAS reads them) — or, for Q8_0 matrices under bf16 activations, kept
+// at 8.5 bits as split Q8 (kernels/cuda/gemv.h; MOESHARD_DENSE_Q8=0 expands them too) — the
+// router in fp32, norms and biases in fp32, and
 // the experts and the embedding kept in their stored format (NVFP4, MXFP4, Q8_0, bf16, …)
 // for kernels that expand them on chip. Built from the CPU's ModelWeights views of the
 // memory-mapped checkpoint, so both backends read the same slices of the same tensors.
@@ -37,8 +39,18 @@ struct GpuModelWeights {
   DenseWeight lm_head;
   const float* final_norm = nullptr;
   std::vector<GpuLayerWeights> layers;
+  void* gemm_scratch = nullptr;  // where Gemm expands split-Q8 row chunks (prefill-sized steps)
+  size_t gemm_scratch_bytes = 0;
   DevicePool pool;     // owns all of the above
 };
+
+// Whether Q8_0 dense matrices stay split Q8 under `act` activations (bf16 and not
+// MOESHARD_DENSE_Q8=0).
+bool KeepDenseQ8(ActDType act);
+// A Q8_0 view in device memory → a split-Q8 DenseWeight allocated in `pool` (x in `act`).
+absl::StatusOr<DenseWeight> SplitQ8Dense(const WeightRef& q8_dev, DevicePool& pool, ActDType act, GpuStream stream);
+// Allocates g->gemm_scratch when some dense weight is split Q8 (up to 64 MiB of expanded rows).
+absl::Status AllocGemmScratch(GpuModelWeights* g, ActDType act);
 
 // `act`: the dtype dense weights are expanded to.
 absl::StatusOr<std::unique_ptr<GpuModelWeights>> UploadModelWeights(const ModelWeights& w, ActDType act,

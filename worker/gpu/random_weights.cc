@@ -18,8 +18,8 @@ constexpr float kE2M1Rms = 2.926f;  // rms of the E2M1 magnitudes {0, .5, 1, 1.5
 
 class Maker {
  public:
-  Maker(DevicePool& pool, ActDType act, uint64_t seed, GpuStream stream)
-      : pool_(pool), act_(act), seed_(seed), stream_(stream) {}
+  Maker(DevicePool& pool, ActDType act, uint64_t seed, GpuStream stream, bool dense_q8 = false)
+      : pool_(pool), act_(act), seed_(seed), stream_(stream), dense_q8_(dense_q8) {}
 
   absl::StatusOr<const float*> Ones(int64_t n) { return Const(n, 1.f); }
   absl::StatusOr<const float*> Const(int64_t n, float v) {
@@ -35,7 +35,16 @@ class Maker {
     RETURN_IF_ERROR(Fill(f, stream_));
     return DenseWeight{p, dt, rows, cols};
   }
-  absl::StatusOr<DenseWeight> Dense(int64_t rows, int64_t cols) { return Dense(rows, cols, act_); }
+  // Activation-dtype matrices are split Q8 when dense_q8 (random Q8_0 codes, as a file's).
+  absl::StatusOr<DenseWeight> Dense(int64_t rows, int64_t cols) {
+    if (!dense_q8_ || cols % 32 != 0) return Dense(rows, cols, act_);
+    DevicePool tmp(/*chunk_bytes=*/0);
+    Maker tmk(tmp, act_, ++seed_, stream_);
+    ASSIGN_OR_RETURN(WeightRef q8, tmk.Stored(WeightFormat::kQ8_0, rows, cols));
+    ASSIGN_OR_RETURN(DenseWeight d, SplitQ8Dense(q8, pool_, act_, stream_));
+    MOESHARD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));  // before tmp is freed
+    return d;
+  }
 
   // [rows, cols] in `f`, contiguous rows, device pointers.
   absl::StatusOr<WeightRef> Stored(WeightFormat f, int64_t rows, int64_t cols) {
@@ -85,12 +94,14 @@ class Maker {
   ActDType act_;
   uint64_t seed_;
   GpuStream stream_;
+  bool dense_q8_;
 };
 
 }  // namespace
 
 absl::StatusOr<std::pair<std::unique_ptr<ModelWeights>, std::unique_ptr<GpuModelWeights>>> RandomModelWeights(
-    const ModelConfig& c, const ShardSpec& shard, ActDType act, WeightFormat ef, uint64_t seed, GpuStream stream) {
+    const ModelConfig& c, const ShardSpec& shard, ActDType act, WeightFormat ef, uint64_t seed, GpuStream stream,
+    WeightFormat dense_format) {
   RETURN_IF_ERROR(ValidateShard(c, shard));
   if ((ef == WeightFormat::kQ8_0 || ef == WeightFormat::kMXFP4 || ef == WeightFormat::kNVFP4) &&
       (c.expert_width() % 32 || c.expert_intermediate % 32)) {
@@ -105,7 +116,10 @@ absl::StatusOr<std::pair<std::unique_ptr<ModelWeights>, std::unique_ptr<GpuModel
   meta->expert_begin = shard.tp_rank * meta->num_local_experts;
   meta->local_dense_intermediate = c.dense_intermediate / tp;
   const int64_t nq = meta->num_local_heads, nkv = meta->num_local_kv_heads;
-  Maker mk(g->pool, act, seed, stream);
+  if (dense_format != WeightFormat::kBF16 && dense_format != WeightFormat::kQ8_0) {
+    return absl::InvalidArgumentError("random dense matrices are bf16 (the activation dtype) or q8_0");
+  }
+  Maker mk(g->pool, act, seed, stream, dense_format == WeightFormat::kQ8_0 && KeepDenseQ8(act));
   if (shard.first_stage) {
     ASSIGN_OR_RETURN(g->embed, mk.Stored(WeightFormat::kBF16, V, H));
   }
@@ -177,6 +191,7 @@ absl::StatusOr<std::pair<std::unique_ptr<ModelWeights>, std::unique_ptr<GpuModel
     }
     g->layers.push_back(l);
   }
+  RETURN_IF_ERROR(AllocGemmScratch(g.get(), act));
   MOESHARD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   return std::make_pair(std::move(meta), std::move(g));
 }

@@ -1,0 +1,254 @@
+// Decode GEMV (gemv.h). One warp computes kRowsPerWarp rows of y for every token of the launch;
+// a block of kWarps warps first stages x [TB, K] in shared memory as fp32.
+//
+// Columns go in chunks of 16: lane l takes chunks l, l + 32, l + 64, ... of every row it
+// computes, so a warp's loads of one row are contiguous (16 bytes a lane for split Q8, 32 for
+// bf16, 64 for fp32) and each lane's x columns are fixed. x is stored as float4 pieces, piece p
+// of chunk c at slot 4c + (p ^ ((c >> 1) & 3)): in each quarter-warp phase of an LDS.128 the
+// eight lanes then hit eight different 16-byte bank groups (without the XOR, lanes 64 bytes
+// apart would share four).
+//
+// Memory-level parallelism: a lane issues the loads of kUnroll chunks of both rows before it
+// uses any (128 bytes in flight per lane). Split Q8's scale applies to the fp32 sum of a
+// chunk's 16 products (both chunks of a 32-block share it).
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "kernels/cuda/act.cuh"
+#include "kernels/cuda/gemv_launch.h"
+
+namespace moeshard::gpu {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kRowsPerWarp = 2;
+constexpr int kChunk = 16;  // columns
+
+template <GemvWeight W>
+struct Fmt {
+  static constexpr int kLoads = W == GemvWeight::kQ8 ? 1 : W == GemvWeight::kBF16 ? 2 : 4;  // uint4 per chunk
+  static constexpr int kUnroll = W == GemvWeight::kQ8 ? 4 : W == GemvWeight::kBF16 ? 2 : 1;
+  static constexpr int kChunkBytes = 16 * kLoads;
+};
+
+__device__ __forceinline__ int XsSlot(int c, int p) { return 4 * c + (p ^ ((c >> 1) & 3)); }
+
+__device__ __forceinline__ uint4 LoadStream(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// The 16 weights of one chunk as fp32 (split Q8: the codes, unscaled).
+template <GemvWeight W>
+__device__ __forceinline__ void Decode(const uint4 (&v)[Fmt<W>::kLoads], float (&w)[kChunk]) {
+  if constexpr (W == GemvWeight::kQ8) {
+    const uint32_t words[4] = {v[0].x, v[0].y, v[0].z, v[0].w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) w[4 * i + j] = static_cast<float>(static_cast<int32_t>(words[i] << (24 - 8 * j)) >> 24);
+    }
+  } else if constexpr (W == GemvWeight::kBF16) {
+#pragma unroll
+    for (int l = 0; l < 2; ++l) {
+      const uint32_t words[4] = {v[l].x, v[l].y, v[l].z, v[l].w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        w[8 * l + 2 * i] = __uint_as_float(words[i] << 16);
+        w[8 * l + 2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int l = 0; l < 4; ++l) {
+      w[4 * l] = __uint_as_float(v[l].x);
+      w[4 * l + 1] = __uint_as_float(v[l].y);
+      w[4 * l + 2] = __uint_as_float(v[l].z);
+      w[4 * l + 3] = __uint_as_float(v[l].w);
+    }
+  }
+}
+
+template <GemvWeight W, int TB>
+__global__ void __launch_bounds__(kThreads) GemvKernel(GemvLaunch a) {
+  extern __shared__ float4 xs[];  // [TB][nchunks * 4] swizzled pieces
+  const int nchunks = static_cast<int>(a.cols / kChunk);
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  for (int i = tid; i < TB * nchunks * 4; i += kThreads) {
+    const int t = i / (nchunks * 4), rem = i % (nchunks * 4), c = rem / 4, p = rem % 4;
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (t < a.num_tokens) {
+      const int64_t off = t * a.x_stride + c * kChunk + 4 * p;
+      if (a.x_f32) {
+        v = *reinterpret_cast<const float4*>(static_cast<const float*>(a.x) + off);
+      } else {
+        const uint2 b = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(a.x) + off);
+        v = make_float4(__uint_as_float(b.x << 16), __uint_as_float(b.x & 0xffff0000u), __uint_as_float(b.y << 16),
+                        __uint_as_float(b.y & 0xffff0000u));
+      }
+    }
+    xs[t * nchunks * 4 + XsSlot(c, p)] = v;
+  }
+  __syncthreads();
+
+  const int64_t task = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
+  int mi = 0;
+  while (mi + 1 < a.num_matrices && task >= a.task_begin[mi + 1]) ++mi;
+  if (task >= a.task_begin[a.num_matrices]) return;
+  const GemvMatrix& m = a.m[mi];
+  const int64_t row0 = (task - a.task_begin[mi]) * kRowsPerWarp;
+  using F = Fmt<W>;
+  const uint8_t* wrow[kRowsPerWarp];
+  const uint16_t* srow[kRowsPerWarp];
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    const int64_t row = row0 + r < m.rows ? row0 + r : m.rows - 1;  // a missing last row re-reads its neighbour, stores nothing
+    wrow[r] = static_cast<const uint8_t*>(m.w) + row * nchunks * F::kChunkBytes;
+    srow[r] = W == GemvWeight::kQ8 ? m.scales + row * (a.cols / 32) : nullptr;
+  }
+  float acc[kRowsPerWarp][TB] = {};
+  for (int c0 = lane; c0 < nchunks; c0 += 32 * F::kUnroll) {
+    uint4 v[kRowsPerWarp][F::kUnroll][F::kLoads];
+    float sc[kRowsPerWarp][F::kUnroll];
+#pragma unroll
+    for (int u = 0; u < F::kUnroll; ++u) {
+      const int c = c0 + 32 * u;
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r) {
+#pragma unroll
+        for (int l = 0; l < F::kLoads; ++l) {
+          v[r][u][l] = c < nchunks ? LoadStream(wrow[r] + c * F::kChunkBytes + 16 * l) : make_uint4(0, 0, 0, 0);
+        }
+        if constexpr (W == GemvWeight::kQ8) sc[r][u] = c < nchunks ? __half2float(__ushort_as_half(srow[r][c / 2])) : 0.f;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < F::kUnroll; ++u) {
+      const int c = c0 + 32 * u;
+      if (c >= nchunks) break;
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r) {
+        float w[kChunk];
+        Decode<W>(v[r][u], w);
+#pragma unroll
+        for (int t = 0; t < TB; ++t) {
+          float s = 0.f;
+#pragma unroll
+          for (int p = 0; p < 4; ++p) {
+            const float4 xv = xs[t * nchunks * 4 + XsSlot(c, p)];
+            s = fmaf(w[4 * p], xv.x, s);
+            s = fmaf(w[4 * p + 1], xv.y, s);
+            s = fmaf(w[4 * p + 2], xv.z, s);
+            s = fmaf(w[4 * p + 3], xv.w, s);
+          }
+          if constexpr (W == GemvWeight::kQ8) {
+            acc[r][t] = fmaf(sc[r][u], s, acc[r][t]);
+          } else {
+            acc[r][t] += s;
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+#pragma unroll
+    for (int t = 0; t < TB; ++t) {
+      const float s = WarpSum(acc[r][t]);
+      const int64_t row = row0 + r;
+      if (lane == (r * TB + t) % 32 && row < m.rows && t < a.num_tokens) {
+        const float y = m.bias ? s + m.bias[row] : s;
+        const int64_t at = t * m.y_stride + row;
+        if (a.y_f32) {
+          static_cast<float*>(m.y)[at] = y;
+        } else {
+          static_cast<uint16_t*>(m.y)[at] = DevF32ToBf16(y);
+        }
+      }
+    }
+  }
+}
+
+template <GemvWeight W, int TB>
+cudaError_t LaunchTB(const GemvLaunch& a, int64_t blocks, cudaStream_t stream) {
+  const size_t smem = static_cast<size_t>(TB) * a.cols * sizeof(float);
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(GemvKernel<W, TB>, cudaFuncAttributeMaxDynamicSharedMemorySize, kGemvMaxSmemBytes);
+  if (attr != cudaSuccess) return attr;
+  GemvKernel<W, TB><<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(a);
+  return cudaGetLastError();
+}
+
+template <GemvWeight W>
+cudaError_t LaunchW(const GemvLaunch& a, int tb, int64_t blocks, cudaStream_t stream) {
+  switch (tb) {
+    case 1: return LaunchTB<W, 1>(a, blocks, stream);
+    case 2: return LaunchTB<W, 2>(a, blocks, stream);
+    case 4: return LaunchTB<W, 4>(a, blocks, stream);
+    default: return LaunchTB<W, 8>(a, blocks, stream);
+  }
+}
+
+__global__ void SplitQ8Kernel(WeightRef w, int8_t* codes, uint16_t* scales) {
+  const int64_t nb = w.cols / 32;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= w.rows * nb) return;
+  const int64_t row = i / nb, b = i % nb;
+  const uint8_t* blk = w.data + row * w.row_stride_bytes + (w.col_offset / 32 + b) * 34;
+  scales[i] = static_cast<uint16_t>(blk[0] | (blk[1] << 8));
+  int8_t* out = codes + row * w.cols + b * 32;
+#pragma unroll
+  for (int j = 0; j < 32; ++j) out[j] = static_cast<int8_t>(blk[2 + j]);
+}
+
+__global__ void ExpandQ8Kernel(const int8_t* codes, const uint16_t* scales, int64_t n, void* out, int out_f32) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float v = __fmul_rn(DevF16ToF32(scales[i / 32]), static_cast<float>(codes[i]));
+  if (out_f32) {
+    static_cast<float*>(out)[i] = v;
+  } else {
+    static_cast<uint16_t*>(out)[i] = DevF32ToBf16(v);
+  }
+}
+
+}  // namespace
+
+int GemvTokensPerLaunch(int64_t cols) {
+  int tb = static_cast<int>(kGemvMaxTokens);
+  while (tb > 1 && static_cast<int64_t>(tb) * cols * 4 > kGemvMaxSmemBytes) tb /= 2;
+  return tb;
+}
+
+cudaError_t LaunchGemv(const GemvLaunch& a, cudaStream_t stream) {
+  const int64_t tasks = a.task_begin[a.num_matrices];
+  const int64_t blocks = (tasks + kWarps - 1) / kWarps;
+  int tb = 1;
+  while (tb < a.num_tokens) tb *= 2;
+  switch (a.wtype) {
+    case GemvWeight::kQ8: return LaunchW<GemvWeight::kQ8>(a, tb, blocks, stream);
+    case GemvWeight::kBF16: return LaunchW<GemvWeight::kBF16>(a, tb, blocks, stream);
+    default: return LaunchW<GemvWeight::kF32>(a, tb, blocks, stream);
+  }
+}
+
+int64_t GemvRowsPerTask() { return kRowsPerWarp; }
+
+cudaError_t LaunchGemvSplitQ8(const WeightRef& w, int8_t* codes, uint16_t* scales, cudaStream_t stream) {
+  const int64_t n = w.rows * (w.cols / 32);
+  SplitQ8Kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(w, codes, scales);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchGemvExpandQ8(const int8_t* codes, const uint16_t* scales, int64_t n, void* out, bool out_f32,
+                               cudaStream_t stream) {
+  ExpandQ8Kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(codes, scales, n, out, out_f32 ? 1 : 0);
+  return cudaGetLastError();
+}
+
+}  // namespace moeshard::gpu

@@ -1,0 +1,58 @@
+// Decode-sized dense projections: y[T, N] = x[T, K] · Wᵀ (+ bias) for T ≤ kGemvMaxTokens, read
+// at memory speed. One launch can run up to three matrices that share x and K (the attention
+// block's Q, K and V), so a decode layer spends one kernel on them instead of three cuBLAS calls.
+//
+// Weights stay compact: besides bf16 and fp32 rows, the "split Q8" layout holds a Q8_0 matrix as
+// int8 codes [N, K] (16-byte loads, no 34-byte blocks to straddle) and one f16 scale per 32
+// codes [N, K / 32]: the same 8.5 bits per weight as Q8_0, half of bf16. GemvSplitQ8 converts a
+// stored Q8_0 view to it once at load; GemvExpandQ8 writes the bf16 rows (for the tensor-core
+// GEMMs of prefill) bit for bit as ExpandWeights does from the Q8_0 bytes.
+//
+// Arithmetic: weights decoded exactly to fp32 (int8 × f16 scale per 32-block, applied to the
+// block's fp32 partial sum), activations as fp32, fp32 accumulation; outputs rounded once.
+// All calls enqueue on `stream` and do not synchronize.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cuda/gpu_params.h"
+
+namespace moeshard::gpu {
+
+inline constexpr int64_t kGemvMaxTokens = 8;
+
+enum class GemvWeight : uint8_t { kF32, kBF16, kQ8 };
+
+struct GemvMatrix {
+  const void* w = nullptr;          // [rows, K]: float, bf16 bits, or int8 codes (kQ8)
+  const uint16_t* scales = nullptr;  // kQ8 only: f16 bits [rows, K / 32]
+  int64_t rows = 0;
+  const float* bias = nullptr;  // optional [rows]
+  void* y = nullptr;            // [T, y_stride] of y_dtype
+  int64_t y_stride = 0;         // elements; 0 means rows
+};
+
+struct GemvParams {
+  GemvWeight wtype = GemvWeight::kBF16;
+  const void* x = nullptr;  // [T, x_stride] of x_dtype
+  ActDType x_dtype = ActDType::kBF16;
+  int64_t x_stride = 0;  // elements; 0 means cols
+  ActDType y_dtype = ActDType::kF32;
+  int64_t cols = 0;        // K: a multiple of 16 (32 for kQ8)
+  int64_t num_tokens = 0;  // 1..kGemvMaxTokens
+  GemvMatrix m[3];
+  int num_matrices = 1;
+};
+
+// Whether Gemv takes this weight shape (K) and alignment; callers fall back to a GEMM otherwise.
+bool GemvSupports(GemvWeight wtype, int64_t cols);
+absl::Status Gemv(const GemvParams& p, GpuStream stream);
+
+// Q8_0 view (device pointers) → int8 codes [rows, cols] + f16 scales [rows, cols / 32].
+absl::Status GemvSplitQ8(const WeightRef& q8_0, int8_t* codes, uint16_t* scales, GpuStream stream);
+// Split Q8 rows [0, rows) → out[rows, cols] as bf16 or fp32 (exactly ExpandWeights' values).
+absl::Status GemvExpandQ8(const int8_t* codes, const uint16_t* scales, int64_t rows, int64_t cols, void* out,
+                          ActDType out_dtype, GpuStream stream);
+
+}  // namespace moeshard::gpu

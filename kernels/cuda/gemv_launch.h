@@ -1,0 +1,33 @@
+// Internal: the launch-side view of GemvParams (gemv.cc validates and fills it; gemv.cu runs it).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/gemv.h"
+
+namespace moeshard::gpu {
+
+// Dynamic shared memory a GEMV block may take for x (fp32 [TB, K]).
+inline constexpr int kGemvMaxSmemBytes = 64 * 1024;
+
+struct GemvLaunch {
+  GemvWeight wtype = GemvWeight::kBF16;
+  const void* x = nullptr;
+  int x_f32 = 0;
+  int64_t x_stride = 0;
+  int y_f32 = 0;
+  int64_t cols = 0;
+  int num_tokens = 0;  // ≤ GemvTokensPerLaunch(cols)
+  GemvMatrix m[3];     // y_stride filled in
+  int num_matrices = 1;
+  int64_t task_begin[4] = {};  // warp tasks: matrix i owns [task_begin[i], task_begin[i + 1])
+};
+
+int GemvTokensPerLaunch(int64_t cols);  // tokens whose fp32 x fits kGemvMaxSmemBytes (1..8)
+int64_t GemvRowsPerTask();
+cudaError_t LaunchGemv(const GemvLaunch& a, cudaStream_t stream);
+cudaError_t LaunchGemvSplitQ8(const WeightRef& w, int8_t* codes, uint16_t* scales, cudaStream_t stream);
+cudaError_t LaunchGemvExpandQ8(const int8_t* codes, const uint16_t* scales, int64_t n, void* out, bool out_f32,
+                               cudaStream_t stream);
+
+}  // namespace moeshard::gpu

@@ -1,0 +1,250 @@
+// The decode GEMV (kernels/cuda/gemv.h) against the CPU reference MatMul over the same weights:
+// bf16 rows with bf16 x, fp32 rows with fp32 x, and Q8_0 rows (quantized by the GGUF writer's
+// quantizer, converted to split Q8 on the device) with bf16 x; 1 to 8 tokens, odd row counts,
+// three matrices in one launch with biases, fp32 and bf16 outputs, and K of 768, 2048 and 4096
+// (two token groups). Also the split-Q8 expansion, bit for bit against ExpandWeights of the
+// Q8_0 bytes, and Gemm's chunked expansion of split-Q8 weights (prefill-sized batches).
+// Labelled `gpu`; exits 77 (SKIPPED) where no CUDA device is present.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "common/formats/gguf_quant.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/dequant.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gemv.h"
+#include "kernels/cuda/gpu_ops.h"
+#include "tests/kernels/gpu_test_util.h"
+
+namespace moeshard {
+namespace {
+
+using gpu::ActDType;
+using gpu::GemvWeight;
+
+struct DevBuf {
+  explicit DevBuf(size_t bytes) { cudaMalloc(&p, std::max<size_t>(bytes, 16)); }
+  DevBuf(const void* h, size_t bytes) : DevBuf(bytes) { cudaMemcpy(p, h, bytes, cudaMemcpyHostToDevice); }
+  ~DevBuf() { cudaFree(p); }
+  template <typename T>
+  std::vector<T> Host(size_t n) const {
+    std::vector<T> h(n);
+    cudaDeviceSynchronize();
+    cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
+    return h;
+  }
+  void* p = nullptr;
+};
+
+// One matrix in every form the test needs: host fp32 values the reference multiplies (exactly
+// the stored weights' values), and the device weights.
+struct Matrix {
+  int64_t rows = 0, cols = 0;
+  std::vector<float> ref;        // [rows, cols] fp32 values of the stored weights
+  std::string q8;                // Q8_0 bytes (kQ8)
+  std::unique_ptr<DevBuf> w, scales, q8_dev;
+  std::vector<float> bias;
+  std::unique_ptr<DevBuf> bias_dev;
+};
+
+Matrix MakeMatrix(GemvWeight t, int64_t rows, int64_t cols, std::mt19937& rng) {
+  Matrix m;
+  m.rows = rows;
+  m.cols = cols;
+  std::normal_distribution<float> d(0.f, 1.f / std::sqrt(static_cast<float>(cols)));
+  std::vector<float> v(rows * cols);
+  for (auto& x : v) x = d(rng);
+  if (t == GemvWeight::kQ8) {
+    for (int64_t r = 0; r < rows; ++r) QuantizeRowQ8_0(v.data() + r * cols, cols, &m.q8);
+    WeightRef ref;
+    ref.format = WeightFormat::kQ8_0;
+    ref.rows = rows;
+    ref.cols = cols;
+    ref.data = reinterpret_cast<const uint8_t*>(m.q8.data());
+    ref.row_stride_bytes = WeightRowBytes(WeightFormat::kQ8_0, cols);
+    m.ref.resize(rows * cols);
+    for (int64_t r = 0; r < rows; ++r) DequantRow(ref, r, m.ref.data() + r * cols);
+    m.q8_dev = std::make_unique<DevBuf>(m.q8.data(), m.q8.size());
+    m.w = std::make_unique<DevBuf>(rows * cols);
+    m.scales = std::make_unique<DevBuf>(rows * cols / 32 * 2);
+    ref.data = static_cast<const uint8_t*>(m.q8_dev->p);
+    EXPECT_TRUE(gpu::GemvSplitQ8(ref, static_cast<int8_t*>(m.w->p), static_cast<uint16_t*>(m.scales->p), nullptr).ok());
+  } else if (t == GemvWeight::kBF16) {
+    std::vector<uint16_t> b(v.size());
+    for (size_t i = 0; i < v.size(); ++i) b[i] = F32ToBf16(v[i]);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = Bf16ToF32(b[i]);
+    m.ref = v;
+    m.w = std::make_unique<DevBuf>(b.data(), b.size() * 2);
+  } else {
+    m.ref = v;
+    m.w = std::make_unique<DevBuf>(v.data(), v.size() * 4);
+  }
+  m.bias.resize(rows);
+  for (auto& b : m.bias) b = d(rng);
+  m.bias_dev = std::make_unique<DevBuf>(m.bias.data(), rows * 4);
+  return m;
+}
+
+std::vector<float> RefMatMul(const std::vector<float>& x, int64_t T, const std::vector<float>& wref, int64_t rows,
+                             int64_t cols, const float* bias) {
+  WeightRef w;
+  w.format = WeightFormat::kF32;
+  w.rows = rows;
+  w.cols = cols;
+  w.data = reinterpret_cast<const uint8_t*>(wref.data());
+  w.row_stride_bytes = cols * 4;
+  std::vector<float> y(T * rows);
+  MatMul(x.data(), T, w, y.data(), bias);
+  return y;
+}
+
+double MaxRelErr(const std::vector<float>& got, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    num = std::max(num, std::fabs(static_cast<double>(got[i]) - ref[i]));
+    den = std::max(den, std::fabs(static_cast<double>(ref[i])));
+  }
+  return num / std::max(den, 1e-30);
+}
+
+struct Shape {
+  GemvWeight wtype;
+  int64_t K;
+};
+
+class GemvTest : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(GemvTest, ThreeMatricesEveryTokenCountBothOutputs) {
+  const Shape sh = GetParam();
+  std::mt19937 rng(static_cast<uint32_t>(sh.K) * 7 + static_cast<uint32_t>(sh.wtype));
+  const int64_t rows[3] = {130, 7, 1};
+  Matrix ms[3] = {MakeMatrix(sh.wtype, rows[0], sh.K, rng), MakeMatrix(sh.wtype, rows[1], sh.K, rng),
+                  MakeMatrix(sh.wtype, rows[2], sh.K, rng)};
+  const bool x_f32 = sh.wtype == GemvWeight::kF32;
+  for (int64_t T : {1, 2, 3, 4, 5, 8}) {
+    for (ActDType y_dtype : {ActDType::kF32, ActDType::kBF16}) {
+      SCOPED_TRACE(testing::Message() << "K " << sh.K << " T " << T << " y " << (y_dtype == ActDType::kF32 ? "f32" : "bf16"));
+      std::normal_distribution<float> d(0.f, 1.f);
+      std::vector<float> x(T * sh.K);
+      std::vector<uint16_t> xb(x.size());
+      for (size_t i = 0; i < x.size(); ++i) {
+        x[i] = d(rng);
+        xb[i] = F32ToBf16(x[i]);
+        if (!x_f32) x[i] = Bf16ToF32(xb[i]);
+      }
+      DevBuf xd(x_f32 ? static_cast<const void*>(x.data()) : xb.data(), x.size() * (x_f32 ? 4 : 2));
+      gpu::GemvParams p;
+      p.wtype = sh.wtype;
+      p.x = xd.p;
+      p.x_dtype = x_f32 ? ActDType::kF32 : ActDType::kBF16;
+      p.y_dtype = y_dtype;
+      p.cols = sh.K;
+      p.num_tokens = T;
+      p.num_matrices = 3;
+      std::vector<std::unique_ptr<DevBuf>> ys;
+      const size_t ye = y_dtype == ActDType::kF32 ? 4 : 2;
+      for (int i = 0; i < 3; ++i) {
+        // Poisoned outputs with a row stride wider than the matrix: every written element is checked,
+        // and the padding must stay poisoned.
+        const int64_t stride = rows[i] + 3;
+        std::vector<uint8_t> poison(T * stride * ye, 0xff);
+        ys.push_back(std::make_unique<DevBuf>(poison.data(), poison.size()));
+        p.m[i] = {ms[i].w->p, ms[i].scales ? static_cast<const uint16_t*>(ms[i].scales->p) : nullptr, rows[i],
+                  i == 1 ? nullptr : static_cast<const float*>(ms[i].bias_dev->p), ys[i]->p, stride};
+      }
+      ASSERT_TRUE(gpu::Gemv(p, nullptr).ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      for (int i = 0; i < 3; ++i) {
+        const int64_t stride = rows[i] + 3;
+        auto ref = RefMatMul(x, T, ms[i].ref, rows[i], sh.K, i != 1 ? ms[i].bias.data() : nullptr);
+        std::vector<float> got(T * rows[i]);
+        if (y_dtype == ActDType::kF32) {
+          auto h = ys[i]->Host<float>(T * stride);
+          for (int64_t t = 0; t < T; ++t) {
+            for (int64_t r = 0; r < rows[i]; ++r) got[t * rows[i] + r] = h[t * stride + r];
+            for (int64_t r = rows[i]; r < stride; ++r) EXPECT_TRUE(std::isnan(h[t * stride + r])) << "padding written";
+          }
+        } else {
+          auto h = ys[i]->Host<uint16_t>(T * stride);
+          for (int64_t t = 0; t < T; ++t) {
+            for (int64_t r = 0; r < rows[i]; ++r) got[t * rows[i] + r] = Bf16ToF32(h[t * stride + r]);
+            for (int64_t r = rows[i]; r < stride; ++r) EXPECT_EQ(h[t * stride + r], 0xffff) << "padding written";
+          }
+        }
+        // fp32 accumulation of exactly represented products: far under 1e-5; bf16 outputs round once.
+        EXPECT_LE(MaxRelErr(got, ref), y_dtype == ActDType::kF32 ? 1e-5 : 8e-3) << "matrix " << i;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GemvTest,
+                         ::testing::Values(Shape{GemvWeight::kQ8, 2048}, Shape{GemvWeight::kQ8, 768},
+                                           Shape{GemvWeight::kQ8, 4096}, Shape{GemvWeight::kBF16, 2048},
+                                           Shape{GemvWeight::kBF16, 784}, Shape{GemvWeight::kF32, 2048},
+                                           Shape{GemvWeight::kF32, 4096}));
+
+TEST(GemvQ8, ExpansionIsExpandWeightsBitForBit) {
+  std::mt19937 rng(3);
+  Matrix m = MakeMatrix(GemvWeight::kQ8, 37, 256, rng);
+  for (ActDType dt : {ActDType::kF32, ActDType::kBF16}) {
+    const size_t elem = dt == ActDType::kF32 ? 4 : 2;
+    DevBuf a(37 * 256 * elem), b(37 * 256 * elem);
+    ASSERT_TRUE(gpu::GemvExpandQ8(static_cast<int8_t*>(m.w->p), static_cast<uint16_t*>(m.scales->p), 37, 256, a.p, dt,
+                                  nullptr).ok());
+    gpu::ExpandParams e;
+    e.w.format = WeightFormat::kQ8_0;
+    e.w.rows = 37;
+    e.w.cols = 256;
+    e.w.data = static_cast<const uint8_t*>(m.q8_dev->p);
+    e.w.row_stride_bytes = WeightRowBytes(WeightFormat::kQ8_0, 256);
+    e.out = b.p;
+    e.out_dtype = dt;
+    ASSERT_TRUE(gpu::ExpandWeights(e, nullptr).ok());
+    EXPECT_EQ(a.Host<uint16_t>(37 * 256 * elem / 2), b.Host<uint16_t>(37 * 256 * elem / 2));
+  }
+}
+
+TEST(GemvQ8, GemmExpandsSplitQ8InChunks) {
+  std::mt19937 rng(5);
+  const int64_t T = 40, N = 300, K = 512;
+  Matrix m = MakeMatrix(GemvWeight::kQ8, N, K, rng);
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<float> x(T * K);
+  std::vector<uint16_t> xb(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    xb[i] = F32ToBf16(d(rng));
+    x[i] = Bf16ToF32(xb[i]);
+  }
+  DevBuf xd(xb.data(), xb.size() * 2), y(T * N * 4), scratch(64 * K * 2);  // 64 rows a chunk: 5 chunks
+  auto g = gpu::Gemm::Create(nullptr);
+  ASSERT_TRUE(g.ok()) << g.status();
+  gpu::GemmArgs a;
+  a.w = {m.w->p, ActDType::kBF16, N, K};
+  a.w.q8_scales = static_cast<const uint16_t*>(m.scales->p);
+  a.x = xd.p;
+  a.x_dtype = ActDType::kBF16;
+  a.y = y.p;
+  a.y_dtype = ActDType::kF32;
+  a.num_tokens = T;
+  EXPECT_FALSE((*g)->Run(a).ok()) << "no scratch must be an error";
+  a.scratch = scratch.p;
+  a.scratch_bytes = 64 * K * 2;
+  ASSERT_TRUE((*g)->Run(a).ok());
+  // The reference multiplies the bf16-rounded weights, as the expansion feeds cuBLAS.
+  std::vector<float> wb = m.ref;
+  for (auto& v : wb) v = Bf16ToF32(F32ToBf16(v));
+  EXPECT_LE(MaxRelErr(y.Host<float>(T * N), RefMatMul(x, T, wb, N, K, nullptr)), 1e-5);
+}
+
+}  // namespace
+}  // namespace moeshard
