@@ -150,8 +150,8 @@ Timing RunRequest(const RequestConfig& c, const itest::HttpClient& http, int64_t
     const auto now = Clock::now();
     if (t.chunks == 0) {
       t.ttft_s = Seconds(t0, now);
-    } else {
-      t.itl_s.push_back(Seconds(last, now));
+    } else {  // a chunk of n tokens counts as n gaps of an n-th each
+      t.itl_s.insert(t.itl_s.end(), n, Seconds(last, now) / n);
     }
     last = now;
     ++t.chunks;

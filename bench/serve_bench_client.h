@@ -23,7 +23,7 @@ struct Timing {
   bool ok = false;
   std::string error;  // why it failed; empty when ok
   double ttft_s = 0, e2e_s = 0;
-  std::vector<double> itl_s;  // gaps between content chunks after the first
+  std::vector<double> itl_s;  // per token after the first chunk: a chunk of n tokens adds n gaps of 1/n
   int64_t prompt_tokens = 0, output_tokens = 0;
   int64_t chunks = 0;  // events that carried content
   bool usage_seen = false;  // token counts came from the server's usage object

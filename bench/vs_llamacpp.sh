@@ -106,11 +106,20 @@ maxc=$(tr , '\n' <<< "$conc" | sort -n | tail -1)
 ctx=$(( ((prompt + output > prefill + 8 ? prompt + output : prefill + 8) + 255) / 256 * 256 ))
 req_flag=(); [ -n "$requests" ] && req_flag=(--requests "$requests")
 
+# http_ok URL: GET answers 200 (curl, or Python where the machine has no curl).
+http_ok() {
+  if command -v curl > /dev/null; then
+    [ "$(curl -s -o /dev/null -w '%{http_code}' "$1" || true)" = 200 ]
+  else
+    python3 -c 'import sys, urllib.request; sys.exit(urllib.request.urlopen(sys.argv[1], timeout=5).status != 200)' \
+      "$1" 2> /dev/null
+  fi
+}
 # wait_ready URL PID LOG: until GET URL answers 200 (servers load 16 GiB first).
 wait_ready() {
   for _ in $(seq 1 600); do
     kill -0 "$2" 2> /dev/null || { tail -20 "$3"; echo "vs_llamacpp: the server exited (log: $3)" >&2; return 1; }
-    [ "$(curl -s -o /dev/null -w '%{http_code}' "$1" || true)" = 200 ] && return 0
+    http_ok "$1" && return 0
     sleep 1
   done
   echo "vs_llamacpp: $1 not ready after 600 s (log: $3)" >&2; return 1

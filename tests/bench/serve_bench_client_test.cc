@@ -37,6 +37,10 @@ std::vector<std::string> Pieces(const std::string& model) {
                 Chunk("d") + Usage(4) + "data: [DONE]\n\n"};
   }
   if (model == "no-usage") return {Chunk("a"), Chunk(""), Chunk("b"), "data: [DONE]\n\n"};
+  if (model == "token-ids") {
+    return {"data: {\"choices\":[{\"text\":\"a\",\"token_ids\":[5]}]}\n\n",
+            "data: {\"choices\":[{\"text\":\"bc\",\"token_ids\":[6,7]}]}\n\n", "data: [DONE]\n\n"};
+  }
   if (model == "bad-utf8") return {Chunk("\xff"), Chunk("\xe4\xbd"), Usage(2), "data: [DONE]\n\n"};
   if (model == "cut") return {Chunk("a"), Chunk("b")};
   if (model == "error-event") return {Chunk("a"), "data: {\"error\":{\"code\":503,\"message\":\"slot unavailable\"}}\n\n"};
@@ -87,7 +91,7 @@ class FakeServer {
   std::thread thread_;
 };
 
-Timing Run(const FakeServer& s, const std::string& model, bool stream = true) {
+Timing Send(const FakeServer& s, const std::string& model, bool stream = true) {
   itest::HttpClient http(s.url(), "", 10);
   RequestConfig c;
   c.model = model;
@@ -97,25 +101,29 @@ Timing Run(const FakeServer& s, const std::string& model, bool stream = true) {
   return RunRequest(c, http, 0);
 }
 
-// Each good framing: content chunks, output tokens (usage when sent, else counted; an
-// empty text piece carries no token), whether usage was seen.
+// Each good framing: content chunks, output tokens (usage when sent, else token ids or
+// text pieces counted; an empty text piece carries no token), whether usage was seen.
 TEST(ServeBenchClient, GoodStreamsAreTimedAndCounted) {
   struct Good {
     std::string model;
     int64_t chunks, tokens;
     bool usage;
+    size_t gaps;  // inter-token latencies: a chunk of n token ids after the first adds n
   };
-  const std::vector<Good> cases = {
-      {"split", 3, 3, true}, {"coalesced", 4, 4, true}, {"no-usage", 2, 2, false}, {"bad-utf8", 2, 2, true}};
+  const std::vector<Good> cases = {{"split", 3, 3, true, 2},      {"coalesced", 4, 4, true, 3},
+                                   {"no-usage", 2, 2, false, 1},  {"bad-utf8", 2, 2, true, 1},
+                                   {"token-ids", 2, 3, false, 2}};
   FakeServer s;
   for (const Good& g : cases) {
-    Timing t = Run(s, g.model);
+    Timing t = Send(s, g.model);
     ASSERT_TRUE(t.ok) << g.model << ": " << t.error;
     EXPECT_EQ(t.chunks, g.chunks) << g.model;
     EXPECT_EQ(t.output_tokens, g.tokens) << g.model;
     EXPECT_EQ(t.usage_seen, g.usage) << g.model;
-    if (g.usage) EXPECT_EQ(t.prompt_tokens, 16) << g.model;
-    EXPECT_EQ(t.itl_s.size(), static_cast<size_t>(g.chunks - 1)) << g.model;
+    if (g.usage) {
+      EXPECT_EQ(t.prompt_tokens, 16) << g.model;
+    }
+    EXPECT_EQ(t.itl_s.size(), g.gaps) << g.model;
     EXPECT_GE(t.ttft_s, 0.025) << g.model;  // the server waits 30 ms before its first write
     EXPECT_GE(t.e2e_s, t.ttft_s) << g.model;
   }
@@ -135,7 +143,7 @@ TEST(ServeBenchClient, FailuresNameTheirCause) {
   };
   FakeServer s;
   for (const Failure& f : cases) {
-    Timing t = Run(s, f.model);
+    Timing t = Send(s, f.model);
     EXPECT_FALSE(t.ok) << f.model;
     for (const std::string& want : f.says) EXPECT_THAT(t.error, HasSubstr(want)) << f.model;
   }
@@ -143,7 +151,7 @@ TEST(ServeBenchClient, FailuresNameTheirCause) {
 
 TEST(ServeBenchClient, UnstreamedUsesUsage) {
   FakeServer s;
-  Timing t = Run(s, "plain", false);
+  Timing t = Send(s, "plain", false);
   ASSERT_TRUE(t.ok) << t.error;
   EXPECT_EQ(t.output_tokens, 2);
   EXPECT_EQ(t.prompt_tokens, 16);
