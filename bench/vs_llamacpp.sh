@@ -147,14 +147,25 @@ bench() {
   return $rc
 }
 
+# url_from_log PID LOG: the URL `moeshard up` prints (it picks free ports itself).
+url_from_log() {
+  for _ in $(seq 1 600); do
+    kill -0 "$1" 2> /dev/null || return 1
+    url=$(sed -n 's/^moeshard up: \(http[^ ]*\) grpc .*$/\1/p' "$2" | head -1)
+    [ -n "$url" ] && return 0
+    sleep 1
+  done
+  return 1
+}
 # serve ENGINE VARIANT URL READY_PATH LOG COMMAND...: starts the server in its own process
-# group, benches it once URL/READY_PATH answers, and stops it.
+# group, benches it once URL/READY_PATH answers (URL "": the one `moeshard up` prints), stops it.
 serve() {
   local engine=$1 variant=$2 url=$3 ready=$4 slog=$5 rc=0
   shift 5
   log "$engine on $variant: $* (log: $slog)"
   setsid "$@" > "$slog" 2>&1 &
   server_pid=$!
+  [ -n "$url" ] || url_from_log "$server_pid" "$slog" || { tail -20 "$slog"; url=http://no-url; }
   if wait_ready "$url$ready" "$server_pid" "$slog"; then bench "$engine" "$variant" "$url" || rc=1; else rc=1; fi
   stop_server
   return $rc
@@ -173,13 +184,12 @@ for v in ${variants//,/ }; do
   # Prompt ids below the first special token of the Qwen3 tokenizer (151,643); the smoke model's vocab.
   vocab=151643; [ $smoke = 1 ] && vocab=509
   if has "$engines" moeshard; then
-    port=$((18000 + RANDOM % 1000))
-    serve moeshard "$v" "http://127.0.0.1:$port" /v1/models "$out/up-$v.log" \
-      "$moeshard" up --model "$model" --device "$device" --workers 1 --port "$port" --grpc-port $((port + 1000)) \
-      --max-model-len "$ctx" --max-num-seqs "$maxc" || status=1
+    serve moeshard "$v" "" /v1/models "$out/up-$v.log" \
+      "$moeshard" up --model "$model" --device "$device" --workers 1 --max-model-len "$ctx" --max-num-seqs "$maxc" ||
+      status=1
   fi
   if has "$engines" llamacpp; then
-    port=$((19000 + RANDOM % 1000))
+    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
     serve llamacpp "$v" "http://127.0.0.1:$port" /health "$out/llama-server-$v.log" \
       "$llama_dir/llama-server" -m "$model" -ngl 99 -fa on -c $((ctx * maxc)) -np "$maxc" --host 127.0.0.1 \
       --port "$port" || status=1
