@@ -26,6 +26,8 @@
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(dirname "$here")
+# The shared folder: beside the repository, or inside it (as a device copy may carry it).
+shared=$repo/../shared; [ -d "$shared" ] || shared=$repo/shared
 bin="" work=/tmp/vs-llamacpp out="" variants=mxfp4,q8_0 engines=moeshard,llamacpp conc=1,4,16,64
 prompt=512 output=128 prefill=4096 requests="" llama_dir="" skip_build=0 build_only=0 llama_bench=1
 bench_model=1 keep=0 jobs=$(nproc) smoke=0
@@ -85,7 +87,7 @@ if has "$engines" llamacpp; then
   llama_dir=${llama_dir:-$work/llama/build/bin}
   if [ ! -x "$llama_dir/llama-server" ] || [ ! -x "$llama_dir/llama-bench" ]; then
     [ $skip_build = 0 ] || die "--skip-build but $llama_dir has no llama-server/llama-bench"
-    tar=$repo/../shared/peers/llama.cpp-src.tar.xz
+    tar=$shared/peers/llama.cpp-src.tar.xz
     [ -f "$tar" ] || die "no $tar"
     log "building llama.cpp in $work/llama (log: $work/llama-build.log)"
     rm -rf "$work/llama" && mkdir -p "$work/llama"
@@ -176,7 +178,8 @@ for v in ${variants//,/ }; do
   model=$work/qwen3moe-$preset-$v.gguf
   if [ ! -f "$model" ]; then
     log "make-model $v -> $model"
-    tok=(); [ $smoke = 1 ] && tok=(--synthetic)
+    tok=(--tokenizer "$shared/testdata/qwen3moe-tok"); [ $smoke = 1 ] && tok=(--synthetic)
+    [ $smoke = 1 ] || [ -f "$shared/testdata/qwen3moe-tok/tokenizer.json" ] || die "no $shared/testdata/qwen3moe-tok"
     (cd "$repo" && "$moeshard" make-model --arch qwen3_moe --preset "$preset" --format gguf --expert-type "$v" \
       --dense-type q8_0 "${tok[@]}" --out "$model.part") && mv "$model.part" "$model"
     ls -l "$model"
