@@ -6,14 +6,17 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <mutex>
+#include <fstream>
+#include <map>
 #include <numeric>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "bench/serve_bench_client.h"
 #include "cli/args.h"
 #include "cli/itest/http_client.h"
-#include "cli/itest/openai_api.h"
 #include "common/status.h"
 
 namespace moeshard {
@@ -34,121 +37,56 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct Config {
-  std::string url, api_key, model;
-  int64_t concurrency = 1, requests = 1, prompt_len = 128, output_len = 128, vocab = 256, seed = 0;
-  bool stream = false;
+  std::string url, api_key, json_out;
+  std::vector<int64_t> concurrency = {1};
+  int64_t requests = 0;  // per concurrency level; 0: 4 per stream, at least 8
+  RequestConfig request;
 };
 
-struct Timing {
-  bool ok = false;
-  std::string error;
-  double ttft_s = 0, e2e_s = 0;
-  std::vector<double> itl_s;  // gaps between token-carrying chunks after the first
-  int64_t prompt_tokens = 0, output_tokens = 0;
+struct Stats {
+  double mean = 0, p50 = 0, p99 = 0;
 };
 
-Json Body(const Config& c, int64_t i) {
-  return {{"model", c.model},           {"prompt", itest::MakePrompt(c.prompt_len, c.seed * 1000003 + i, c.vocab)},
-          {"max_tokens", c.output_len}, {"temperature", 0},
-          {"ignore_eos", true},         {"return_token_ids", true},
-          {"stream", c.stream}};
+Stats Summarize(const std::vector<double>& s) {
+  Stats st;
+  if (!s.empty()) st.mean = std::accumulate(s.begin(), s.end(), 0.0) / s.size();
+  st.p50 = Percentile(s, 50);
+  st.p99 = Percentile(s, 99);
+  return st;
 }
 
-Timing RunOne(const Config& c, const itest::HttpClient& http, int64_t i) {
-  Timing t;
-  Json body = Body(c, i);
-  const auto t0 = Clock::now();
-  auto since = [&](Clock::time_point a) { return std::chrono::duration<double>(Clock::now() - a).count(); };
-  if (!c.stream) {
-    itest::HttpResponse r = http.PostJson("/v1/completions", body);
-    t.e2e_s = t.ttft_s = since(t0);
-    auto j = r.JsonBody();
-    if (r.status != 200 || !j.ok() || !j->contains("usage")) {
-      t.error = r.Describe();
-      return t;
-    }
-    t.prompt_tokens = (*j)["usage"].value("prompt_tokens", 0);
-    t.output_tokens = (*j)["usage"].value("completion_tokens", 0);
-    t.ok = true;
-    return t;
-  }
-  body["stream_options"] = {{"include_usage", true}};
-  Clock::time_point last;
-  bool first = true, done = false;
-  itest::HttpResponse r = http.PostStream("/v1/completions", body, [&](const std::string& data) {
-    if (data == "[DONE]") {
-      done = true;
-      return true;
-    }
-    Json j = Json::parse(data, nullptr, false);
-    if (j.is_discarded()) return false;
-    if (j.contains("usage") && j["usage"].is_object()) t.prompt_tokens = j["usage"].value("prompt_tokens", 0);
-    int64_t n = 0;
-    for (const Json& ch : j.value("choices", Json::array())) {
-      if (ch.contains("token_ids") && ch["token_ids"].is_array()) {
-        n += ch["token_ids"].size();
-      } else if (!ch.value("text", "").empty()) {
-        n += 1;
-      }
-    }
-    if (n == 0) return true;
-    const auto now = Clock::now();
-    if (first) {
-      t.ttft_s = std::chrono::duration<double>(now - t0).count();
-      first = false;
-    } else {
-      t.itl_s.push_back(std::chrono::duration<double>(now - last).count());
-    }
-    last = now;
-    t.output_tokens += n;
-    return true;
-  });
-  t.e2e_s = since(t0);
-  if (r.status != 200 || !done || !r.error.empty()) {
-    t.error = r.status != 200 ? r.Describe() : (r.error.empty() ? "stream without [DONE]" : r.error);
-    return t;
-  }
-  t.ok = true;
-  return t;
+Json StatsJson(const Stats& s) { return {{"mean_ms", 1e3 * s.mean}, {"p50_ms", 1e3 * s.p50}, {"p99_ms", 1e3 * s.p99}}; }
+
+void PrintRow(const char* name, const Stats& s) {
+  std::printf("%-28s %10.2f %10.2f %10.2f\n", name, 1e3 * s.mean, 1e3 * s.p50, 1e3 * s.p99);
 }
 
-void PrintRow(const char* name, const std::vector<double>& s) {
-  const double mean = s.empty() ? 0 : std::accumulate(s.begin(), s.end(), 0.0) / s.size();
-  std::printf("%-28s %10.2f %10.2f %10.2f\n", name, 1e3 * mean, 1e3 * Percentile(s, 50), 1e3 * Percentile(s, 99));
-}
-
-absl::Status Serve(const Config& c) {
-  itest::HttpClient http(c.url, c.api_key, 600);
-  Config cfg = c;
-  if (cfg.model.empty()) {
-    itest::HttpResponse r = http.Get("/v1/models");
-    auto j = r.JsonBody();
-    if (r.status != 200 || !j.ok() || !(*j)["data"].is_array() || (*j)["data"].empty()) {
-      return absl::UnavailableError(absl::StrCat("GET /v1/models: ", r.Describe()));
-    }
-    cfg.model = (*j)["data"][0]["id"];
-  }
+// One concurrency level: `requests` requests by `concurrency` clients; prints the report
+// and returns it as JSON (with every distinct error and how often it happened).
+Json RunLevel(const Config& cfg, const itest::HttpClient& http, int64_t concurrency) {
+  const int64_t requests = cfg.requests > 0 ? cfg.requests : std::max<int64_t>(8, 4 * concurrency);
+  const RequestConfig& rc = cfg.request;
   std::printf("moeshard bench serve: %s model %s, %ld requests, concurrency %ld, prompt %ld, output %ld tokens, %s\n",
-              cfg.url.c_str(), cfg.model.c_str(), cfg.requests, cfg.concurrency, cfg.prompt_len, cfg.output_len,
-              cfg.stream ? "streamed" : "not streamed");
+              cfg.url.c_str(), rc.model.c_str(), requests, concurrency, rc.prompt_len, rc.output_len,
+              rc.stream ? "streamed" : "not streamed");
   std::fflush(stdout);
-  std::vector<Timing> timings(cfg.requests);
+  std::vector<Timing> timings(requests);
   std::atomic<int64_t> next{0};
   const auto t0 = Clock::now();
   std::vector<std::thread> clients;
-  for (int64_t k = 0; k < cfg.concurrency; ++k) {
+  for (int64_t k = 0; k < concurrency; ++k) {
     clients.emplace_back([&] {
-      for (int64_t i; (i = next++) < cfg.requests;) timings[i] = RunOne(cfg, http, i);
+      for (int64_t i; (i = next++) < requests;) timings[i] = RunRequest(rc, http, i);
     });
   }
   for (auto& t : clients) t.join();
   const double duration = std::chrono::duration<double>(Clock::now() - t0).count();
-  std::vector<double> ttft, itl, e2e;
+  std::vector<double> ttft, itl, e2e, tpot;
   int64_t ok = 0, in_tokens = 0, out_tokens = 0;
-  std::string first_error;
+  std::map<std::string, int64_t> errors;
   for (const Timing& t : timings) {
     if (!t.ok) {
-      if (first_error.empty()) first_error = t.error;
+      ++errors[t.error];
       continue;
     }
     ++ok;
@@ -156,11 +94,13 @@ absl::Status Serve(const Config& c) {
     out_tokens += t.output_tokens;
     ttft.push_back(t.ttft_s);
     e2e.push_back(t.e2e_s);
+    if (t.output_tokens > 1) tpot.push_back((t.e2e_s - t.ttft_s) / (t.output_tokens - 1));
     itl.insert(itl.end(), t.itl_s.begin(), t.itl_s.end());
   }
+  const Stats s_ttft = Summarize(ttft), s_itl = Summarize(itl), s_tpot = Summarize(tpot), s_e2e = Summarize(e2e);
   std::printf("%-28s %ld\n", "successful requests:", ok);
-  std::printf("%-28s %ld\n", "failed requests:", cfg.requests - ok);
-  if (!first_error.empty()) std::printf("%-28s %s\n", "first error:", first_error.c_str());
+  std::printf("%-28s %ld\n", "failed requests:", requests - ok);
+  for (const auto& [e, n] : errors) std::printf("  %ld x %s\n", n, e.c_str());
   std::printf("%-28s %.2f\n", "duration (s):", duration);
   std::printf("%-28s %ld\n", "total input tokens:", in_tokens);
   std::printf("%-28s %ld\n", "total output tokens:", out_tokens);
@@ -168,31 +108,92 @@ absl::Status Serve(const Config& c) {
   std::printf("%-28s %.2f\n", "output throughput (tok/s):", out_tokens / duration);
   std::printf("%-28s %.2f\n", "total throughput (tok/s):", (in_tokens + out_tokens) / duration);
   std::printf("%-28s %10s %10s %10s\n", "latency (ms)", "mean", "p50", "p99");
-  if (cfg.stream) {
-    PrintRow("TTFT", ttft);
-    PrintRow("inter-token latency", itl);
+  if (rc.stream) {
+    PrintRow("TTFT", s_ttft);
+    PrintRow("inter-token latency", s_itl);
+    PrintRow("time per output token", s_tpot);
   } else {
     std::printf("(TTFT and inter-token latency need --stream)\n");
   }
-  PrintRow("end to end", e2e);
-  if (ok != cfg.requests) return absl::InternalError(absl::StrCat(cfg.requests - ok, " requests failed"));
+  PrintRow("end to end", s_e2e);
+  std::fflush(stdout);
+  Json errs = Json::array();
+  for (const auto& [e, n] : errors) errs.push_back({{"count", n}, {"error", e}});
+  Json out = {{"concurrency", concurrency}, {"requests", requests}, {"successful", ok},
+              {"failed", requests - ok}, {"errors", errs}, {"duration_s", duration},
+              {"input_tokens", in_tokens}, {"output_tokens", out_tokens},
+              {"output_tok_s", out_tokens / duration}, {"total_tok_s", (in_tokens + out_tokens) / duration},
+              {"e2e", StatsJson(s_e2e)}};
+  if (rc.stream) {
+    out["ttft"] = StatsJson(s_ttft);
+    out["itl"] = StatsJson(s_itl);
+    out["tpot"] = StatsJson(s_tpot);
+  }
+  return out;
+}
+
+absl::Status Serve(const Config& c) {
+  itest::HttpClient http(c.url, c.api_key, 600);
+  Config cfg = c;
+  if (cfg.request.model.empty()) {
+    itest::HttpResponse r = http.Get("/v1/models");
+    auto j = r.JsonBody();
+    if (r.status != 200 || !j.ok() || !j->contains("data") || !(*j)["data"].is_array() || (*j)["data"].empty() ||
+        !(*j)["data"][0].contains("id") || !(*j)["data"][0]["id"].is_string()) {
+      return absl::UnavailableError(absl::StrCat("GET /v1/models: ", r.Describe()));
+    }
+    cfg.request.model = (*j)["data"][0]["id"];
+  }
+  Json runs = Json::array();
+  int64_t failed = 0;
+  for (int64_t n : cfg.concurrency) {
+    runs.push_back(RunLevel(cfg, http, n));
+    failed += runs.back()["failed"].get<int64_t>();
+  }
+  if (!cfg.json_out.empty()) {
+    const RequestConfig& rc = cfg.request;
+    Json doc = {{"url", cfg.url}, {"model", rc.model}, {"prompt_len", rc.prompt_len},
+                {"output_len", rc.output_len}, {"stream", rc.stream}, {"ignore_eos", rc.ignore_eos}, {"runs", runs}};
+    std::ofstream f(cfg.json_out, std::ios::trunc);
+    f << doc.dump(2) << "\n";
+    f.close();
+    if (!f) return absl::InternalError(absl::StrCat("cannot write ", cfg.json_out));
+  }
+  if (failed > 0) return absl::InternalError(absl::StrCat(failed, " requests failed"));
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int64_t>> ParseList(const std::string& s) {
+  std::vector<int64_t> out;
+  for (absl::string_view part : absl::StrSplit(s, ',')) {
+    int64_t v;
+    if (!absl::SimpleAtoi(part, &v) || v < 1 || v > 4096) {
+      return absl::InvalidArgumentError(absl::StrCat("--concurrency '", s, "': a list of counts in 1..4096"));
+    }
+    out.push_back(v);
+  }
+  return out;
 }
 
 absl::StatusOr<Config> ParseConfig(const Args& a) {
   Config c;
+  RequestConfig& r = c.request;
   ASSIGN_OR_RETURN(c.url, a.Required("url"));
   c.api_key = a.Get("api-key");
-  c.model = a.Get("model");
-  c.stream = a.Flag("stream");
-  ASSIGN_OR_RETURN(c.concurrency, a.GetInt("concurrency", 1));
-  ASSIGN_OR_RETURN(c.requests, a.GetInt("requests", 16));
-  ASSIGN_OR_RETURN(c.prompt_len, a.GetInt("prompt-len", 128));
-  ASSIGN_OR_RETURN(c.output_len, a.GetInt("output-len", 128));
-  ASSIGN_OR_RETURN(c.vocab, a.GetInt("vocab", 256));
-  ASSIGN_OR_RETURN(c.seed, a.GetInt("seed", 0));
-  if (c.concurrency < 1 || c.requests < 1 || c.prompt_len < 1 || c.output_len < 1 || c.vocab < 1) {
-    return absl::InvalidArgumentError("--concurrency, --requests, --prompt-len, --output-len and --vocab must be >= 1");
+  c.json_out = a.Get("json");
+  r.model = a.Get("model");
+  r.stream = a.Flag("stream");
+  const std::string eos = a.Get("ignore-eos", "true");
+  if (eos != "true" && eos != "false") return absl::InvalidArgumentError("--ignore-eos is true or false");
+  r.ignore_eos = eos == "true";
+  ASSIGN_OR_RETURN(c.concurrency, ParseList(a.Get("concurrency", "1")));
+  ASSIGN_OR_RETURN(c.requests, a.GetInt("requests", 0));
+  ASSIGN_OR_RETURN(r.prompt_len, a.GetInt("prompt-len", 128));
+  ASSIGN_OR_RETURN(r.output_len, a.GetInt("output-len", 128));
+  ASSIGN_OR_RETURN(r.vocab, a.GetInt("vocab", 256));
+  ASSIGN_OR_RETURN(r.seed, a.GetInt("seed", 0));
+  if (c.requests < 0 || r.prompt_len < 1 || r.output_len < 1 || r.vocab < 1) {
+    return absl::InvalidArgumentError("--prompt-len, --output-len and --vocab must be >= 1, --requests >= 0");
   }
   return c;
 }
@@ -202,16 +203,20 @@ absl::StatusOr<Config> ParseConfig(const Args& a) {
 
 int BenchCommand(const std::vector<std::string>& argv) {
   const char* usage =
-      "usage: moeshard bench serve --url http://HOST:PORT [--concurrency N] [--requests M] [--prompt-len P]\n"
-      "       [--output-len O] [--stream] [--api-key KEY] [--model NAME] [--vocab V] [--seed S]\n"
-      "  prompts are P random token ids below V (default 256); outputs O tokens (ignore_eos)\n";
+      "usage: moeshard bench serve --url http://HOST:PORT [--concurrency N[,N...]] [--requests M] [--prompt-len P]\n"
+      "       [--output-len O] [--stream] [--ignore-eos true|false] [--api-key KEY] [--model NAME] [--vocab V]\n"
+      "       [--seed S] [--json FILE]\n"
+      "  any OpenAI-compatible server (POST /v1/completions); prompts are P random token ids below V\n"
+      "  (default 256), so every server sees P prompt tokens; outputs O greedy tokens. Each concurrency\n"
+      "  level runs M requests (default 4 per stream, at least 8); --json writes every level's figures\n";
   if (argv.empty() || argv[0] != "serve") {
     std::fprintf(stderr, "%s", usage);
     return argv.size() == 1 && (argv[0] == "--help" || argv[0] == "help") ? 0 : 2;
   }
   auto a =
       Args::Parse({argv.begin() + 1, argv.end()},
-                  {"url", "concurrency", "requests", "prompt-len", "output-len", "api-key", "model", "vocab", "seed"},
+                  {"url", "concurrency", "requests", "prompt-len", "output-len", "api-key", "model", "vocab", "seed",
+                   "json", "ignore-eos"},
                   {"stream", "help"});
   if (!a.ok() || a->Flag("help")) {
     std::fprintf(stderr, "%s%s\n", usage, a.ok() ? "" : std::string(a.status().message()).c_str());

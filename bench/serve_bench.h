@@ -1,7 +1,9 @@
 // `moeshard bench serve`: N concurrent clients send M completion requests of a given
-// prompt and output length to a running router and report latency percentiles (TTFT,
-// inter-token latency, end to end) and throughput, in the manner of vLLM's
-// benchmark_serving. Prompts are token ids, so any model serves, tokenizer or not.
+// prompt and output length to a running OpenAI-compatible server (a moeshard router,
+// llama-server, ...) at each of several concurrency levels, and report latency percentiles
+// (TTFT, inter-token latency, time per output token, end to end), throughput and why each
+// failed request failed, in the manner of vLLM's benchmark_serving; --json writes the same.
+// Prompts are token ids, so any model serves, tokenizer or not (see serve_bench_client.h).
 #pragma once
 
 #include <cstdint>

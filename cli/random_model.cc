@@ -185,8 +185,13 @@ absl::StatusOr<json> RandomModelConfig(const RandomModelSpec& s) {
     auto it = s.overrides.find(k);
     return it == s.overrides.end() ? d : it->second;
   };
-  bool tiny = s.preset == "tiny", small = s.preset == "small", full = s.preset == "full-layer";
-  if (!tiny && !small && !full) return absl::InvalidArgumentError(absl::StrCat("unknown preset '", s.preset, "' (tiny, small, full-layer)"));
+  // full: every layer of the real model (qwen3_moe: Qwen3-30B-A3B); full-layer: one of them.
+  const bool whole = s.preset == "full";
+  bool tiny = s.preset == "tiny", small = s.preset == "small", full = s.preset == "full-layer" || whole;
+  if (!tiny && !small && !full) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown preset '", s.preset, "' (tiny, small, full-layer, full)"));
+  }
+  if (whole && s.arch != "qwen3_moe") return absl::InvalidArgumentError("--preset full is for --arch qwen3_moe");
   if (s.arch == "muse_spark") {
     c["architectures"] = {"MuseSparkForCausalLM"};
     c["model_type"] = "muse_spark";
@@ -216,7 +221,7 @@ absl::StatusOr<json> RandomModelConfig(const RandomModelSpec& s) {
     c["model_type"] = "qwen3_moe";
     c["vocab_size"] = ov("vocab", tiny ? 512 : small ? 2048 : 151936);
     c["hidden_size"] = ov("hidden", tiny ? 64 : small ? 512 : 2048);
-    c["num_hidden_layers"] = ov("layers", tiny ? 4 : small ? 8 : 1);
+    c["num_hidden_layers"] = ov("layers", tiny ? 4 : small ? 8 : whole ? 48 : 1);
     c["num_attention_heads"] = ov("heads", tiny ? 4 : small ? 8 : 32);
     c["num_key_value_heads"] = ov("kv-heads", tiny ? 2 : small ? 4 : 4);
     c["head_dim"] = ov("head-dim", tiny ? 16 : small ? 64 : 128);

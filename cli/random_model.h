@@ -16,7 +16,7 @@ namespace moeshard {
 
 struct RandomModelSpec {
   std::string arch = "muse_spark";  // or qwen3_moe
-  std::string preset = "tiny";      // tiny | small | full-layer
+  std::string preset = "tiny";      // tiny | small | full-layer | full (qwen3_moe)
   bool nvfp4 = false;               // muse_spark experts in NVFP4
   uint64_t seed = 1;
   std::map<std::string, int64_t> overrides;  // layers, vocab, hidden, experts, top-k, ...

@@ -5,6 +5,8 @@
 // tensor whose rows are quantized one by one.
 #include "cli/random_model_gguf.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 
@@ -12,6 +14,7 @@
 #include "cli/gguf_vocab.h"
 #include "common/dtype.h"
 #include "common/formats/gguf_quant.h"
+#include "common/model/model_config.h"
 #include "common/status.h"
 
 namespace moeshard {
@@ -42,9 +45,15 @@ absl::StatusOr<std::vector<float>> ToFloats(const TensorToWrite& t) {
   return v;
 }
 
-// Plain types: F32, F16 (round to nearest even) or BF16 (exact here: the source is bf16).
-std::string EncodePlain(const std::vector<float>& v, GgmlType type) {
+// F32, F16 (round to nearest even), BF16 (exact here: the source is bf16) or Q8_0 (rows of
+// `row` values quantized as ggml does).
+std::string EncodePlain(const std::vector<float>& v, GgmlType type, int64_t row) {
   if (type == GgmlType::kF32) return std::string(reinterpret_cast<const char*>(v.data()), 4 * v.size());
+  if (type == GgmlType::kQ8_0) {
+    std::string b;
+    for (size_t r = 0; r < v.size(); r += row) QuantizeRowQ8_0(v.data() + r, row, &b);
+    return b;
+  }
   std::string b(2 * v.size(), '\0');
   for (size_t i = 0; i < v.size(); ++i) {
     const uint16_t h = type == GgmlType::kF16 ? F32ToF16(v[i]) : F32ToBf16(v[i]);
@@ -78,6 +87,93 @@ void AddModelMetadata(const RandomModelSpec& spec, const json& hf, const GgufExp
   w->AddF32(a + ".attention.layer_norm_rms_epsilon", hf["rms_norm_eps"].get<float>());
 }
 
+
+// Checks the arch and types, and reads the tokenizer folder (whose size becomes the vocab).
+absl::Status PrepareGguf(const GgufExportOptions& o, RandomModelSpec* spec, GgufVocab* vocab) {
+  if (spec->arch != "qwen3_moe") {
+    return absl::InvalidArgumentError(absl::StrCat("--format gguf is only for --arch qwen3_moe (llama.cpp has no '",
+                                                   spec->arch, "' architecture)"));
+  }
+  if (o.expert_type != GgmlType::kQ8_0 && o.expert_type != GgmlType::kMXFP4) {
+    return absl::InvalidArgumentError("GGUF experts must be Q8_0 or MXFP4");
+  }
+  if (o.dense_type != GgmlType::kBF16 && o.dense_type != GgmlType::kF16 && o.dense_type != GgmlType::kQ8_0) {
+    return absl::InvalidArgumentError("GGUF dense tensors must be BF16, F16 or Q8_0");
+  }
+  if (!o.tokenizer_dir.empty()) {
+    auto it = spec->overrides.find("vocab");
+    ASSIGN_OR_RETURN(*vocab, GgufVocabFromDir(o.tokenizer_dir, it == spec->overrides.end() ? 0 : it->second));
+    spec->overrides["vocab"] = static_cast<int64_t>(vocab->tokens.size());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckBlockSizes(const ModelConfig& c, const GgufExportOptions& o) {
+  if (c.hidden_size % kGgufBlock != 0 || c.expert_intermediate % kGgufBlock != 0 ||
+      (o.dense_type == GgmlType::kQ8_0 && (c.num_heads * c.head_dim) % kGgufBlock != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("Q8_0/MXFP4 matrices need --hidden (", c.hidden_size,
+                                                   "), --intermediate (", c.expert_intermediate,
+                                                   ") and heads x head-dim to be multiples of 32"));
+  }
+  return absl::OkStatus();
+}
+
+// Synthetic weights: SplitMix64 bits per tensor (seeded by the spec's seed and the name).
+class Bits {
+ public:
+  Bits(uint64_t seed, const std::string& name) : s_(seed * 0x9E3779B97F4A7C15ull) {
+    for (unsigned char ch : name) s_ = (s_ ^ ch) * 0x100000001B3ull;  // FNV-1a over the name
+  }
+  uint64_t Next() {
+    uint64_t z = (s_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  void Fill(char* p, size_t n) {
+    for (size_t i = 0; i < n; i += 8) {
+      const uint64_t v = Next();
+      std::memcpy(p + i, &v, std::min<size_t>(8, n - i));
+    }
+  }
+  float Uniform(float a) { return a * static_cast<float>((Next() >> 40) * 0x1p-23 - 1.0); }  // in [-a, a)
+
+ private:
+  uint64_t s_;
+};
+
+// One tensor of a synthetic file: block types get random codes and one block scale that
+// gives the values standard deviation `sd`; plain types uniform values of that deviation.
+std::string SynthTensor(const GgufTensorPlan& t, const ModelConfig& c, uint64_t seed) {
+  Bits bits(seed, t.name);
+  uint64_t n = 1;
+  for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
+  const double sH = 1.0 / std::sqrt(static_cast<double>(c.hidden_size));
+  double sd = 1.0 / std::sqrt(static_cast<double>(t.shape.back()));
+  if (t.name == "token_embd.weight") sd = 1.0;
+  if (t.name == "output.weight" || t.name.find("ffn_gate_inp") != std::string::npos) sd = 2.0 * sH;
+  const uint64_t blocks = n / kGgufBlock;
+  if (t.type == GgmlType::kQ8_0) {  // int8 codes uniform in [-128, 127] have rms 73.9
+    std::string b(blocks * kQ8_0BlockBytes, '\0');
+    bits.Fill(b.data(), b.size());
+    const uint16_t d = F32ToF16(static_cast<float>(sd / 73.9));
+    for (uint64_t k = 0; k < blocks; ++k) std::memcpy(&b[k * kQ8_0BlockBytes], &d, 2);
+    return b;
+  }
+  if (t.type == GgmlType::kMXFP4) {  // E2M1 codes uniform over the 16 have rms 2.926
+    std::string b(blocks * kMxfp4BlockBytes, '\0');
+    bits.Fill(b.data(), b.size());
+    const auto e = static_cast<char>(127 + std::lround(std::log2(sd / 2.926)));
+    for (uint64_t k = 0; k < blocks; ++k) b[k * kMxfp4BlockBytes] = e;
+    return b;
+  }
+  std::vector<float> v(n);
+  const bool norm = t.shape.size() == 1;  // norm weights scatter around one
+  const float a = static_cast<float>(std::sqrt(3.0) * (norm ? 0.1 : sd));
+  for (float& x : v) x = (norm ? 1.f : 0.f) + bits.Uniform(a);
+  return EncodePlain(v, t.type, t.shape.back());
+}
+
 }  // namespace
 
 absl::StatusOr<GgmlType> ParseExpertType(const std::string& s) {
@@ -89,7 +185,8 @@ absl::StatusOr<GgmlType> ParseExpertType(const std::string& s) {
 absl::StatusOr<GgmlType> ParseDenseType(const std::string& s) {
   if (s == "bf16") return GgmlType::kBF16;
   if (s == "f16") return GgmlType::kF16;
-  return absl::InvalidArgumentError(absl::StrCat("--dense-type '", s, "' (bf16, f16)"));
+  if (s == "q8_0") return GgmlType::kQ8_0;
+  return absl::InvalidArgumentError(absl::StrCat("--dense-type '", s, "' (bf16, f16, q8_0)"));
 }
 
 std::vector<GgufTensorPlan> PlanQwen3MoeGguf(const ModelConfig& c, const GgufExportOptions& o) {
@@ -120,30 +217,12 @@ std::vector<GgufTensorPlan> PlanQwen3MoeGguf(const ModelConfig& c, const GgufExp
 }
 
 absl::Status WriteRandomGguf(const RandomModelSpec& spec_in, const GgufExportOptions& o, const std::string& out_file) {
-  if (spec_in.arch != "qwen3_moe") {
-    return absl::InvalidArgumentError(absl::StrCat("--format gguf is only for --arch qwen3_moe (llama.cpp has no '",
-                                                   spec_in.arch, "' architecture)"));
-  }
-  if (o.expert_type != GgmlType::kQ8_0 && o.expert_type != GgmlType::kMXFP4) {
-    return absl::InvalidArgumentError("GGUF experts must be Q8_0 or MXFP4");
-  }
-  if (o.dense_type != GgmlType::kBF16 && o.dense_type != GgmlType::kF16) {
-    return absl::InvalidArgumentError("GGUF dense tensors must be BF16 or F16");
-  }
   RandomModelSpec spec = spec_in;
   GgufVocab vocab;
-  if (!o.tokenizer_dir.empty()) {
-    auto it = spec.overrides.find("vocab");
-    ASSIGN_OR_RETURN(vocab, GgufVocabFromDir(o.tokenizer_dir, it == spec.overrides.end() ? 0 : it->second));
-    spec.overrides["vocab"] = static_cast<int64_t>(vocab.tokens.size());
-  }
+  RETURN_IF_ERROR(PrepareGguf(o, &spec, &vocab));
   ASSIGN_OR_RETURN(RandomModel m, MakeRandomModel(spec));
   const ModelConfig& c = m.config;
-  if (c.hidden_size % kGgufBlock != 0 || c.expert_intermediate % kGgufBlock != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("Q8_0/MXFP4 experts need --hidden (", c.hidden_size,
-                                                   ") and --intermediate (", c.expert_intermediate,
-                                                   ") to be multiples of 32"));
-  }
+  RETURN_IF_ERROR(CheckBlockSizes(c, o));
   if (o.tokenizer_dir.empty()) {
     ASSIGN_OR_RETURN(vocab, GgufVocabFromHf(ByteLevelTokenizerJson(c.vocab_size), json(), m.hf_config, c.vocab_size));
   }
@@ -175,11 +254,33 @@ absl::Status WriteRandomGguf(const RandomModelSpec& spec_in, const GgufExportOpt
       }
     } else {
       ASSIGN_OR_RETURN(std::vector<float> v, floats(t.hub));
-      bytes = EncodePlain(v, t.type);
+      bytes = EncodePlain(v, t.type, t.shape.back());
     }
     RETURN_IF_ERROR(w.AddTensor(t.name, t.type, t.shape, std::move(bytes)));
   }
   return w.Write(out_file);
+}
+
+absl::Status WriteSyntheticGguf(const RandomModelSpec& spec_in, const GgufExportOptions& o,
+                                const std::string& out_file, int threads) {
+  RandomModelSpec spec = spec_in;
+  GgufVocab vocab;
+  RETURN_IF_ERROR(PrepareGguf(o, &spec, &vocab));
+  ASSIGN_OR_RETURN(json hf, RandomModelConfig(spec));
+  ASSIGN_OR_RETURN(ModelConfig c, ParseHfConfig(hf));
+  RETURN_IF_ERROR(CheckBlockSizes(c, o));
+  if (o.tokenizer_dir.empty()) {
+    ASSIGN_OR_RETURN(vocab, GgufVocabFromHf(ByteLevelTokenizerJson(c.vocab_size), json(), hf, c.vocab_size));
+  }
+  GgufWriter w;
+  AddModelMetadata(spec, hf, o, &w);
+  AddVocabToGguf(vocab, &w);
+  const std::vector<GgufTensorPlan> plan = PlanQwen3MoeGguf(c, o);
+  for (const GgufTensorPlan& t : plan) RETURN_IF_ERROR(w.AddTensorLayout(t.name, t.type, t.shape));
+  return w.WriteStreamed(out_file, threads, [&](size_t i, std::string* bytes) {
+    *bytes = SynthTensor(plan[i], c, spec.seed);
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace moeshard

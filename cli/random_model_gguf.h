@@ -7,7 +7,7 @@
 //   ffn_gate_exps / ffn_up_exps [E, I, H], ffn_down_exps [E, H, I]
 // (shapes row-major as TensorInfo gives them; the file stores them reversed, ne[0] = H
 // for ffn_gate_exps). Experts are Q8_0 or MXFP4 (quantized as ggml does), norms and the
-// router F32 (as convert_hf_to_gguf.py keeps them), every other matrix BF16 or F16.
+// router F32 (as convert_hf_to_gguf.py keeps them), every other matrix BF16, F16 or Q8_0.
 #pragma once
 
 #include <cstdint>
@@ -22,14 +22,14 @@ namespace moeshard {
 
 struct GgufExportOptions {
   GgmlType expert_type = GgmlType::kQ8_0;  // kQ8_0 | kMXFP4
-  GgmlType dense_type = GgmlType::kBF16;   // kBF16 | kF16
+  GgmlType dense_type = GgmlType::kBF16;   // kBF16 | kF16 | kQ8_0 (the embedding too)
   // A folder with tokenizer.json (+ tokenizer_config.json, config.json) whose tokenizer
   // goes into the file; empty = the byte-level tokenizer the safetensors folder gets.
   std::string tokenizer_dir;
 };
 
 absl::StatusOr<GgmlType> ParseExpertType(const std::string& s);  // q8_0 | mxfp4
-absl::StatusOr<GgmlType> ParseDenseType(const std::string& s);   // bf16 | f16
+absl::StatusOr<GgmlType> ParseDenseType(const std::string& s);   // bf16 | f16 | q8_0
 
 // One tensor of the GGUF file: its llama.cpp name, row-major shape and type, and the hub
 // tensor it comes from ("*" stands for the expert index of a stacked expert tensor).
@@ -47,5 +47,13 @@ std::vector<GgufTensorPlan> PlanQwen3MoeGguf(const ModelConfig& config, const Gg
 // else the folder's config.json vocab_size, else the tokenizer's own size.
 absl::Status WriteRandomGguf(const RandomModelSpec& spec, const GgufExportOptions& options,
                              const std::string& out_file);
+
+// The same layout and metadata with synthetic weights, for sizes whose hub weights would not
+// fit in memory (--preset full: Qwen3-30B-A3B, 15.9 GiB with MXFP4 experts): block types get
+// random codes and one scale per tensor chosen for the deviation the hub weights have, plain
+// types uniform values; `threads` threads make and write tensors at their offsets, so only
+// `threads` tensors are in memory at once. Not the weights of WriteRandomGguf's file.
+absl::Status WriteSyntheticGguf(const RandomModelSpec& spec, const GgufExportOptions& options,
+                                const std::string& out_file, int threads);
 
 }  // namespace moeshard

@@ -6,9 +6,16 @@
 // u32 element type, a u64 count and the elements.
 #include "common/formats/gguf_writer.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <bit>
 #include <cstring>
+#include <algorithm>
+#include <atomic>
 #include <fstream>
+#include <mutex>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
@@ -122,8 +129,8 @@ void GgufWriter::AddI32Array(const std::string& key, const std::vector<int32_t>&
   AddKey(key, kArray, p);
 }
 
-absl::Status GgufWriter::AddTensor(const std::string& name, GgmlType type, const std::vector<int64_t>& shape,
-                                   std::string bytes) {
+absl::StatusOr<uint64_t> GgufWriter::CheckTensor(const std::string& name, GgmlType type,
+                                                  const std::vector<int64_t>& shape) const {
   if (name.empty() || name.size() > kMaxNameBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("GGUF tensor name '", name, "' must have 1 to ", kMaxNameBytes, " bytes"));
@@ -142,20 +149,33 @@ absl::Status GgufWriter::AddTensor(const std::string& name, GgmlType type, const
     return absl::InvalidArgumentError(
         absl::StrCat("GGUF tensor '", name, "' (", GgmlTypeName(type), "): ", row_bytes.status().message()));
   }
-  if (bytes.size() != *row_bytes * rows) {
-    return absl::InvalidArgumentError(absl::StrCat("GGUF tensor '", name, "' has ", bytes.size(),
-                                                   " bytes, its shape and ", GgmlTypeName(type), " need ",
-                                                   *row_bytes * rows));
-  }
-  if (!tensor_names_.insert(name).second) {
+  if (tensor_names_.count(name) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("GGUF tensor '", name, "' added twice"));
   }
-  tensors_.push_back({name, type, std::vector<int64_t>(shape.rbegin(), shape.rend()), std::move(bytes)});
+  return *row_bytes * rows;
+}
+
+absl::Status GgufWriter::AddTensor(const std::string& name, GgmlType type, const std::vector<int64_t>& shape,
+                                   std::string bytes) {
+  ASSIGN_OR_RETURN(uint64_t size, CheckTensor(name, type, shape));
+  if (bytes.size() != size) {
+    return absl::InvalidArgumentError(absl::StrCat("GGUF tensor '", name, "' has ", bytes.size(),
+                                                   " bytes, its shape and ", GgmlTypeName(type), " need ", size));
+  }
+  tensor_names_.insert(name);
+  tensors_.push_back({name, type, std::vector<int64_t>(shape.rbegin(), shape.rend()), size, std::move(bytes)});
   return absl::OkStatus();
 }
 
-absl::Status GgufWriter::Write(const std::string& path) const {
-  RETURN_IF_ERROR(deferred_);
+absl::Status GgufWriter::AddTensorLayout(const std::string& name, GgmlType type, const std::vector<int64_t>& shape) {
+  ASSIGN_OR_RETURN(uint64_t size, CheckTensor(name, type, shape));
+  tensor_names_.insert(name);
+  tensors_.push_back({name, type, std::vector<int64_t>(shape.rbegin(), shape.rend()), size, std::string()});
+  streamed_ = true;
+  return absl::OkStatus();
+}
+
+std::string GgufWriter::Header() const {
   std::string head("GGUF");
   Put<uint32_t>(&head, 3);
   Put<uint64_t>(&head, tensors_.size());
@@ -168,10 +188,16 @@ absl::Status GgufWriter::Write(const std::string& path) const {
     for (int64_t d : t.ne) Put<uint64_t>(&head, static_cast<uint64_t>(d));
     Put<uint32_t>(&head, static_cast<uint32_t>(t.type));
     Put<uint64_t>(&head, offset);
-    offset += Padded(t.bytes.size());
+    offset += Padded(t.size);
   }
   head.resize(Padded(head.size()), '\0');
+  return head;
+}
 
+absl::Status GgufWriter::Write(const std::string& path) const {
+  RETURN_IF_ERROR(deferred_);
+  if (streamed_) return absl::FailedPreconditionError("GGUF tensors added by layout need WriteStreamed");
+  const std::string head = Header();
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) return absl::InternalError(absl::StrCat("cannot create ", path, ": ", std::strerror(errno)));
   out.write(head.data(), static_cast<std::streamsize>(head.size()));
@@ -183,6 +209,63 @@ absl::Status GgufWriter::Write(const std::string& path) const {
   out.close();
   if (!out) return absl::InternalError(absl::StrCat("writing ", path, " failed: ", std::strerror(errno)));
   return absl::OkStatus();
+}
+
+absl::Status GgufWriter::WriteStreamed(const std::string& path, int threads, const TensorFiller& fill) const {
+  RETURN_IF_ERROR(deferred_);
+  const std::string head = Header();
+  std::vector<uint64_t> offsets;
+  uint64_t end = head.size();
+  for (const Tensor& t : tensors_) {
+    offsets.push_back(end);
+    end += Padded(t.size);
+  }
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return absl::InternalError(absl::StrCat("cannot create ", path, ": ", std::strerror(errno)));
+  auto put = [fd, &path](const std::string& b, uint64_t at) -> absl::Status {
+    for (size_t done = 0; done < b.size();) {
+      const ssize_t n = ::pwrite(fd, b.data() + done, b.size() - done, static_cast<off_t>(at + done));
+      if (n <= 0) return absl::InternalError(absl::StrCat("writing ", path, " failed: ", std::strerror(errno)));
+      done += static_cast<size_t>(n);
+    }
+    return absl::OkStatus();
+  };
+  absl::Status st = put(head, 0);
+  if (st.ok() && ::ftruncate(fd, static_cast<off_t>(end)) != 0) {
+    st = absl::InternalError(absl::StrCat("cannot size ", path, ": ", std::strerror(errno)));
+  }
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  auto work = [&] {
+    std::string bytes;
+    for (size_t i; (i = next++) < tensors_.size();) {
+      {
+        std::lock_guard<std::mutex> l(mu);
+        if (!st.ok()) return;
+      }
+      const std::string* src = &tensors_[i].bytes;
+      absl::Status s;
+      if (src->empty()) {
+        bytes.clear();
+        s = fill(i, &bytes);
+        src = &bytes;
+      }
+      if (s.ok() && src->size() != tensors_[i].size) {
+        s = absl::InternalError(absl::StrCat("GGUF tensor '", tensors_[i].name, "' was filled with ", src->size(),
+                                             " bytes, needs ", tensors_[i].size));
+      }
+      if (s.ok()) s = put(*src, offsets[i]);
+      if (!s.ok()) {
+        std::lock_guard<std::mutex> l(mu);
+        if (st.ok()) st = s;
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int k = 0; k < std::max(threads, 1); ++k) pool.emplace_back(work);
+  for (std::thread& t : pool) t.join();
+  if (::close(fd) != 0 && st.ok()) st = absl::InternalError(absl::StrCat("closing ", path, ": ", std::strerror(errno)));
+  return st;
 }
 
 }  // namespace moeshard

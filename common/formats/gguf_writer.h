@@ -4,15 +4,18 @@
 // and laid out in the order they were added (llama.cpp checks that every offset equals
 // the padded end of the previous tensor). Shapes are given row-major, outermost first,
 // like TensorInfo::shape, and stored reversed (ne[0] = the row length).
-// Not thread-safe; the writer holds every tensor's bytes until Write.
+// Not thread-safe; the writer holds every tensor's bytes until Write, except those added by
+// layout alone, whose bytes WriteStreamed asks for while it writes (several at a time).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace moeshard {
 
@@ -40,17 +43,32 @@ class GgufWriter {
   // multiple of 32 for the block types). Names are unique and at most 63 bytes.
   absl::Status AddTensor(const std::string& name, GgmlType type, const std::vector<int64_t>& shape, std::string bytes);
 
+  // A tensor whose bytes come later, from WriteStreamed's filler.
+  absl::Status AddTensorLayout(const std::string& name, GgmlType type, const std::vector<int64_t>& shape);
+
   // Any error of an Add* call (a duplicate key) is reported here, before the file is made.
+  // Refuses a writer with tensors added by layout.
   absl::Status Write(const std::string& path) const;
+
+  // Fills the `index`-th tensor (in the order added) with exactly its bytes.
+  using TensorFiller = std::function<absl::Status(size_t index, std::string* bytes)>;
+  // Writes the header, then `threads` threads fill the layout-only tensors (in any order,
+  // `fill` must be thread-safe) and write each at its offset: at most `threads` tensors are
+  // in memory at once. The first error stops the work and is returned.
+  absl::Status WriteStreamed(const std::string& path, int threads, const TensorFiller& fill) const;
 
  private:
   struct Tensor {
     std::string name;
     GgmlType type;
     std::vector<int64_t> ne;  // innermost first
-    std::string bytes;
+    uint64_t size;
+    std::string bytes;  // empty for a tensor added by layout
   };
   void AddKey(const std::string& key, uint32_t value_type, const std::string& payload);
+  // The tensor's byte size, or why it cannot be added.
+  absl::StatusOr<uint64_t> CheckTensor(const std::string& name, GgmlType type, const std::vector<int64_t>& shape) const;
+  std::string Header() const;  // everything before the data section, padded
 
   std::string kv_bytes_;  // encoded key-value pairs
   uint64_t num_kv_ = 0;
@@ -58,6 +76,7 @@ class GgufWriter {
   absl::Status deferred_;  // first metadata error
   std::vector<Tensor> tensors_;
   std::set<std::string> tensor_names_;
+  bool streamed_ = false;  // some tensor was added by layout
 };
 
 }  // namespace moeshard

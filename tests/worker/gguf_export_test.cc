@@ -6,7 +6,7 @@
 //  (b) every expert row as the engine expands it equals the source row quantized and then
 //      expanded with ggml's formulas, bit for bit, and lies within half a quantization step
 //      of the source (MXFP4: values past 6 * scale saturate); dense tensors hold the source
-//      exactly (BF16, F32) or rounded to nearest (F16);
+//      exactly (BF16, F32) or rounded to nearest (F16), or rows quantized as ggml does (Q8_0);
 //  (c) the engine's logits from the GGUF equal, within 1e-4 relative, its logits from a
 //      safetensors folder holding the same weights as f32, built here from the source weights.
 #include <cmath>
@@ -193,6 +193,17 @@ TEST_P(GgufExportTest, DenseTensorsHoldTheSourceWeights) {
     ASSERT_NE(t, nullptr) << p.name;
     const std::vector<float>& w = hub_[p.hub];
     ASSERT_EQ(static_cast<size_t>(t->numel()), w.size()) << p.name;
+    if (t->dtype == DType::kQ8_0) {  // rows quantized as ggml does
+      const int64_t cols = p.shape.back();
+      for (int64_t r = 0; r * cols < static_cast<int64_t>(w.size()); ++r) {
+        std::vector<float> want = test::GgmlQuantDequant(w.data() + r * cols, cols, true), got(cols);
+        for (int64_t b = 0; b < cols / 32; ++b) {
+          DequantQ8_0Block(t->data + (r * cols / 32 + b) * kQ8_0BlockBytes, got.data() + 32 * b);
+        }
+        ASSERT_EQ(0, std::memcmp(want.data(), got.data(), 4 * cols)) << p.name << " row " << r;
+      }
+      continue;
+    }
     std::vector<float> want = test::AsStored(w, t->dtype);
     for (size_t k = 0; k < w.size(); ++k) {
       ASSERT_EQ(test::ElementAsFloat(*t, k), want[k]) << p.name << "[" << k << "]";
@@ -207,15 +218,19 @@ TEST_P(GgufExportTest, LogitsMatchSafetensorsOfTheSameWeights) {
   for (const TensorToWrite& t : src_.tensors) {
     const std::vector<float>& w = hub_[t.name];
     std::vector<float> v;
-    if (t.name.find(".experts.") != std::string::npos) {
+    auto ggml_rows = [&](bool q8) {
       const int64_t cols = t.shape[1];
       for (int64_t r = 0; r < t.shape[0]; ++r) {
-        std::vector<float> row =
-            test::GgmlQuantDequant(w.data() + r * cols, cols, GetParam().experts == GgmlType::kQ8_0);
+        std::vector<float> row = test::GgmlQuantDequant(w.data() + r * cols, cols, q8);
         v.insert(v.end(), row.begin(), row.end());
       }
+    };
+    const bool dense = t.shape.size() == 2 && t.name.find("mlp.gate.") == std::string::npos;
+    if (t.name.find(".experts.") != std::string::npos) {
+      ggml_rows(GetParam().experts == GgmlType::kQ8_0);
+    } else if (dense && GetParam().dense == GgmlType::kQ8_0) {
+      ggml_rows(true);
     } else {
-      const bool dense = t.shape.size() == 2 && t.name.find("mlp.gate.") == std::string::npos;
       v = dense ? test::AsStored(w, GetParam().dense == GgmlType::kF16 ? DType::kF16 : DType::kBF16) : w;
     }
     tensors.push_back(
@@ -252,7 +267,9 @@ INSTANTIATE_TEST_SUITE_P(ExpertAndDenseTypes, GgufExportTest,
                          ::testing::Values(Case{GgmlType::kQ8_0, GgmlType::kBF16},
                                            Case{GgmlType::kQ8_0, GgmlType::kF16},
                                            Case{GgmlType::kMXFP4, GgmlType::kBF16},
-                                           Case{GgmlType::kMXFP4, GgmlType::kF16}),
+                                           Case{GgmlType::kMXFP4, GgmlType::kF16},
+                                           Case{GgmlType::kQ8_0, GgmlType::kQ8_0},
+                                           Case{GgmlType::kMXFP4, GgmlType::kQ8_0}),
                          [](const ::testing::TestParamInfo<Case>& i) {
                            return absl::StrCat(GgmlTypeName(i.param.experts), "_", GgmlTypeName(i.param.dense));
                          });

@@ -1,0 +1,214 @@
+#!/usr/bin/env bash
+# moeshard against llama.cpp on one GPU, side by side on the same GGUF (issue 13): builds
+# llama.cpp from ../shared/peers/llama.cpp-src.tar.xz into a cache folder (once), writes the
+# Qwen3-30B-A3B-shaped GGUF with `moeshard make-model --preset full` (experts MXFP4 or Q8_0,
+# every other matrix Q8_0, the Qwen3 tokenizer), serves it with `moeshard up --device cuda`
+# (one worker) and with `llama-server -ngl 99 -fa on` in turn, drives both with the same
+# `moeshard bench serve --stream` settings (concurrency levels; a long-prompt TTFT run), adds
+# `llama-bench` and `moeshard bench-model`, and prints one table with both engines and the
+# ratios (bench/vs_llamacpp_table.py), also written as JSON.
+#
+#   bench/vs_llamacpp.sh [--bin DIR] [--work DIR] [--out DIR] [--variants mxfp4,q8_0]
+#       [--engines moeshard,llamacpp] [--concurrency 1,4,16,64] [--prompt-len 512] [--output-len 128]
+#       [--prefill-len 4096] [--requests N] [--llama-dir DIR] [--skip-build] [--build-only]
+#       [--no-llama-bench] [--no-bench-model] [--keep-models] [--jobs N] [--cpu-smoke]
+#
+# --bin: the folder with moeshard, moeshard-worker, -coordinator, -router (default: where
+#   `moeshard` is on PATH, else build/). On the GPU machine: build here, pack with
+#   ../shared/tools/device-bundle.sh .device/bundle build/moeshard build/moeshard-*, and run
+#   `source .device/bundle/env.sh; bash bench/vs_llamacpp.sh ...` there.
+# --work: models, logs and the llama.cpp build (default /tmp/vs-llamacpp); --llama-dir: a
+#   folder with llama-server and llama-bench already built (skips the build).
+# --out: the table (table.txt), summary.json and each run's JSON (default WORK/out).
+# --cpu-smoke: the plumbing on a CPU: a tiny synthetic model, moeshard only, short runs.
+# Phases can be split over calls: --build-only, then --variants mxfp4 --skip-build, ...
+# Each run's results are kept in OUT, so a later call adds to the table.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(dirname "$here")
+# The shared folder: beside the repository, or inside it (as a device copy may carry it).
+shared=$repo/../shared; [ -d "$shared" ] || shared=$repo/shared
+bin="" work=/tmp/vs-llamacpp out="" variants=mxfp4,q8_0 engines=moeshard,llamacpp conc=1,4,16,64
+prompt=512 output=128 prefill=4096 requests="" llama_dir="" skip_build=0 build_only=0 llama_bench=1
+bench_model=1 keep=0 jobs=$(nproc) smoke=0
+die() { echo "vs_llamacpp: $*" >&2; exit 2; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --bin) bin=$2; shift ;;
+    --work) work=$2; shift ;;
+    --out) out=$2; shift ;;
+    --variants) variants=$2; shift ;;
+    --engines) engines=$2; shift ;;
+    --concurrency) conc=$2; shift ;;
+    --prompt-len) prompt=$2; shift ;;
+    --output-len) output=$2; shift ;;
+    --prefill-len) prefill=$2; shift ;;
+    --requests) requests=$2; shift ;;
+    --llama-dir) llama_dir=$2; shift ;;
+    --jobs) jobs=$2; shift ;;
+    --skip-build) skip_build=1 ;;
+    --build-only) build_only=1 ;;
+    --no-llama-bench) llama_bench=0 ;;
+    --no-bench-model) bench_model=0 ;;
+    --keep-models) keep=1 ;;
+    --cpu-smoke) smoke=1 ;;
+    -h|--help) sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown argument '$1' (--help)" ;;
+  esac
+  [ $# -gt 0 ] && shift
+done
+for v in ${variants//,/ }; do [[ $v == mxfp4 || $v == q8_0 ]] || die "--variants: mxfp4, q8_0 (got '$v')"; done
+for e in ${engines//,/ }; do [[ $e == moeshard || $e == llamacpp ]] || die "--engines: moeshard, llamacpp (got '$e')"; done
+[[ $conc =~ ^[0-9]+(,[0-9]+)*$ ]] || die "--concurrency: a list like 1,4,16"
+device=cuda preset=full
+if [ $smoke = 1 ]; then
+  device=cpu preset=tiny engines=moeshard llama_bench=0 bench_model=0
+  [ "$conc" = 1,4,16,64 ] && conc=1,4
+  [ "$prompt" = 512 ] && prompt=32
+  [ "$output" = 128 ] && output=8
+  [ "$prefill" = 4096 ] && prefill=64
+fi
+if [ -z "$bin" ]; then
+  if command -v moeshard > /dev/null; then bin=$(dirname "$(command -v moeshard)"); else bin=$repo/build; fi
+fi
+moeshard=$bin/moeshard
+[ -x "$moeshard" ] || die "no moeshard in $bin (--bin)"
+out=${out:-$work/out}
+mkdir -p "$work" "$out"
+abs() { (cd "$1" && pwd); }
+work=$(abs "$work") out=$(abs "$out") bin=$(abs "$bin")
+moeshard=$bin/moeshard
+[ -z "$llama_dir" ] || llama_dir=$(abs "$llama_dir")
+log() { echo "== $(date -u +%H:%M:%S) $*"; }
+has() { [[ ,$1, == *,$2,* ]]; }
+
+# llama.cpp, built once into WORK/llama (the build takes ~5 min on 16 cores).
+if has "$engines" llamacpp; then
+  llama_dir=${llama_dir:-$work/llama/build/bin}
+  if [ ! -x "$llama_dir/llama-server" ] || [ ! -x "$llama_dir/llama-bench" ]; then
+    [ $skip_build = 0 ] || die "--skip-build but $llama_dir has no llama-server/llama-bench"
+    tar=$shared/peers/llama.cpp-src.tar.xz
+    [ -f "$tar" ] || die "no $tar"
+    log "building llama.cpp in $work/llama (log: $work/llama-build.log)"
+    rm -rf "$work/llama" && mkdir -p "$work/llama"
+    tar xJf "$tar" -C "$work/llama"
+    src=$work/llama; [ -f "$src/CMakeLists.txt" ] || src=$(dirname "$(ls "$work"/llama/*/CMakeLists.txt | head -1)")
+    { cmake -S "$src" -B "$work/llama/build" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DLLAMA_CURL=OFF \
+        -DLLAMA_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=Release &&
+      cmake --build "$work/llama/build" -j "$jobs" --target llama-server llama-bench; } > "$work/llama-build.log" 2>&1 ||
+      { tail -30 "$work/llama-build.log"; die "llama.cpp build failed (see $work/llama-build.log)"; }
+    llama_dir=$work/llama/build/bin
+  fi
+  log "llama.cpp: $llama_dir"
+fi
+[ $build_only = 1 ] && exit 0
+
+maxc=$(tr , '\n' <<< "$conc" | sort -n | tail -1)
+# Context per sequence: the longer of the two runs, rounded up to 256.
+ctx=$(( ((prompt + output > prefill + 8 ? prompt + output : prefill + 8) + 255) / 256 * 256 ))
+req_flag=(); [ -n "$requests" ] && req_flag=(--requests "$requests")
+
+# http_ok URL: GET answers 200 (curl, or Python where the machine has no curl).
+http_ok() {
+  if command -v curl > /dev/null; then
+    [ "$(curl -s -o /dev/null -w '%{http_code}' "$1" || true)" = 200 ]
+  else
+    python3 -c 'import sys, urllib.request; sys.exit(urllib.request.urlopen(sys.argv[1], timeout=5).status != 200)' \
+      "$1" 2> /dev/null
+  fi
+}
+# wait_ready URL PID LOG: until GET URL answers 200 (servers load 16 GiB first).
+wait_ready() {
+  for _ in $(seq 1 600); do
+    kill -0 "$2" 2> /dev/null || { tail -20 "$3"; echo "vs_llamacpp: the server exited (log: $3)" >&2; return 1; }
+    http_ok "$1" && return 0
+    sleep 1
+  done
+  echo "vs_llamacpp: $1 not ready after 600 s (log: $3)" >&2; return 1
+}
+server_pid=""
+stop_server() {
+  [ -n "$server_pid" ] || return 0
+  kill -TERM -- "-$server_pid" 2> /dev/null || true
+  for _ in $(seq 1 30); do kill -0 "$server_pid" 2> /dev/null || break; sleep 1; done
+  kill -KILL -- "-$server_pid" 2> /dev/null || true
+  wait "$server_pid" 2> /dev/null || true
+  server_pid=""
+}
+trap stop_server EXIT
+
+# bench ENGINE VARIANT URL: the decode runs at every concurrency, then the prefill run.
+bench() {
+  local tag=$1-$2 rc=0
+  log "$1 $2: bench serve --concurrency $conc, prompt $prompt, output $output"
+  "$moeshard" bench serve --url "$3" --stream --concurrency "$conc" --prompt-len "$prompt" --output-len "$output" \
+    --vocab "$vocab" "${req_flag[@]}" --json "$out/serve-$tag.json" 2>&1 | tee "$out/serve-$tag.log" || rc=1
+  log "$1 $2: prefill, prompt $prefill"
+  "$moeshard" bench serve --url "$3" --stream --concurrency 1 --requests 4 --prompt-len "$prefill" --output-len 2 \
+    --vocab "$vocab" --seed 7 --json "$out/prefill-$tag.json" 2>&1 | tee "$out/prefill-$tag.log" || rc=1
+  return $rc
+}
+
+# url_from_log PID LOG: the URL `moeshard up` prints (it picks free ports itself).
+url_from_log() {
+  for _ in $(seq 1 600); do
+    kill -0 "$1" 2> /dev/null || return 1
+    url=$(sed -n 's/^moeshard up: \(http[^ ]*\) grpc .*$/\1/p' "$2" | head -1)
+    [ -n "$url" ] && return 0
+    sleep 1
+  done
+  return 1
+}
+# serve ENGINE VARIANT URL READY_PATH LOG COMMAND...: starts the server in its own process
+# group, benches it once URL/READY_PATH answers (URL "": the one `moeshard up` prints), stops it.
+serve() {
+  local engine=$1 variant=$2 url=$3 ready=$4 slog=$5 rc=0
+  shift 5
+  log "$engine on $variant: $* (log: $slog)"
+  setsid "$@" > "$slog" 2>&1 &
+  server_pid=$!
+  [ -n "$url" ] || url_from_log "$server_pid" "$slog" || { tail -20 "$slog"; url=http://no-url; }
+  if wait_ready "$url$ready" "$server_pid" "$slog"; then bench "$engine" "$variant" "$url" || rc=1; else rc=1; fi
+  stop_server
+  return $rc
+}
+
+status=0
+for v in ${variants//,/ }; do
+  model=$work/qwen3moe-$preset-$v.gguf
+  if [ ! -f "$model" ]; then
+    log "make-model $v -> $model"
+    tok=(--tokenizer "$shared/testdata/qwen3moe-tok"); [ $smoke = 1 ] && tok=(--synthetic)
+    [ $smoke = 1 ] || [ -f "$shared/testdata/qwen3moe-tok/tokenizer.json" ] || die "no $shared/testdata/qwen3moe-tok"
+    (cd "$repo" && "$moeshard" make-model --arch qwen3_moe --preset "$preset" --format gguf --expert-type "$v" \
+      --dense-type q8_0 "${tok[@]}" --out "$model.part") && mv "$model.part" "$model"
+    ls -l "$model"
+  fi
+  # Prompt ids below the first special token of the Qwen3 tokenizer (151,643); the smoke model's vocab.
+  vocab=151643; [ $smoke = 1 ] && vocab=509
+  if has "$engines" moeshard; then
+    serve moeshard "$v" "" /v1/models "$out/up-$v.log" \
+      "$moeshard" up --model "$model" --device "$device" --workers 1 --max-model-len "$ctx" --max-num-seqs "$maxc" ||
+      status=1
+  fi
+  if has "$engines" llamacpp; then
+    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    serve llamacpp "$v" "http://127.0.0.1:$port" /health "$out/llama-server-$v.log" \
+      "$llama_dir/llama-server" -m "$model" -ngl 99 -fa on -c $((ctx * maxc)) -np "$maxc" --host 127.0.0.1 \
+      --port "$port" || status=1
+    if [ $llama_bench = 1 ]; then
+      log "llama-bench -p $prompt,$prefill -n $output on $v"
+      "$llama_dir/llama-bench" -m "$model" -ngl 99 -fa 1 -p "$prompt,$prefill" -n "$output" -o json \
+        > "$out/llama-bench-$v.json" 2> "$out/llama-bench-$v.log" || { tail -5 "$out/llama-bench-$v.log"; status=1; }
+    fi
+  fi
+  if [ $bench_model = 1 ] && has "$engines" moeshard; then
+    log "moeshard bench-model, Qwen3-30B-A3B shape, experts $v"
+    "$moeshard" bench-model --arch qwen3_moe --preset full-layer --layers 48 --expert-format "$v" \
+      --prompt-len "$prefill" --streams 1,4 > "$out/bench-model-$v.txt" 2>&1 || { tail -5 "$out/bench-model-$v.txt"; status=1; }
+  fi
+  [ $keep = 1 ] || [ $smoke = 1 ] || rm -f "$model"
+done
+python3 "$here/vs_llamacpp_table.py" "$out" | tee "$out/table.txt"
+echo "vs_llamacpp: table $out/table.txt, JSON $out/summary.json"
+exit $status

@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""The table of bench/vs_llamacpp.sh: moeshard and llama.cpp side by side, per expert variant.
+
+    vs_llamacpp_table.py OUT_DIR
+
+Reads OUT_DIR/serve-ENGINE-VARIANT.json and prefill-ENGINE-VARIANT.json (`moeshard bench serve
+--json`), llama-bench-VARIANT.json (`llama-bench -o json`) and bench-model-VARIANT.txt, prints
+one Markdown table per variant (ratio: how many times moeshard's speed llama.cpp's is; above 1,
+moeshard is faster) and writes OUT_DIR/summary.json with the same figures.
+"""
+import json
+import os
+import re
+import sys
+
+ENGINES = ("moeshard", "llamacpp")
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def rows_for(out, variant):
+    """(label, {engine: value}, higher_is_better, unit) rows for one variant."""
+    serve = {e: load(os.path.join(out, f"serve-{e}-{variant}.json")) for e in ENGINES}
+    prefill = {e: load(os.path.join(out, f"prefill-{e}-{variant}.json")) for e in ENGINES}
+    rows = []
+    levels = sorted({r["concurrency"] for s in serve.values() if s for r in s["runs"]})
+
+    def run(e, n):
+        s = serve[e]
+        if not s:
+            return None
+        return next((r for r in s["runs"] if r["concurrency"] == n and r["successful"] > 0), None)
+
+    for n in levels:
+        got = {e: run(e, n) for e in ENGINES}
+        if n == 1:
+            # Time per output token ((e2e - TTFT) / (tokens - 1)) does not depend on how a
+            # server groups tokens into writes; ITL p50 does (bursts make it near zero).
+            rows.append(("1 stream: decode tok/s (1 / TPOT p50)",
+                         {e: 1e3 / r["tpot"]["p50_ms"] for e, r in got.items() if r and r["tpot"]["p50_ms"] > 0},
+                         True, "tok/s"))
+            rows.append(("1 stream: inter-token latency p50",
+                         {e: r["itl"]["p50_ms"] for e, r in got.items() if r}, False, "ms"))
+        rows.append((f"{n} stream{'s' if n > 1 else ''}: output tok/s",
+                     {e: r["output_tok_s"] for e, r in got.items() if r}, True, "tok/s"))
+        failed = {e: r["failed"] for e, r in ((e, run_any(serve[e], n)) for e in ENGINES) if r and r["failed"]}
+        if failed:
+            rows.append((f"{n} stream{'s' if n > 1 else ''}: failed requests", failed, None, ""))
+    pf = {e: p["runs"][0] for e, p in prefill.items() if p and p["runs"] and p["runs"][0]["successful"] > 0}
+    if pf:
+        n = (prefill["moeshard"] or prefill["llamacpp"])["prompt_len"]
+        rows.append((f"{n}-token prefill: TTFT p50", {e: r["ttft"]["p50_ms"] for e, r in pf.items()}, False, "ms"))
+    bench = load(os.path.join(out, f"llama-bench-{variant}.json"))
+    for b in bench or []:
+        kind = f"pp{b['n_prompt']}" if b.get("n_gen", 0) == 0 else f"tg{b['n_gen']}"
+        rows.append((f"llama-bench {kind}", {"llamacpp": b["avg_ts"]}, True, "tok/s"))
+    try:
+        with open(os.path.join(out, f"bench-model-{variant}.txt")) as f:
+            for line in f:
+                m = re.match(r"\|\s*decode, (\d+) streams?\s*\|[^|]*\|\s*([\d.]+) ms / step.*\(([\d.]+)% of copy BW\)", line)
+                if m:
+                    rows.append((f"bench-model decode, {m.group(1)} stream(s): step ({m.group(3)} % of copy BW)",
+                                 {"moeshard": float(m.group(2))}, False, "ms"))
+    except OSError:
+        pass
+    return rows
+
+
+def run_any(s, n):
+    if not s:
+        return None
+    return next((r for r in s["runs"] if r["concurrency"] == n), None)
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit("usage: vs_llamacpp_table.py OUT_DIR")
+    out = sys.argv[1]
+    variants = sorted({m.group(1) for f in os.listdir(out)
+                       for m in [re.match(r"(?:serve|prefill)-\w+?-(mxfp4|q8_0)\.json$", f)] if m})
+    summary = {}
+    for v in variants:
+        print(f"\n### experts {v.upper()}, every other matrix Q8_0\n")
+        print("| | moeshard | llama.cpp | moeshard / llama.cpp (speed) |")
+        print("|---|---|---|---|")
+        summary[v] = []
+        for label, vals, higher, unit in rows_for(out, v):
+            m, l = vals.get("moeshard"), vals.get("llamacpp")
+            ratio = None
+            if higher is not None and m and l:
+                ratio = m / l if higher else l / m
+            cell = lambda x: "-" if x is None else (f"{x:.2f} {unit}" if unit else str(x))
+            print(f"| {label} | {cell(m)} | {cell(l)} | {'-' if ratio is None else f'{ratio:.2f}x'} |")
+            summary[v].append({"row": label, "unit": unit, "moeshard": m, "llamacpp": l, "ratio": ratio})
+    if not variants:
+        print("no results in", out)
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
