@@ -205,7 +205,7 @@ for v in ${variants//,/ }; do
   if [ $bench_model = 1 ] && has "$engines" moeshard; then
     log "moeshard bench-model, Qwen3-30B-A3B shape, experts $v"
     "$moeshard" bench-model --arch qwen3_moe --preset full-layer --layers 48 --expert-format "$v" \
-      --prompt-len "$prefill" --streams 1,4 > "$out/bench-model-$v.txt" 2>&1 || { tail -5 "$out/bench-model-$v.txt"; status=1; }
+      --dense-format q8_0 --prompt-len "$prefill" --streams 1,4 > "$out/bench-model-$v.txt" 2>&1 || { tail -5 "$out/bench-model-$v.txt"; status=1; }
   fi
   [ $keep = 1 ] || [ $smoke = 1 ] || rm -f "$model"
 done

@@ -11,6 +11,7 @@
 // writes its unnormalized partial (acc, max, sum) to the workspace and a combine kernel
 // merges the splits of each (token, head). fp32 FMA throughout.
 #include <climits>
+#include <cstdlib>
 
 #include "kernels/cuda/attention_common.cuh"
 
@@ -241,10 +242,18 @@ cudaError_t LaunchDecodeHd(const AttentionParams& p, int splits, cudaStream_t st
   static std::atomic<uint64_t> smem_set{0};
   if (cudaError_t e = EnsureDynamicSmem(k, smem, smem_set); e != cudaSuccess) return e;
   float* ws = splits > 1 ? static_cast<float*>(p.workspace) : nullptr;
-  dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(p.cache.num_kv_heads),
-            static_cast<unsigned>(p.num_tokens));
-  k<<<grid, kThreads, smem, st>>>(p, group, splits, ws);
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess || splits == 1) return e;
+  static const bool async_on = [] {
+    const char* v = std::getenv("MOESHARD_ATTN_ASYNC");
+    return !(v && v[0] == '0');
+  }();
+  if (E == KvElem::kBF16 && async_on && DecodeAsyncSupports(p)) {  // attention_decode_async.cu
+    if (cudaError_t e = LaunchAttentionDecodeAsync(p, splits, st); e != cudaSuccess || splits == 1) return e;
+  } else {
+    dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(p.cache.num_kv_heads),
+              static_cast<unsigned>(p.num_tokens));
+    k<<<grid, kThreads, smem, st>>>(p, group, splits, ws);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess || splits == 1) return e;
+  }
   dim3 cgrid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(p.num_heads));
   CombineKernel<Act><<<cgrid, 128, 0, st>>>(p, splits, ws);
   return cudaGetLastError();

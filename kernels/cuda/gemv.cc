@@ -19,6 +19,8 @@ bool GemvSupports(GemvWeight wtype, int64_t cols) {
          cols * 4 <= kGemvMaxSmemBytes;
 }
 
+bool GemvOneLaunch(int64_t cols, int64_t tokens) { return tokens <= GemvTokensPerLaunch(cols); }
+
 absl::Status Gemv(const GemvParams& p, GpuStream stream) {
   if (p.num_tokens <= 0) return absl::OkStatus();
   if (p.num_tokens > kGemvMaxTokens) {

@@ -77,44 +77,26 @@ __device__ __forceinline__ void Decode(const uint4 (&v)[Fmt<W>::kLoads], float (
 template <GemvWeight W, int TB>
 __global__ void __launch_bounds__(kThreads) GemvKernel(GemvLaunch a) {
   extern __shared__ float4 xs[];  // [TB][nchunks * 4] swizzled pieces
+  using F = Fmt<W>;
   const int nchunks = static_cast<int>(a.cols / kChunk);
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  for (int i = tid; i < TB * nchunks * 4; i += kThreads) {
-    const int t = i / (nchunks * 4), rem = i % (nchunks * 4), c = rem / 4, p = rem % 4;
-    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (t < a.num_tokens) {
-      const int64_t off = t * a.x_stride + c * kChunk + 4 * p;
-      if (a.x_f32) {
-        v = *reinterpret_cast<const float4*>(static_cast<const float*>(a.x) + off);
-      } else {
-        const uint2 b = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(a.x) + off);
-        v = make_float4(__uint_as_float(b.x << 16), __uint_as_float(b.x & 0xffff0000u), __uint_as_float(b.y << 16),
-                        __uint_as_float(b.y & 0xffff0000u));
-      }
-    }
-    xs[t * nchunks * 4 + XsSlot(c, p)] = v;
-  }
-  __syncthreads();
-
   const int64_t task = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
+  const bool active = task < a.task_begin[a.num_matrices];
   int mi = 0;
   while (mi + 1 < a.num_matrices && task >= a.task_begin[mi + 1]) ++mi;
-  if (task >= a.task_begin[a.num_matrices]) return;
   const GemvMatrix& m = a.m[mi];
   const int64_t row0 = (task - a.task_begin[mi]) * kRowsPerWarp;
-  using F = Fmt<W>;
   const uint8_t* wrow[kRowsPerWarp];
   const uint16_t* srow[kRowsPerWarp];
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
-    const int64_t row = row0 + r < m.rows ? row0 + r : m.rows - 1;  // a missing last row re-reads its neighbour, stores nothing
+    const int64_t row = row0 + r < m.rows ? row0 + r : m.rows - 1;  // a missing last row re-reads, stores nothing
     wrow[r] = static_cast<const uint8_t*>(m.w) + row * nchunks * F::kChunkBytes;
     srow[r] = W == GemvWeight::kQ8 ? m.scales + row * (a.cols / 32) : nullptr;
   }
-  float acc[kRowsPerWarp][TB] = {};
-  for (int c0 = lane; c0 < nchunks; c0 += 32 * F::kUnroll) {
-    uint4 v[kRowsPerWarp][F::kUnroll][F::kLoads];
-    float sc[kRowsPerWarp][F::kUnroll];
+  uint4 v[kRowsPerWarp][F::kUnroll][F::kLoads];
+  float sc[kRowsPerWarp][F::kUnroll];
+  auto load = [&](int c0) {
 #pragma unroll
     for (int u = 0; u < F::kUnroll; ++u) {
       const int c = c0 + 32 * u;
@@ -127,6 +109,30 @@ __global__ void __launch_bounds__(kThreads) GemvKernel(GemvLaunch a) {
         if constexpr (W == GemvWeight::kQ8) sc[r][u] = c < nchunks ? __half2float(__ushort_as_half(srow[r][c / 2])) : 0.f;
       }
     }
+  };
+  // The first weights are in flight while the block stages x.
+  if (active) load(lane);
+  for (int i = tid; i < TB * nchunks * 4; i += kThreads) {
+    const int t = i / (nchunks * 4), rem = i % (nchunks * 4), c = rem / 4, p = rem % 4;
+    float4 xv = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (t < a.num_tokens) {
+      const int64_t off = t * a.x_stride + c * kChunk + 4 * p;
+      if (a.x_f32) {
+        xv = *reinterpret_cast<const float4*>(static_cast<const float*>(a.x) + off);
+      } else {
+        const uint2 b = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(a.x) + off);
+        xv = make_float4(__uint_as_float(b.x << 16), __uint_as_float(b.x & 0xffff0000u), __uint_as_float(b.y << 16),
+                         __uint_as_float(b.y & 0xffff0000u));
+      }
+    }
+    xs[t * nchunks * 4 + XsSlot(c, p)] = xv;
+  }
+  __syncthreads();
+  if (!active) return;
+
+  float acc[kRowsPerWarp][TB] = {};
+  for (int c0 = lane; c0 < nchunks; c0 += 32 * F::kUnroll) {
+    if (c0 != lane) load(c0);
 #pragma unroll
     for (int u = 0; u < F::kUnroll; ++u) {
       const int c = c0 + 32 * u;

@@ -47,6 +47,8 @@ struct GemvParams {
 
 // Whether Gemv takes this weight shape (K) and alignment; callers fall back to a GEMM otherwise.
 bool GemvSupports(GemvWeight wtype, int64_t cols);
+// Whether `tokens` rows of x fit one launch (each launch reads the weights once).
+bool GemvOneLaunch(int64_t cols, int64_t tokens);
 absl::Status Gemv(const GemvParams& p, GpuStream stream);
 
 // Q8_0 view (device pointers) → int8 codes [rows, cols] + f16 scales [rows, cols / 32].

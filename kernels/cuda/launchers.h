@@ -29,7 +29,10 @@ int64_t MaxAttentionHeadDim();
 cudaError_t LaunchAttentionTiled(const AttentionParams& p, cudaStream_t stream);
 cudaError_t LaunchAttentionTensorCore(const AttentionParams& p, cudaStream_t stream);  // bf16, head_dim <= 128
 cudaError_t LaunchAttentionSplitDecode(const AttentionParams& p, int64_t splits, cudaStream_t stream);
-int64_t AttentionDecodeSplits(const AttentionParams& p);  // from the workspace and the SM count
+int64_t AttentionDecodeSplits(const AttentionParams& p);
+// The streaming split-decode kernel (attention_decode_async.cu): bf16 KV, head_dim 64 or 128.
+bool DecodeAsyncSupports(const AttentionParams& p);
+cudaError_t LaunchAttentionDecodeAsync(const AttentionParams& p, int64_t splits, cudaStream_t stream);  // from the workspace and the SM count
 int64_t MaxAttentionSplits();
 int64_t MaxSplitDecodeGroup();  // query heads per KV head the split-decode kernel takes
 int64_t MaxRoutingTopK();

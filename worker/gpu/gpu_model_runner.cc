@@ -31,10 +31,10 @@ GemvMatrix GemvOf(const DenseWeight& w, const float* bias, void* y) {
 
 }  // namespace
 
-// Decode-sized batches (≤ kGemvMaxTokens rows) read each weight once through Gemv, up to three
+// Decode-sized batches (≤ kGemvMaxTokens rows whose x fits one launch) read each weight once through Gemv, up to three
 // matrices of the same input in one launch; larger ones go through cuBLAS.
 bool GpuModelRunner::UseGemv(const DenseWeight& w, int64_t rows) const {
-  return gemv_enabled_ && rows <= kGemvMaxTokens && GemvSupports(GemvTypeOf(w), w.cols);
+  return gemv_enabled_ && rows <= kGemvMaxTokens && GemvSupports(GemvTypeOf(w), w.cols) && GemvOneLaunch(w.cols, rows);
 }
 
 absl::Status GpuModelRunner::ProjectMany(std::initializer_list<ProjectOut> outs, const void* x, ActDType y_dtype,
