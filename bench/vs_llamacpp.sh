@@ -187,7 +187,7 @@ for v in ${variants//,/ }; do
   # Prompt ids below the first special token of the Qwen3 tokenizer (151,643); the smoke model's vocab.
   vocab=151643; [ $smoke = 1 ] && vocab=509
   if has "$engines" moeshard; then
-    serve moeshard "$v" "" /v1/models "$out/up-$v.log" \
+    serve moeshard "$v" "" /ready "$out/up-$v.log" \
       "$moeshard" up --model "$model" --device "$device" --workers 1 --max-model-len "$ctx" --max-num-seqs "$maxc" ||
       status=1
   fi
