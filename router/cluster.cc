@@ -114,6 +114,7 @@ void Cluster::PollLoop(size_t idx) {
         s.ready = reply->ready();
         s.outstanding_tokens = reply->outstanding_tokens();
         s.max_model_len = reply->max_model_len();
+        s.queue_full = reply->queue_full();
         s.model = reply->model();
         s.error = reply->ready() ? "" : (reply->error().empty() ? "coordinator not ready" : reply->error());
       } else {
@@ -186,6 +187,7 @@ absl::StatusOr<Lease> Cluster::Acquire(int64_t prompt_tokens, std::optional<int6
         .ready = s.ready && !skip,
         .load_tokens = s.outstanding_tokens + s.in_flight_tokens,
         .max_model_len = s.max_model_len,
+        .queue_full = s.queue_full,
     });
     entry_of[entries_[i].pool_idx].push_back(i);
   }

@@ -33,6 +33,7 @@ struct CoordinatorState {
   int64_t outstanding_tokens = 0;  // as reported
   int64_t in_flight_tokens = 0;    // this router's leases
   int64_t max_model_len = 0;       // as reported
+  bool queue_full = false;         // as reported
   std::string model;
   std::string error;  // last poll error or the coordinator's own
 };
