@@ -58,7 +58,7 @@ AdmissionDecision AdmissionControl::Admit(int64_t queued_requests, int64_t queue
     d.reason = RejectReason::kQueueFull;
     d.message = absl::StrCat("the queue holds ", queued_requests, " requests, the most this coordinator queues (--max-queued-requests ",
                              config_.max_queued_requests, ")");
-  } else if (queued_tokens + prompt_tokens > config_.max_queued_tokens) {
+  } else if (queued_requests > 0 && queued_tokens + prompt_tokens > config_.max_queued_tokens) {
     d.reason = RejectReason::kQueueTokens;
     d.message = absl::StrCat("the queue holds ", queued_tokens, " prompt tokens; ", prompt_tokens,
                              " more would pass --max-queued-tokens ", config_.max_queued_tokens);

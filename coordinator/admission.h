@@ -4,7 +4,8 @@
 //
 // A request is queued from Submit until its first step. Admit() refuses when, with the new
 // request, the queue would hold more than max_queued_requests requests or max_queued_tokens
-// prompt tokens, or when the expected wait exceeds max_queue_time: queued requests divided by
+// prompt tokens (an empty queue takes any prompt: the scheduler bounds its size), or when the
+// expected wait exceeds max_queue_time: queued requests divided by
 // the rate at which requests left the queue over the last `rate_window` (measured, not
 // configured). Until requests have left the queue in that window the wait is unknown and only
 // the two bounds apply.

@@ -48,7 +48,7 @@ absl::StatusOr<moeshard::EngineOptions> Options(const moeshard::Args& a, const s
   ASSIGN_OR_RETURN(o.comm_timeout_ms, a.GetInt("comm-timeout-ms", 60000));
   o.prefix_caching = !a.Flag("no-prefix-caching");
   ASSIGN_OR_RETURN(o.admission.max_queued_requests, a.GetInt("max-queued-requests", 4 * o.max_num_seqs));
-  ASSIGN_OR_RETURN(o.admission.max_queued_tokens, a.GetInt("max-queued-tokens", o.num_kv_blocks * o.block_size));
+  ASSIGN_OR_RETURN(o.admission.max_queued_tokens, a.GetInt("max-queued-tokens", 4 * o.num_kv_blocks * o.block_size));
   ASSIGN_OR_RETURN(int64_t queue_time_s, a.GetInt("max-queue-time-s", 30));
   o.admission.max_queue_time = std::chrono::seconds(queue_time_s);
   RETURN_IF_ERROR(o.admission.Validate());
@@ -77,7 +77,7 @@ int main(int argc, char** argv) {
                  "       [--layer-split 2,1,1] [--host 127.0.0.1] [--port 0] [--metrics-port 0] [--num-kv-blocks 1024]\n"
                  "       [--block-size 16] [--max-num-seqs 64] [--max-tokens-per-step 512] [--max-model-len N]\n"
                  "       [--comm-timeout-ms 60000] [--no-prefix-caching] [--metric-prefix moeshard_|moeshard:]\n"
-                 "       [--max-queued-requests 4*max-num-seqs] [--max-queued-tokens num-kv-blocks*block-size]\n"
+                 "       [--max-queued-requests 4*max-num-seqs] [--max-queued-tokens 4*num-kv-blocks*block-size]\n"
                  "       [--max-queue-time-s 30] [--step-deadline-floor-ms 2000]\n%s\n",
                  a.ok() ? "" : std::string(a.status().message()).c_str());
     return 2;

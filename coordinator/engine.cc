@@ -78,6 +78,7 @@ absl::Status Engine::Connect() {
   ho.num_kv_blocks = o_.num_kv_blocks;
   ho.block_size = o_.block_size;
   ho.timeout_ms = o_.comm_timeout_ms;
+  RETURN_IF_ERROR(workers_.Ping(std::chrono::milliseconds(2000)));
   absl::Status st = workers_.Handshake(o_.plan, ho);
   if (!st.ok()) return st;
   std::lock_guard<std::mutex> l(mu_);
@@ -127,6 +128,10 @@ void Engine::Loop() {
     metrics_.running->Set(static_cast<double>(scheduler_->num_running()));
     metrics_.waiting->Set(static_cast<double>(scheduler_->num_waiting()));
     metrics_.kv_usage->Set(blocks_->Usage());
+    if (connected_ && in_flight_ == 0 && !scheduler_->HasWork()) {
+      Heartbeat(l);
+      continue;
+    }
     if (!connected_ || in_flight_ >= max_in_flight || !scheduler_->HasWork()) {
       cv_.wait_for(l, std::chrono::milliseconds(100));
       continue;
@@ -154,6 +159,23 @@ void Engine::Loop() {
     std::thread([this, p = std::move(*plan), step_id, deadline]() mutable { RunStep(std::move(p), step_id, deadline); })
         .detach();
   }
+}
+
+void Engine::Heartbeat(std::unique_lock<std::mutex>& l) {
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last_heartbeat_ < kHeartbeatInterval) {
+    cv_.wait_for(l, std::chrono::milliseconds(100));
+    return;
+  }
+  last_heartbeat_ = now;
+  l.unlock();
+  absl::Status st = workers_.Ping(2 * kHeartbeatInterval);
+  l.lock();
+  if (st.ok() || !connected_) return;
+  std::fprintf(stderr, "moeshard-coordinator: heartbeat failed: %s\n", std::string(st.message()).c_str());
+  connected_ = false;
+  error_ = std::string(st.message());
+  FailAll(error_);
 }
 
 void Engine::OnConnectFailed(const absl::Status& st) {

@@ -83,6 +83,10 @@ class Engine {
   void Loop();
   void RunStep(StepPlan plan, int64_t step_id, std::chrono::milliseconds deadline);
   void OnConnectFailed(const absl::Status& status);
+  // While idle: pings every worker each kHeartbeatInterval; one that does not answer in twice that
+  // makes the group unhealthy (re-formed like after a failed step). Called with mu_ held.
+  void Heartbeat(std::unique_lock<std::mutex>& l);
+  static constexpr std::chrono::milliseconds kHeartbeatInterval{1000};
   // Requests submitted but not yet in a step, and their prompt tokens (requires mu_).
   std::pair<int64_t, int64_t> Queued() const;
   void Deliver(const std::vector<SeqEvent>& events);
@@ -108,6 +112,7 @@ class Engine {
   AdmissionControl admission_;
   StepDeadline step_deadline_;
   int num_refusals_ = 0;
+  std::chrono::steady_clock::time_point last_heartbeat_{};
   std::string fatal_;
   std::thread loop_;
 };

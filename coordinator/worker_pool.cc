@@ -20,6 +20,28 @@ WorkerPool::WorkerPool(std::vector<std::string> addresses) : addresses_(std::mov
   }
 }
 
+absl::Status WorkerPool::Ping(std::chrono::milliseconds deadline) {
+  std::vector<std::future<grpc::Status>> done;
+  for (int w = 0; w < size(); ++w) {
+    done.push_back(std::async(std::launch::async, [&, w] {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + deadline);
+      ctx.set_wait_for_ready(true);  // a restarting worker gets the whole deadline to come up
+      v1::PingReply rep;
+      return stubs_[w]->Ping(&ctx, v1::PingRequest(), &rep);
+    }));
+  }
+  absl::Status first = absl::OkStatus();
+  for (int w = 0; w < size(); ++w) {
+    grpc::Status st = done[w].get();
+    if (!st.ok() && first.ok()) {
+      first = absl::UnavailableError(absl::StrCat("worker ", w, " (", addresses_[w], ") does not answer a ping within ",
+                                                  deadline.count(), " ms: ", st.error_message()));
+    }
+  }
+  return first;
+}
+
 absl::Status WorkerPool::Handshake(const Plan& plan, const HandshakeOptions& o) {
   if (plan.num_workers != size()) {
     return absl::InvalidArgumentError(absl::StrCat("plan is for ", plan.num_workers, " workers, ", size(), " given"));

@@ -31,6 +31,9 @@ class WorkerPool {
   int size() const { return static_cast<int>(stubs_.size()); }
   const std::vector<std::string>& addresses() const { return addresses_; }
 
+  // Every worker answers a Ping within `deadline` (a stopped or hung process does not): checked
+  // before a handshake, whose communicator rendezvous would otherwise wait for a dead peer.
+  absl::Status Ping(std::chrono::milliseconds deadline);
   absl::Status Handshake(const Plan& plan, const HandshakeOptions& options);
   // Sends the step to every worker; returns the reply of the worker that samples
   // (last stage, tensor-parallel rank 0). Any worker's error, or one that misses the

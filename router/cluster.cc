@@ -144,8 +144,13 @@ int64_t Cluster::PoolLen(size_t pool_idx) const {
 void Cluster::UpdateReadiness() {
   any_ready_ = false;
   for (const Entry& e : entries_) {
-    if (e.state.ready && PoolLen(e.pool_idx) > 0) any_ready_ = true;
+    if (e.state.ready && PoolLen(e.pool_idx) > 0) any_ready_ = ever_ready_ = true;
   }
+}
+
+bool Cluster::EverReady() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ever_ready_;
 }
 
 bool Cluster::AnyReady() const {

@@ -92,6 +92,8 @@ class Cluster {
                                 const std::vector<std::string>& excluded = {});
 
   bool AnyReady() const;
+  // Whether a pool was ready at some point: a cluster that is healing, not one still starting.
+  bool EverReady() const;
   std::vector<PoolState> Snapshot() const;
   // The largest context length known (configured or reported), 0 when none yet.
   int64_t MaxModelLen() const;
@@ -114,6 +116,7 @@ class Cluster {
   std::condition_variable stop_cv_;
   bool stopping_ = false;
   bool any_ready_ = false;
+  bool ever_ready_ = false;
   std::vector<Entry> entries_;
   std::vector<std::thread> pollers_;
   std::function<void(bool)> readiness_callback_;

@@ -71,7 +71,15 @@ absl::StatusOr<std::unique_ptr<Generation>> Generation::Start(const RouterServic
     services.metrics->RequestRejected(kNoPool, "shutting_down");
     return absl::UnavailableError("the router is shutting down");
   }
-  auto lease = services.cluster->Acquire(static_cast<int64_t>(request.prompt_ids.size()), request.params.max_tokens);
+  const int64_t prompt_tokens = static_cast<int64_t>(request.prompt_ids.size());
+  auto lease = services.cluster->Acquire(prompt_tokens, request.params.max_tokens);
+  const auto heal_deadline = std::chrono::steady_clock::now() + absl::ToChronoMilliseconds(services.heal_wait);
+  while (!lease.ok() && absl::IsUnavailable(lease.status()) && services.cluster->EverReady() &&
+         std::chrono::steady_clock::now() < heal_deadline &&
+         (services.shutting_down == nullptr || !services.shutting_down->load())) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    lease = services.cluster->Acquire(prompt_tokens, request.params.max_tokens);
+  }
   if (!lease.ok()) {
     services.metrics->RequestRejected(kNoPool, RejectReason(lease.status()));
     LogLine(request.request_id, absl::StrCat("rejected: ", lease.status().message()));
@@ -219,6 +227,7 @@ absl::StatusOr<GenerationResult> Generation::Run(const DeltaCallback& on_delta) 
     if (attempt >= kMaxAttempts) {
       return absl::UnavailableError(absl::StrCat("coordinator ", address, " ", why, " (", attempt, " attempts)"));
     }
+    result.finish_reason.clear();  // an "abort" is not the request's end
     if (queue_full) {
       full.push_back(address);
     } else {

@@ -64,6 +64,9 @@ struct RouterServices {
   ActiveGenerations* active = nullptr;
   std::atomic<bool>* shutting_down = nullptr;
   absl::Duration migration_timeout = absl::Seconds(60);
+  // A new request that finds no ready pool while the cluster heals (it was ready before) waits
+  // this long for one before it gets 503.
+  absl::Duration heal_wait = absl::Seconds(10);
 };
 
 // A tokenized request, ready to dispatch.
@@ -100,8 +103,9 @@ class Generation {
   static constexpr int kMaxAttempts = 4;
   using DeltaCallback = std::function<bool(const GenerationDelta&)>;
 
-  // Chooses the pool and coordinator. Errors: InvalidArgument context_length_exceeded,
-  // Unavailable (no ready pool, or the router is shutting down).
+  // Chooses the pool and coordinator (waiting up to heal_wait while the cluster heals).
+  // Errors: InvalidArgument context_length_exceeded, Unavailable (no ready pool, or the router
+  // is shutting down).
   static absl::StatusOr<std::unique_ptr<Generation>> Start(const RouterServices& services, PreparedRequest request);
   ~Generation();
 

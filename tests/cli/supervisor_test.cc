@@ -29,7 +29,7 @@ class SupervisorTest : public ::testing::Test {
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
   // A script that appends its arguments to `args.log`, announces as a worker with the given
-  // ports, then runs `then` (e.g. "exit 3" or "sleep 30").
+  // ports, then runs `then` (e.g. "exit 3", or "exec sleep 30": no grandchild may hold stdout open).
   std::string Script(int grpc_port, int metrics_port, const std::string& then) {
     const std::string path = dir_ + "/moeshard-worker";
     std::ofstream(path) << "#!/bin/sh\necho \"$@\" >> " << dir_ << "/args.log\n"
@@ -92,7 +92,7 @@ TEST_F(SupervisorTest, DeadProcessRestartsOnItsAnnouncedPorts) {
   SupervisorOptions o = FastProbes();
   o.probe_interval = std::chrono::seconds(60);  // nothing serves the probe port: only the exit counts here
   Supervisor s(o);
-  ASSERT_TRUE(s.Start(Role::kWorker, {Script(4242, 4343, "sleep 0.3"), "--port", "0"}, 5).ok());
+  ASSERT_TRUE(s.Start(Role::kWorker, {Script(4242, 4343, "exec sleep 0.3"), "--port", "0"}, 5).ok());
   s.MarkReady();
   ASSERT_TRUE(TickUntil(s, [&] { return s.num_restarts() >= 1; }, milliseconds(5000)).ok());
   ASSERT_EQ(s.num_restarts(), 1);
@@ -112,7 +112,7 @@ TEST_F(SupervisorTest, ProcessThatStopsAnsweringItsProbeIsKilledAndRestarted) {
   const int port = health.bind_to_any_port("127.0.0.1");
   std::thread server([&] { health.listen_after_bind(); });
   Supervisor s(FastProbes());
-  ASSERT_TRUE(s.Start(Role::kWorker, {Script(4242, port, "sleep 30")}, 5).ok());
+  ASSERT_TRUE(s.Start(Role::kWorker, {Script(4242, port, "exec sleep 30")}, 5).ok());
   s.MarkReady();
   // Healthy for a second: about 20 probes, no restart.
   ASSERT_TRUE(TickUntil(s, [] { return false; }, milliseconds(1000)).ok());

@@ -33,7 +33,7 @@ TEST(StepDeadlineTest, FactorTimesTheSlowestComparableStepWithinFloorAndCeiling)
   EXPECT_EQ(d.For(100), milliseconds(60000));
 }
 
-TEST(StepDeadlineTest, ScalesWithTokensFromTheBestMatchingObservation) {
+TEST(StepDeadlineTest, ScalesEveryObservationByTokens) {
   StepDeadline d(Config());
   d.Observe(64, Secs(0.64));  // 10 ms a token
   d.Observe(1, Secs(0.02));

@@ -50,9 +50,10 @@ class Cluster:
 
     def children(self, name):
         """Pids of up's children running `name`, in start order (oldest first)."""
-        out = subprocess.run(["ps", "-o", "pid=,comm=", "--ppid", str(self.proc.pid), "--sort=start_time"],
+        out = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(self.proc.pid), "--sort=start_time"],
                              capture_output=True, text=True).stdout.split("\n")
-        return [int(l.split()[0]) for l in out if l.split()[1:] == [name]]
+        # args, not comm: comm is cut at 15 characters ("moeshard-coordi").
+        return [int(l.split()[0]) for l in out if len(l.split()) > 1 and os.path.basename(l.split()[1]) == name]
 
     def ready_status(self, timeout_s=1.0):
         try:

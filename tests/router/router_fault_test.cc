@@ -3,6 +3,7 @@
 // or to the same one once it is ready again; full queues give 503 + Retry-After at once.
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -14,16 +15,19 @@ namespace {
 using Json = nlohmann::json;
 constexpr char kTwoCoordinators[] = R"({"pools": [{"name": "p", "max_model_len": 4096, "coordinators": ["{COORD0}", "{COORD1}"]}]})";
 
+// Changes a fake coordinator's options in place.
+void Configure(FakeCoordinator& fake, const std::function<void(FakeCoordinator::Options&)>& change) {
+  FakeCoordinator::Options o = fake.options();
+  change(o);
+  fake.set_options(o);
+}
+
 std::vector<int32_t> Ids(const google::protobuf::RepeatedField<int32_t>& ids) { return {ids.begin(), ids.end()}; }
 
 TEST(RouterFaultTest, AbortedStreamMigratesWithItsTokensToAnotherCoordinator) {
   RouterHarness h(2, kTwoCoordinators);
-  auto o = h.fake(0).options();
-  o.abort_after = 2;
-  h.fake(0).set_options(o);
-  o = h.fake(1).options();
-  o.outstanding_tokens = 50;  // so that the aborting one is chosen first
-  h.fake(1).set_options(o);
+  Configure(h.fake(0), [](auto& o) { o.abort_after = 2; });
+  Configure(h.fake(1), [](auto& o) { o.outstanding_tokens = 50; });  // so that the aborting one goes first
   ASSERT_TRUE(h.WaitReady());
   std::this_thread::sleep_for(std::chrono::milliseconds(150));
   auto res = h.Client()->Post("/v1/completions", Json{{"prompt", "abcdef"}, {"max_tokens", 5}}.dump(), "application/json");
@@ -44,23 +48,22 @@ TEST(RouterFaultTest, AbortedStreamMigratesWithItsTokensToAnotherCoordinator) {
 
 TEST(RouterFaultTest, StreamWaitsForItsOnlyCoordinatorToHeal) {
   RouterHarness h(1);
-  auto o = h.fake(0).options();
-  o.abort_after = 2;
-  o.token_delay_ms = 100;
-  h.fake(0).set_options(o);
+  Configure(h.fake(0), [](auto& o) {
+    o.abort_after = 2;
+    o.token_delay_ms = 100;
+  });
   ASSERT_TRUE(h.WaitReady());
   // Once two tokens went out (and before the abort, 100 ms later) the coordinator goes down
   // for 800 ms, then comes back healthy.
   std::thread healer([&] {
     while (h.fake(0).tokens_sent() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    auto down = h.fake(0).options();
-    down.ready = false;
-    down.abort_after = -1;
-    down.token_delay_ms = 0;
-    h.fake(0).set_options(down);
+    Configure(h.fake(0), [](auto& o) {
+      o.ready = false;
+      o.abort_after = -1;
+      o.token_delay_ms = 0;
+    });
     std::this_thread::sleep_for(std::chrono::milliseconds(800));
-    down.ready = true;
-    h.fake(0).set_options(down);
+    Configure(h.fake(0), [](auto& o) { o.ready = true; });
   });
   const auto t0 = std::chrono::steady_clock::now();
   auto res = h.Client()->Post("/v1/completions",
@@ -81,13 +84,26 @@ TEST(RouterFaultTest, StreamWaitsForItsOnlyCoordinatorToHeal) {
   EXPECT_EQ(h.fake(0).last_request().max_tokens(), 2);
 }
 
+TEST(RouterFaultTest, NewRequestWaitsForAHealingCoordinator) {
+  RouterHarness h(1, "", [](RouterConfig& c) { c.heal_wait = absl::Seconds(5); });
+  ASSERT_TRUE(h.WaitReady());
+  Configure(h.fake(0), [](auto& o) { o.ready = false; });
+  ASSERT_TRUE(h.WaitReady(503));
+  std::thread healer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    Configure(h.fake(0), [](auto& o) { o.ready = true; });
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  auto res = h.Client()->Post("/v1/completions", Json{{"prompt", "hi"}, {"max_tokens", 2}}.dump(), "application/json");
+  healer.join();
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200) << res->body;
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(500));
+}
+
 TEST(RouterFaultTest, FullQueuesGive503WithRetryAfterAtOnce) {
   RouterHarness h(2, kTwoCoordinators);
-  for (int i = 0; i < 2; ++i) {
-    auto o = h.fake(i).options();
-    o.queue_full = true;
-    h.fake(i).set_options(o);
-  }
+  for (int i = 0; i < 2; ++i) Configure(h.fake(i), [](auto& o) { o.queue_full = true; });
   ASSERT_TRUE(h.WaitReady());
   auto cli = h.Client();
   const auto t0 = std::chrono::steady_clock::now();
@@ -106,12 +122,8 @@ TEST(RouterFaultTest, FullQueuesGive503WithRetryAfterAtOnce) {
 
 TEST(RouterFaultTest, CoordinatorWithRoomIsPreferred) {
   RouterHarness h(2, kTwoCoordinators);
-  auto o = h.fake(0).options();
-  o.queue_full = true;  // least loaded, but full
-  h.fake(0).set_options(o);
-  o = h.fake(1).options();
-  o.outstanding_tokens = 500;
-  h.fake(1).set_options(o);
+  Configure(h.fake(0), [](auto& o) { o.queue_full = true; });  // least loaded, but full
+  Configure(h.fake(1), [](auto& o) { o.outstanding_tokens = 500; });
   ASSERT_TRUE(h.WaitReady());
   std::this_thread::sleep_for(std::chrono::milliseconds(150));
   auto res = h.Client()->Post("/v1/completions", Json{{"prompt", "hi"}, {"max_tokens", 2}}.dump(), "application/json");
