@@ -146,8 +146,9 @@ def post(cluster, body, r=None, timeout_s=120):
     return r
 
 
-def run_parallel(cluster, bodies):
-    """Starts one thread per body at once; returns (threads, results) to join later."""
+def run_parallel(cluster, bodies, stagger_s=0.0):
+    """Starts one thread per body, `stagger_s` apart (the router's listen backlog is small: many
+    connects in the same instant get resets); returns (threads, results) to join later."""
     results = [new_result() for _ in bodies]
 
     def one(i):
@@ -156,4 +157,5 @@ def run_parallel(cluster, bodies):
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(bodies))]
     for t in threads:
         t.start()
+        time.sleep(stagger_s)
     return threads, results

@@ -100,7 +100,8 @@ def fault_under_load(cluster, mode, base, kind, pid, sig):
     check(wait_streaming(st_results, 3), f"{mode} {kind}: streams started")
     queued, q_results = [], []
     if kind == "worker SIGKILL":
-        queued, q_results = run_parallel(cluster, [body(PROMPTS[i % 8], QUEUED_TOKENS, False) for i in range(40)])
+        queued, q_results = run_parallel(cluster, [body(PROMPTS[i % 8], QUEUED_TOKENS, False) for i in range(40)],
+                                         stagger_s=0.005)
         time.sleep(0.2)
     watch = ReadyWatch(cluster).start()
     t_fault = time.monotonic()
@@ -136,12 +137,7 @@ def fault_under_load(cluster, mode, base, kind, pid, sig):
 
 def burst(cluster, mode):
     """Fills the coordinator (8 running + 48 queued), then sends 30 more from 6 clients."""
-    fill, fill_results = [], []
-    for i in range(56):
-        t, r = run_parallel(cluster, [body(PROMPTS[i % 8], 48, False)])
-        fill += t
-        fill_results += r
-        time.sleep(0.005)
+    fill, fill_results = run_parallel(cluster, [body(PROMPTS[i % 8], 96, False) for i in range(56)], stagger_s=0.005)
     time.sleep(0.5)
     burst_results = [[] for _ in range(6)]
 
