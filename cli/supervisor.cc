@@ -125,8 +125,9 @@ absl::Status Supervisor::Tick() {
     }
     int st = 0;
     if (c.process->Poll(&st)) {
-      const std::string why = WIFSIGNALED(st) ? absl::StrCat("(pid ", c.process->pid(), ") was killed by signal ", WTERMSIG(st))
-                                              : absl::StrCat("(pid ", c.process->pid(), ") exited with status ", WEXITSTATUS(st));
+      const std::string why = WIFSIGNALED(st)
+                                  ? absl::StrCat("(pid ", c.process->pid(), ") was killed by signal ", WTERMSIG(st))
+                                  : absl::StrCat("(pid ", c.process->pid(), ") exited with status ", WEXITSTATUS(st));
       RETURN_IF_ERROR(OnDeath(c, why));
       continue;
     }

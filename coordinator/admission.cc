@@ -1,7 +1,6 @@
 #include "coordinator/admission.h"
 
 #include <algorithm>
-#include <cmath>
 
 #include "absl/strings/str_cat.h"
 
@@ -17,10 +16,14 @@ absl::Status AdmissionConfig::Validate() const {
 
 const char* RejectReasonName(RejectReason reason) {
   switch (reason) {
-    case RejectReason::kNone: return "none";
-    case RejectReason::kQueueFull: return "queue_full";
-    case RejectReason::kQueueTokens: return "queue_tokens";
-    case RejectReason::kQueueTime: return "queue_time";
+    case RejectReason::kNone:
+      return "none";
+    case RejectReason::kQueueFull:
+      return "queue_full";
+    case RejectReason::kQueueTokens:
+      return "queue_tokens";
+    case RejectReason::kQueueTime:
+      return "queue_time";
   }
   return "unknown";
 }
@@ -52,11 +55,10 @@ AdmissionDecision AdmissionControl::Admit(int64_t queued_requests, int64_t queue
   // The time the queue ahead of this request takes to drain, at the measured rate.
   const double wait_s = rate > 0 ? static_cast<double>(queued_requests) / rate : 0;
   const double limit_s = std::chrono::duration<double>(config_.max_queue_time).count();
-  // Ask the client back when a tenth of the queue should have drained (at least a second).
-  d.retry_after_s = std::max(1.0, std::ceil(rate > 0 ? 0.1 * static_cast<double>(queued_requests) / rate : 1.0));
   if (queued_requests + 1 > config_.max_queued_requests) {
     d.reason = RejectReason::kQueueFull;
-    d.message = absl::StrCat("the queue holds ", queued_requests, " requests, the most this coordinator queues (--max-queued-requests ",
+    d.message = absl::StrCat("the queue holds ", queued_requests,
+                             " requests, the most this coordinator queues (--max-queued-requests ",
                              config_.max_queued_requests, ")");
   } else if (queued_requests > 0 && queued_tokens + prompt_tokens > config_.max_queued_tokens) {
     d.reason = RejectReason::kQueueTokens;
@@ -64,9 +66,9 @@ AdmissionDecision AdmissionControl::Admit(int64_t queued_requests, int64_t queue
                              " more would pass --max-queued-tokens ", config_.max_queued_tokens);
   } else if (wait_s > limit_s) {
     d.reason = RejectReason::kQueueTime;
-    d.message = absl::StrCat("the expected wait is ", static_cast<int64_t>(wait_s), " s (", queued_requests,
-                             " queued, ", rate, " leave per second), more than --max-queue-time-s ",
-                             static_cast<int64_t>(limit_s));
+    d.message =
+        absl::StrCat("the expected wait is ", static_cast<int64_t>(wait_s), " s (", queued_requests, " queued, ", rate,
+                     " leave per second), more than --max-queue-time-s ", static_cast<int64_t>(limit_s));
   }
   return d;
 }

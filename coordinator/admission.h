@@ -37,7 +37,6 @@ const char* RejectReasonName(RejectReason reason);
 
 struct AdmissionDecision {
   RejectReason reason = RejectReason::kNone;
-  double retry_after_s = 0;  // a hint for the client when refused
   std::string message;
   bool admitted() const { return reason == RejectReason::kNone; }
 };

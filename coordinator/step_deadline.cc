@@ -18,7 +18,8 @@ std::chrono::milliseconds StepDeadline::For(int64_t num_tokens) const {
   const double n = static_cast<double>(std::max<int64_t>(1, num_tokens));
   double predicted = 0;
   for (const Observation& o : observed_) {
-    predicted = std::max(predicted, o.seconds * std::max(1.0, n / static_cast<double>(std::max<int64_t>(1, o.num_tokens))));
+    predicted =
+        std::max(predicted, o.seconds * std::max(1.0, n / static_cast<double>(std::max<int64_t>(1, o.num_tokens))));
   }
   const auto ms = std::chrono::milliseconds(static_cast<int64_t>(config_.factor * predicted * 1000.0));
   return std::clamp(ms, config_.floor, config_.ceiling);

@@ -33,8 +33,8 @@ class SupervisorTest : public ::testing::Test {
   std::string Script(int grpc_port, int metrics_port, const std::string& then) {
     const std::string path = dir_ + "/moeshard-worker";
     std::ofstream(path) << "#!/bin/sh\necho \"$@\" >> " << dir_ << "/args.log\n"
-                        << "echo \"moeshard-worker: grpc 127.0.0.1:" << grpc_port << " metrics http://127.0.0.1:"
-                        << metrics_port << "/metrics\"\n"
+                        << "echo \"moeshard-worker: grpc 127.0.0.1:" << grpc_port
+                        << " metrics http://127.0.0.1:" << metrics_port << "/metrics\"\n"
                         << then << "\n";
     chmod(path.c_str(), 0755);
     return path;
@@ -82,7 +82,8 @@ TEST(SupervisorHelpersTest, PortOfAndSetFlag) {
 TEST_F(SupervisorTest, DeathBeforeReadyFailsWithTheReason) {
   Supervisor s(FastProbes());
   ASSERT_TRUE(s.Start(Role::kWorker, {Script(4242, 4343, "exit 3"), "--port", "0"}, 5).ok());
-  absl::Status st = TickUntil(s, [] { return false; }, milliseconds(3000));
+  absl::Status st = TickUntil(
+      s, [] { return false; }, milliseconds(3000));
   EXPECT_FALSE(st.ok());
   EXPECT_NE(st.message().find("exited with status 3 before the cluster was ready"), std::string::npos) << st;
   EXPECT_EQ(s.num_restarts(), 0);
@@ -94,7 +95,9 @@ TEST_F(SupervisorTest, DeadProcessRestartsOnItsAnnouncedPorts) {
   Supervisor s(o);
   ASSERT_TRUE(s.Start(Role::kWorker, {Script(4242, 4343, "exec sleep 0.3"), "--port", "0"}, 5).ok());
   s.MarkReady();
-  ASSERT_TRUE(TickUntil(s, [&] { return s.num_restarts() >= 1; }, milliseconds(5000)).ok());
+  ASSERT_TRUE(TickUntil(
+                  s, [&] { return s.num_restarts() >= 1; }, milliseconds(5000))
+                  .ok());
   ASSERT_EQ(s.num_restarts(), 1);
   std::this_thread::sleep_for(milliseconds(100));
   std::vector<std::string> lines = ArgLines();
@@ -106,20 +109,22 @@ TEST_F(SupervisorTest, DeadProcessRestartsOnItsAnnouncedPorts) {
 TEST_F(SupervisorTest, ProcessThatStopsAnsweringItsProbeIsKilledAndRestarted) {
   httplib::Server health;
   std::atomic<bool> healthy{true};
-  health.Get("/health", [&](const httplib::Request&, httplib::Response& res) {
-    res.status = healthy ? 200 : 500;
-  });
+  health.Get("/health", [&](const httplib::Request&, httplib::Response& res) { res.status = healthy ? 200 : 500; });
   const int port = health.bind_to_any_port("127.0.0.1");
   std::thread server([&] { health.listen_after_bind(); });
   Supervisor s(FastProbes());
   ASSERT_TRUE(s.Start(Role::kWorker, {Script(4242, port, "exec sleep 30")}, 5).ok());
   s.MarkReady();
   // Healthy for a second: about 20 probes, no restart.
-  ASSERT_TRUE(TickUntil(s, [] { return false; }, milliseconds(1000)).ok());
+  ASSERT_TRUE(TickUntil(
+                  s, [] { return false; }, milliseconds(1000))
+                  .ok());
   EXPECT_EQ(s.num_restarts(), 0);
   healthy = false;
   const auto t0 = std::chrono::steady_clock::now();
-  ASSERT_TRUE(TickUntil(s, [&] { return s.num_restarts() >= 1; }, milliseconds(3000)).ok());
+  ASSERT_TRUE(TickUntil(
+                  s, [&] { return s.num_restarts() >= 1; }, milliseconds(3000))
+                  .ok());
   EXPECT_EQ(s.num_restarts(), 1);
   // Three failed probes 50 ms apart, then a 0.5 s backoff.
   EXPECT_LT(std::chrono::steady_clock::now() - t0, milliseconds(2000));
@@ -134,7 +139,8 @@ TEST_F(SupervisorTest, CrashLoopFailsAfterMaxRestarts) {
   Supervisor s(o);
   ASSERT_TRUE(s.Start(Role::kWorker, {Script(4242, 4343, "exit 1")}, 5).ok());
   s.MarkReady();
-  absl::Status st = TickUntil(s, [] { return false; }, milliseconds(6000));
+  absl::Status st = TickUntil(
+      s, [] { return false; }, milliseconds(6000));
   EXPECT_FALSE(st.ok());
   EXPECT_NE(st.message().find("3 deaths within 60 s"), std::string::npos) << st;
   EXPECT_EQ(s.num_restarts(), 2);

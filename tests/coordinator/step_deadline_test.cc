@@ -25,9 +25,9 @@ TEST(StepDeadlineTest, CeilingUntilAStepWasMeasured) {
 
 TEST(StepDeadlineTest, FactorTimesTheSlowestComparableStepWithinFloorAndCeiling) {
   StepDeadline d(Config());
-  d.Observe(1, Secs(0.05));   // a decode step: 4 x 50 ms = 200 ms, below the floor
+  d.Observe(1, Secs(0.05));  // a decode step: 4 x 50 ms = 200 ms, below the floor
   EXPECT_EQ(d.For(1), milliseconds(500));
-  d.Observe(1, Secs(0.3));    // 4 x 300 ms
+  d.Observe(1, Secs(0.3));  // 4 x 300 ms
   EXPECT_EQ(d.For(1), milliseconds(1200));
   // A prefill of 100 tokens scales from each observation: 0.3 s x 100 = 30 s, x 4 = ceiling.
   EXPECT_EQ(d.For(100), milliseconds(60000));
@@ -38,7 +38,7 @@ TEST(StepDeadlineTest, ScalesEveryObservationByTokens) {
   d.Observe(64, Secs(0.64));  // 10 ms a token
   d.Observe(1, Secs(0.02));
   EXPECT_EQ(d.For(128), milliseconds(10240));  // 4 x (0.02 x 128): the decode step scales too
-  EXPECT_EQ(d.For(8), milliseconds(2560));    // never below an observed step: 4 x 0.64
+  EXPECT_EQ(d.For(8), milliseconds(2560));     // never below an observed step: 4 x 0.64
 }
 
 TEST(StepDeadlineTest, OnlyTheLastWindowCounts) {

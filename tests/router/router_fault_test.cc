@@ -13,7 +13,8 @@ namespace moeshard::router::testing {
 namespace {
 
 using Json = nlohmann::json;
-constexpr char kTwoCoordinators[] = R"({"pools": [{"name": "p", "max_model_len": 4096, "coordinators": ["{COORD0}", "{COORD1}"]}]})";
+constexpr char kTwoCoordinators[] =
+    R"({"pools": [{"name": "p", "max_model_len": 4096, "coordinators": ["{COORD0}", "{COORD1}"]}]})";
 
 // Changes a fake coordinator's options in place.
 void Configure(FakeCoordinator& fake, const std::function<void(FakeCoordinator::Options&)>& change) {
@@ -30,7 +31,8 @@ TEST(RouterFaultTest, AbortedStreamMigratesWithItsTokensToAnotherCoordinator) {
   Configure(h.fake(1), [](auto& o) { o.outstanding_tokens = 50; });  // so that the aborting one goes first
   ASSERT_TRUE(h.WaitReady());
   std::this_thread::sleep_for(std::chrono::milliseconds(150));
-  auto res = h.Client()->Post("/v1/completions", Json{{"prompt", "abcdef"}, {"max_tokens", 5}}.dump(), "application/json");
+  auto res =
+      h.Client()->Post("/v1/completions", Json{{"prompt", "abcdef"}, {"max_tokens", 5}}.dump(), "application/json");
   ASSERT_TRUE(res);
   ASSERT_EQ(res->status, 200) << res->body;
   // "ab" from the first coordinator; the second one got the prompt plus "ab" and 3 tokens to go.
@@ -66,8 +68,8 @@ TEST(RouterFaultTest, StreamWaitsForItsOnlyCoordinatorToHeal) {
     Configure(h.fake(0), [](auto& o) { o.ready = true; });
   });
   const auto t0 = std::chrono::steady_clock::now();
-  auto res = h.Client()->Post("/v1/completions",
-                              Json{{"prompt", "xyz"}, {"max_tokens", 4}, {"stream", true}}.dump(), "application/json");
+  auto res = h.Client()->Post("/v1/completions", Json{{"prompt", "xyz"}, {"max_tokens", 4}, {"stream", true}}.dump(),
+                              "application/json");
   healer.join();
   ASSERT_TRUE(res);
   ASSERT_EQ(res->status, 200) << res->body;
