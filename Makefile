@@ -11,7 +11,7 @@ DEMO       := models/muse-spark-demo
 MODEL      ?= $(if $(wildcard $(DEMO)/config.json),$(DEMO),$(BUILD)/models/muse-spark-tiny-nvfp4)
 PROMPT     ?= In the beginning
 
-.PHONY: all deps build run test test-unit test-asan test-e2e test-deploy clean
+.PHONY: all deps build run test test-unit test-asan test-e2e test-deploy test-fault clean
 
 all: build
 
@@ -49,7 +49,12 @@ test-e2e: build
 test-deploy: build
 	bash tests/deploy/run.sh $(BUILD)
 
-test: test-unit test-asan test-e2e test-deploy
+# Faults: SIGKILL/SIGSTOP of workers, a coordinator and the router under streaming load, a burst
+# past the queue bound, a bad model; a real cluster of the demo model on loopback (tests/fault/).
+test-fault: build
+	python3 tests/fault/fault_test.py --build $(BUILD) --model $(MODEL)
+
+test: test-unit test-asan test-e2e test-deploy test-fault
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD)

@@ -1,13 +1,13 @@
 // `moeshard up`: starts a whole cluster on this machine — workers, a coordinator per
-// replica, and the router — on free loopback ports, prints the URL, and stops everything
-// on Ctrl-C or as soon as any process dies. The same binaries run one per container in
-// deploy/.
+// replica, and the router — on free loopback ports, prints the URL, supervises the processes
+// (cli/supervisor.h: a dead or hung one is restarted on its ports; one that dies before the
+// cluster was ready fails `up` with the reason), and stops everything on Ctrl-C or SIGTERM.
+// The same binaries run one per container in deploy/.
 //
 // Pools (--pools FILE): {"pools": [{"name": "32k", "max_model_len": 32768, "replicas": 1,
 //   "workers": 2, "mode": "tensor-parallel", "layer_split": "2,1"}]}; without it one pool
 // "default" of one replica with --workers/--mode/--layer-split.
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -20,6 +20,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/process.h"
+#include "cli/supervisor.h"
 #include "common/mapped_file.h"
 #include "common/metrics/metrics.h"
 #include "common/status.h"
@@ -80,7 +81,7 @@ absl::Status Up(const Args& a) {
   if (a.Has("metric-prefix")) RETURN_IF_ERROR(SetMetricPrefix(a.Get("metric-prefix")));
   if (num_gpus < 1) return absl::InvalidArgumentError("--gpus must be >= 1");
   int64_t next_gpu = 0;
-  std::vector<std::unique_ptr<ChildProcess>> procs;
+  Supervisor procs({});
   std::vector<std::string> coord_metrics, worker_metrics;
   nlohmann::json router_pools = nlohmann::json::array();
   for (const PoolSpec& p : pools) {
@@ -94,24 +95,23 @@ absl::Status Up(const Args& a) {
         }
         // Workers take the GPUs in turn; several share one when there are more workers than GPUs.
         if (a.Get("device") == "cuda") wargs.insert(wargs.end(), {"--gpu", std::to_string(next_gpu++ % num_gpus)});
-        ASSIGN_OR_RETURN(auto c, ChildProcess::Start(wargs, 300));
-        ASSIGN_OR_RETURN(std::string addr, FieldAfter(c->first_line(), "grpc"));
+        ASSIGN_OR_RETURN(std::string line, procs.Start(Role::kWorker, wargs, 300));
+        ASSIGN_OR_RETURN(std::string addr, FieldAfter(line, "grpc"));
         absl::StrAppend(&workers, workers.empty() ? "" : ",", addr);
-        worker_metrics.push_back(FieldAfter(c->first_line(), "metrics").value_or(""));
-        procs.push_back(std::move(c));
+        worker_metrics.push_back(FieldAfter(line, "metrics").value_or(""));
       }
       std::vector<std::string> cargs = {dir + "/moeshard-coordinator", "--model", model, "--workers", workers, "--mode", p.mode,
                                         "--host", host};
       if (!p.layer_split.empty()) cargs.insert(cargs.end(), {"--layer-split", p.layer_split});
       if (p.max_model_len > 0) cargs.insert(cargs.end(), {"--max-model-len", std::to_string(p.max_model_len)});
-      for (const char* f : {"num-kv-blocks", "max-num-seqs", "max-tokens-per-step", "comm-timeout-ms", "metric-prefix"}) {
+      for (const char* f : {"num-kv-blocks", "max-num-seqs", "max-tokens-per-step", "comm-timeout-ms", "metric-prefix",
+                            "max-queued-requests", "max-queued-tokens", "max-queue-time-s", "step-deadline-floor-ms"}) {
         if (a.Has(f)) cargs.insert(cargs.end(), {absl::StrCat("--", f), a.Get(f)});
       }
-      ASSIGN_OR_RETURN(auto c, ChildProcess::Start(cargs, 120));
-      ASSIGN_OR_RETURN(std::string addr, FieldAfter(c->first_line(), "grpc"));
+      ASSIGN_OR_RETURN(std::string line, procs.Start(Role::kCoordinator, cargs, 120));
+      ASSIGN_OR_RETURN(std::string addr, FieldAfter(line, "grpc"));
       coords.push_back(addr);
-      coord_metrics.push_back(FieldAfter(c->first_line(), "metrics").value_or(""));
-      procs.push_back(std::move(c));
+      coord_metrics.push_back(FieldAfter(line, "metrics").value_or(""));
     }
     router_pools.push_back({{"name", p.name}, {"max_model_len", p.max_model_len}, {"coordinators", coords}});
   }
@@ -125,36 +125,29 @@ absl::Status Up(const Args& a) {
   for (const char* f : {"grpc-port", "api-key", "api-key-file", "served-model-name", "metric-prefix"}) {
     if (a.Has(f)) rargs.insert(rargs.end(), {absl::StrCat("--", f), a.Get(f)});
   }
-  ASSIGN_OR_RETURN(auto router, ChildProcess::Start(rargs, 120));
-  ASSIGN_OR_RETURN(std::string url, FieldAfter(router->first_line(), "moeshard-router:"));
-  std::string grpc_addr = FieldAfter(router->first_line(), "grpc").value_or("");
-  procs.push_back(std::move(router));
+  ASSIGN_OR_RETURN(std::string router_line, procs.Start(Role::kRouter, rargs, 120));
+  ASSIGN_OR_RETURN(std::string url, FieldAfter(router_line, "moeshard-router:"));
+  std::string grpc_addr = FieldAfter(router_line, "grpc").value_or("");
   std::printf("moeshard up: %s grpc %s\n", url.c_str(), grpc_addr.c_str());
   std::string metrics_line = url + "/metrics";
   for (const auto& m : coord_metrics) absl::StrAppend(&metrics_line, " ", m);
   for (const auto& m : worker_metrics) absl::StrAppend(&metrics_line, " ", m);
   std::printf("moeshard up: metrics %s\n", metrics_line.c_str());
   std::fflush(stdout);
-  // Wait for readiness (a real step has succeeded), then until a signal or a death.
+  // Wait for readiness (a real step has succeeded), then supervise until a signal.
   httplib::Client cli(url);
   cli.set_connection_timeout(1);
   bool ready = false;
   auto t0 = std::chrono::steady_clock::now();
   absl::Status result = absl::OkStatus();
   while (!g_stop) {
-    for (auto& p : procs) {
-      int st;
-      if (p->Poll(&st)) {
-        result = absl::AbortedError(WIFSIGNALED(st)
-                                        ? absl::StrCat(p->name(), " (pid ", p->pid(), ") was killed by signal ", WTERMSIG(st))
-                                        : absl::StrCat(p->name(), " (pid ", p->pid(), ") exited with status ", WEXITSTATUS(st)));
-        g_stop = true;
-      }
-    }
-    if (!ready && !g_stop) {
+    result = procs.Tick();
+    if (!result.ok()) break;
+    if (!ready) {
       auto r = cli.Get("/ready");
       if (r && r->status == 200) {
         ready = true;
+        procs.MarkReady();
         std::fprintf(stderr, "moeshard up: ready after %.1f s\n",
                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         std::printf("moeshard up: ready\n");
@@ -164,7 +157,7 @@ absl::Status Up(const Args& a) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   std::fprintf(stderr, "moeshard up: stopping %zu processes\n", procs.size());
-  for (auto it = procs.rbegin(); it != procs.rend(); ++it) (*it)->Stop(5);
+  procs.StopAll();
   unlink(tmpl);
   return result;
 }
@@ -175,14 +168,16 @@ int UpCommand(const std::vector<std::string>& argv) {
   auto a = Args::Parse(argv, {"model", "workers", "mode", "layer-split", "pools", "port", "grpc-port", "host", "api-key",
                               "api-key-file", "served-model-name", "max-model-len", "num-kv-blocks", "max-num-seqs",
                               "max-tokens-per-step", "comm-timeout-ms", "device", "gpus", "dtype", "kv-dtype",
-                              "max-batch-tokens", "metric-prefix"},
+                              "max-batch-tokens", "metric-prefix", "max-queued-requests", "max-queued-tokens",
+                              "max-queue-time-s", "step-deadline-floor-ms"},
                        {"help"});
   if (!a.ok() || a->Flag("help") || !a->Has("model")) {
     std::fprintf(stderr,
                  "usage: moeshard up --model PATH [--workers N] [--mode layer-split|tensor-parallel] [--layer-split 2,1]\n"
                  "       [--pools FILE] [--port P] [--grpc-port P] [--host 127.0.0.1] [--api-key KEY] [--max-model-len N]\n"
                  "       [--device cpu|cuda] [--gpus N] [--dtype bfloat16|float32] [--kv-dtype auto|float32|bfloat16|fp8]\n"
-                 "       [--metric-prefix moeshard_|moeshard:]\n%s\n",
+                 "       [--metric-prefix moeshard_|moeshard:] [--max-queued-requests N] [--max-queued-tokens N]\n"
+                 "       [--max-queue-time-s S] [--step-deadline-floor-ms MS]\n%s\n",
                  a.ok() ? "" : std::string(a.status().message()).c_str());
     return (a.ok() && a->Flag("help")) ? 0 : 2;
   }

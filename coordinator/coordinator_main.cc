@@ -17,8 +17,12 @@
 
 namespace {
 std::unique_ptr<grpc::Server>* g_server = nullptr;
+// Drain: no new streams from now on; running ones get up to kDrainSeconds to finish.
+constexpr int kDrainSeconds = 30;
 void OnSignal(int) {
-  std::thread([] { if (g_server && *g_server) (*g_server)->Shutdown(); }).detach();
+  std::thread([] {
+    if (g_server && *g_server) (*g_server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(kDrainSeconds));
+  }).detach();
 }
 
 absl::StatusOr<moeshard::EngineOptions> Options(const moeshard::Args& a, const std::string& store_address) {
@@ -43,6 +47,14 @@ absl::StatusOr<moeshard::EngineOptions> Options(const moeshard::Args& a, const s
   ASSIGN_OR_RETURN(o.max_model_len, a.GetInt("max-model-len", std::min<int64_t>(o.config.max_position_embeddings, 4096)));
   ASSIGN_OR_RETURN(o.comm_timeout_ms, a.GetInt("comm-timeout-ms", 60000));
   o.prefix_caching = !a.Flag("no-prefix-caching");
+  ASSIGN_OR_RETURN(o.admission.max_queued_requests, a.GetInt("max-queued-requests", 4 * o.max_num_seqs));
+  ASSIGN_OR_RETURN(o.admission.max_queued_tokens, a.GetInt("max-queued-tokens", 4 * o.num_kv_blocks * o.block_size));
+  ASSIGN_OR_RETURN(int64_t queue_time_s, a.GetInt("max-queue-time-s", 30));
+  o.admission.max_queue_time = std::chrono::seconds(queue_time_s);
+  RETURN_IF_ERROR(o.admission.Validate());
+  ASSIGN_OR_RETURN(int64_t floor_ms, a.GetInt("step-deadline-floor-ms", 2000));
+  o.step_deadline.floor = std::chrono::milliseconds(floor_ms);
+  if (floor_ms < 1) return absl::InvalidArgumentError("--step-deadline-floor-ms must be > 0");
   o.store_address = store_address;
   o.model_name = a.Get("served-model-name", model);
   if (o.num_kv_blocks < 1 || o.block_size < 1 || o.max_num_seqs < 1 || o.max_tokens_per_step < 1 || o.max_model_len < 1) {
@@ -56,14 +68,17 @@ int main(int argc, char** argv) {
   using namespace moeshard;
   auto a = Args::Parse(std::vector<std::string>(argv + 1, argv + argc),
                        {"model", "workers", "mode", "layer-split", "host", "port", "metrics-port", "num-kv-blocks", "block-size",
-                        "max-num-seqs", "max-tokens-per-step", "max-model-len", "comm-timeout-ms", "served-model-name", "metric-prefix"},
+                        "max-num-seqs", "max-tokens-per-step", "max-model-len", "comm-timeout-ms", "served-model-name", "metric-prefix",
+                        "max-queued-requests", "max-queued-tokens", "max-queue-time-s", "step-deadline-floor-ms"},
                        {"no-prefix-caching", "help"});
   if (!a.ok() || a->Flag("help")) {
     std::fprintf(stderr,
                  "usage: moeshard-coordinator --model PATH --workers HOST:PORT[,HOST:PORT...] [--mode layer-split|tensor-parallel]\n"
                  "       [--layer-split 2,1,1] [--host 127.0.0.1] [--port 0] [--metrics-port 0] [--num-kv-blocks 1024]\n"
                  "       [--block-size 16] [--max-num-seqs 64] [--max-tokens-per-step 512] [--max-model-len N]\n"
-                 "       [--comm-timeout-ms 60000] [--no-prefix-caching] [--metric-prefix moeshard_|moeshard:]\n%s\n",
+                 "       [--comm-timeout-ms 60000] [--no-prefix-caching] [--metric-prefix moeshard_|moeshard:]\n"
+                 "       [--max-queued-requests 4*max-num-seqs] [--max-queued-tokens 4*num-kv-blocks*block-size]\n"
+                 "       [--max-queue-time-s 30] [--step-deadline-floor-ms 2000]\n%s\n",
                  a.ok() ? "" : std::string(a.status().message()).c_str());
     return 2;
   }
@@ -110,8 +125,20 @@ int main(int argc, char** argv) {
   std::printf("moeshard-coordinator: grpc %s:%d metrics http://%s:%d/metrics\n", host.c_str(), bound, host.c_str(), *mp);
   std::fflush(stdout);
   engine->Start();
+  // Workers that refuse the handshake for good (wrong model, bad weights) end the process with
+  // the reason, so that a supervisor reports it instead of retrying for ever.
+  std::string fatal;
+  std::thread watcher([&] {
+    fatal = engine->WaitFatal();
+    if (!fatal.empty()) server->Shutdown();
+  });
   server->Wait();
   engine->Stop();
+  watcher.join();
   metrics.Stop();
+  if (!fatal.empty()) {
+    std::fprintf(stderr, "moeshard-coordinator: giving up: %s\n", fatal.c_str());
+    return 3;
+  }
   return 0;
 }

@@ -25,6 +25,10 @@ CoordinatorMetrics::CoordinatorMetrics() : registry_(std::make_shared<prometheus
   success = &prometheus::BuildCounter().Name(MetricName("request_success_total"))
                  .Help("Count of finished requests, by finish reason (stop, length, abort)").Register(r);
   for (const char* reason : {"stop", "length", "abort"}) success->Add({{"finished_reason", reason}});
+  rejected = &prometheus::BuildCounter().Name(MetricName("request_rejected_total"))
+                  .Help("Requests refused at admission (503 + Retry-After), by reason (queue_full, queue_tokens, queue_time)")
+                  .Register(r);
+  for (const char* reason : {"queue_full", "queue_tokens", "queue_time"}) rejected->Add({{"reason", reason}});
   ttft = hist(MetricName("time_to_first_token_seconds"), "Time to first token in seconds");
   itl = hist(MetricName("inter_token_latency_seconds"), "Time between consecutive output tokens in seconds");
   e2e = hist(MetricName("e2e_request_latency_seconds"), "End-to-end request latency in seconds");

@@ -29,10 +29,13 @@ class CoordinatorMetrics {
   prometheus::Gauge *running, *waiting, *kv_usage;
   prometheus::Counter *prompt_tokens, *generation_tokens, *preemptions, *prefix_queries, *prefix_hits;
   prometheus::Family<prometheus::Counter>* success;
+  prometheus::Family<prometheus::Counter>* rejected;
   prometheus::Histogram *ttft, *itl, *e2e, *queue_time, *prefill_time, *decode_time, *step_time;
   prometheus::Counter *steps_ok, *steps_failed;
 
   void Finished(const SeqTiming& t, const std::string& reason);
+  // A request refused by admission control (admission.h names the reasons).
+  void Rejected(const std::string& reason) { rejected->Add({{"reason", reason}}).Increment(); }
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;

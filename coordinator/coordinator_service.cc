@@ -10,8 +10,9 @@ grpc::Status CoordinatorServiceImpl::Generate(grpc::ServerContext* ctx, const v1
                                               grpc::ServerWriter<v1::SeqUpdate>* writer) {
   auto s = engine_->Submit(*req);
   if (!s.ok()) {
-    auto code = s.status().code() == absl::StatusCode::kUnavailable ? grpc::StatusCode::UNAVAILABLE
-                                                                      : grpc::StatusCode::INVALID_ARGUMENT;
+    auto code = s.status().code() == absl::StatusCode::kUnavailable         ? grpc::StatusCode::UNAVAILABLE
+                : s.status().code() == absl::StatusCode::kResourceExhausted ? grpc::StatusCode::RESOURCE_EXHAUSTED
+                                                                             : grpc::StatusCode::INVALID_ARGUMENT;
     return grpc::Status(code, std::string(s.status().message()));
   }
   std::shared_ptr<SeqStream> stream = *s;

@@ -24,7 +24,36 @@ void ToProto(const ChunkPlan& c, v1::ChunkProto* p) {
 
 }  // namespace
 
-Engine::Engine(EngineOptions options) : o_(std::move(options)), workers_(o_.workers) {}
+namespace {
+
+StepDeadlineConfig WithCeiling(StepDeadlineConfig c, int64_t comm_timeout_ms) {
+  c.ceiling = std::chrono::milliseconds(comm_timeout_ms * 4 + 60000);
+  c.floor = std::min(c.floor, c.ceiling);
+  return c;
+}
+
+// A refusal that another attempt with the same processes cannot fix.
+bool IsPermanentRefusal(const absl::Status& st) {
+  switch (st.code()) {
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kDataLoss:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kUnimplemented:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+Engine::Engine(EngineOptions options)
+    : o_(std::move(options)),
+      workers_(o_.workers),
+      admission_(o_.admission),
+      step_deadline_(WithCeiling(o_.step_deadline, o_.comm_timeout_ms)) {}
 
 Engine::~Engine() { Stop(); }
 
@@ -49,6 +78,7 @@ absl::Status Engine::Connect() {
   ho.num_kv_blocks = o_.num_kv_blocks;
   ho.block_size = o_.block_size;
   ho.timeout_ms = o_.comm_timeout_ms;
+  RETURN_IF_ERROR(workers_.Ping(std::chrono::milliseconds(2000)));
   absl::Status st = workers_.Handshake(o_.plan, ho);
   if (!st.ok()) return st;
   std::lock_guard<std::mutex> l(mu_);
@@ -88,10 +118,7 @@ void Engine::Loop() {
     if (need_connect) {
       absl::Status st = Connect();
       if (!st.ok()) {
-        std::fprintf(stderr, "moeshard-coordinator: workers not ready: %s\n", std::string(st.message()).c_str());
-        std::unique_lock<std::mutex> l(mu_);
-        error_ = std::string(st.message());
-        cv_.wait_for(l, std::chrono::seconds(1), [&] { return stop_; });
+        OnConnectFailed(st);
       } else {
         std::fprintf(stderr, "moeshard-coordinator: %d workers handshaken\n", workers_.size());
       }
@@ -101,6 +128,10 @@ void Engine::Loop() {
     metrics_.running->Set(static_cast<double>(scheduler_->num_running()));
     metrics_.waiting->Set(static_cast<double>(scheduler_->num_waiting()));
     metrics_.kv_usage->Set(blocks_->Usage());
+    if (connected_ && in_flight_ == 0 && !scheduler_->HasWork()) {
+      Heartbeat(l);
+      continue;
+    }
     if (!connected_ || in_flight_ >= max_in_flight || !scheduler_->HasWork()) {
       cv_.wait_for(l, std::chrono::milliseconds(100));
       continue;
@@ -116,15 +147,66 @@ void Engine::Loop() {
       if (it != timing_.end() && !it->second.scheduled) {
         it->second.scheduled = true;
         it->second.first_scheduled = now;
+        admission_.OnDequeued(now);
       }
     }
+    // Until a step went through the (re-formed) group its time is unknown: the warm-up step
+    // pages weights in and gets the ceiling.
+    const bool warm = last_ok_step_ != std::chrono::steady_clock::time_point{};
+    const std::chrono::milliseconds deadline = warm ? step_deadline_.For(plan->num_tokens()) : step_deadline_.ceiling();
     int64_t step_id = next_step_id_++;
     ++in_flight_;
-    std::thread([this, p = std::move(*plan), step_id]() mutable { RunStep(std::move(p), step_id); }).detach();
+    std::thread([this, p = std::move(*plan), step_id, deadline]() mutable { RunStep(std::move(p), step_id, deadline); })
+        .detach();
   }
 }
 
-void Engine::RunStep(StepPlan plan, int64_t step_id) {
+void Engine::Heartbeat(std::unique_lock<std::mutex>& l) {
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last_heartbeat_ < kHeartbeatInterval) {
+    cv_.wait_for(l, std::chrono::milliseconds(100));
+    return;
+  }
+  last_heartbeat_ = now;
+  l.unlock();
+  absl::Status st = workers_.Ping(2 * kHeartbeatInterval);
+  l.lock();
+  if (st.ok() || !connected_) return;
+  std::fprintf(stderr, "moeshard-coordinator: heartbeat failed: %s\n", std::string(st.message()).c_str());
+  connected_ = false;
+  error_ = std::string(st.message());
+  FailAll(error_);
+}
+
+void Engine::OnConnectFailed(const absl::Status& st) {
+  std::fprintf(stderr, "moeshard-coordinator: workers not ready: %s\n", std::string(st.message()).c_str());
+  std::unique_lock<std::mutex> l(mu_);
+  error_ = std::string(st.message());
+  num_refusals_ = IsPermanentRefusal(st) ? num_refusals_ + 1 : 0;
+  if (num_refusals_ >= o_.max_handshake_refusals) {
+    fatal_ = absl::StrCat("the workers refused ", num_refusals_, " handshakes in a row: ", st.message());
+    cv_.notify_all();
+  }
+  cv_.wait_for(l, std::chrono::seconds(1), [&] { return stop_; });
+}
+
+std::string Engine::WaitFatal() {
+  std::unique_lock<std::mutex> l(mu_);
+  cv_.wait(l, [&] { return stop_ || !fatal_.empty(); });
+  return fatal_;
+}
+
+std::pair<int64_t, int64_t> Engine::Queued() const {
+  int64_t requests = 0, tokens = 0;
+  for (const auto& [id, t] : timing_) {
+    if (t.scheduled) continue;
+    ++requests;
+    tokens += t.prompt_tokens;
+  }
+  return {requests, tokens};
+}
+
+void Engine::RunStep(StepPlan plan, int64_t step_id, std::chrono::milliseconds deadline) {
   v1::StepRequest req;
   req.set_step_id(step_id);
   for (const auto& c : plan.chunks) ToProto(c, req.add_chunks());
@@ -134,7 +216,7 @@ void Engine::RunStep(StepPlan plan, int64_t step_id) {
     released_.clear();
   }
   auto t0 = std::chrono::steady_clock::now();
-  absl::StatusOr<v1::StepReply> rep = workers_.Step(req);
+  absl::StatusOr<v1::StepReply> rep = workers_.Step(req, deadline);
   std::lock_guard<std::mutex> l(mu_);
   --in_flight_;
   cv_.notify_all();
@@ -151,7 +233,9 @@ void Engine::RunStep(StepPlan plan, int64_t step_id) {
   }
   if (!connected_) return;  // a failure of another step already reset the engine
   metrics_.steps_ok->Increment();
-  metrics_.step_time->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - t0;
+  metrics_.step_time->Observe(took.count());
+  step_deadline_.Observe(plan.num_tokens(), took);
   last_ok_step_ = std::chrono::steady_clock::now();
   std::vector<std::pair<int64_t, int32_t>> sampled;
   std::map<int64_t, const v1::TokenOutput*> outputs;
@@ -254,6 +338,12 @@ absl::StatusOr<std::shared_ptr<SeqStream>> Engine::Submit(const v1::SeqRequest& 
   sr.top_logprobs = std::min(r.top_logprobs(), 20);
   std::lock_guard<std::mutex> l(mu_);
   if (!connected_) return absl::UnavailableError(absl::StrCat("workers are not ready: ", error_));
+  const auto [queued_requests, queued_tokens] = Queued();
+  AdmissionDecision admit = admission_.Admit(queued_requests, queued_tokens, n, std::chrono::steady_clock::now());
+  if (!admit.admitted()) {
+    metrics_.Rejected(RejectReasonName(admit.reason));
+    return absl::ResourceExhaustedError(admit.message);
+  }
   sr.seq_id = next_seq_id_++;
   RETURN_IF_ERROR(scheduler_->Add(sr));
   auto s = std::make_shared<SeqStream>();
@@ -306,6 +396,8 @@ v1::StatusReply Engine::GetStatus() {
   r.set_model(o_.model_name);
   r.set_vocab_size(static_cast<int32_t>(o_.config.vocab_size));
   if (blocks_) r.set_kv_usage(blocks_->Usage());
+  const auto [queued_requests, queued_tokens] = Queued();
+  r.set_queue_full(!admission_.HasRoom(queued_requests, queued_tokens));
   r.set_error(error_);
   return r;
 }

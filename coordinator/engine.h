@@ -17,10 +17,12 @@
 
 #include "absl/status/statusor.h"
 #include "common/model/model_config.h"
+#include "coordinator/admission.h"
 #include "coordinator/block_manager.h"
 #include "coordinator/coordinator_metrics.h"
 #include "coordinator/plan.h"
 #include "coordinator/scheduler.h"
+#include "coordinator/step_deadline.h"
 #include "coordinator/worker_pool.h"
 #include "common/status.h"
 #include "proto/moeshard.pb.h"
@@ -40,6 +42,11 @@ struct EngineOptions {
   bool prefix_caching = true;
   int64_t comm_timeout_ms = 60000;
   std::string model_name;
+  AdmissionConfig admission;
+  StepDeadlineConfig step_deadline;  // the engine sets its ceiling: 4 x comm_timeout_ms + 60 s
+  // Consecutive handshakes a worker refuses for good (wrong model, bad weights, wrong protocol)
+  // before the engine gives up (WaitFatal returns).
+  int max_handshake_refusals = 3;
 };
 
 // Updates of one sequence, consumed by the gRPC Generate handler.
@@ -68,10 +75,20 @@ class Engine {
   absl::StatusOr<std::shared_ptr<SeqStream>> Submit(const v1::SeqRequest& request);
   void Cancel(int64_t seq_id);
   v1::StatusReply GetStatus();
+  // Blocks until the engine cannot go on (the workers refuse the handshake for good) and returns
+  // why, or returns "" once Stop() was called.
+  std::string WaitFatal();
 
  private:
   void Loop();
-  void RunStep(StepPlan plan, int64_t step_id);
+  void RunStep(StepPlan plan, int64_t step_id, std::chrono::milliseconds deadline);
+  void OnConnectFailed(const absl::Status& status);
+  // While idle: pings every worker each kHeartbeatInterval; one that does not answer in twice that
+  // makes the group unhealthy (re-formed like after a failed step). Called with mu_ held.
+  void Heartbeat(std::unique_lock<std::mutex>& l);
+  static constexpr std::chrono::milliseconds kHeartbeatInterval{1000};
+  // Requests submitted but not yet in a step, and their prompt tokens (requires mu_).
+  std::pair<int64_t, int64_t> Queued() const;
   void Deliver(const std::vector<SeqEvent>& events);
   void FailAll(const std::string& why);
   absl::Status Connect();
@@ -92,6 +109,11 @@ class Engine {
   int generation_ = 0;
   std::string error_;
   std::chrono::steady_clock::time_point last_ok_step_{};
+  AdmissionControl admission_;
+  StepDeadline step_deadline_;
+  int num_refusals_ = 0;
+  std::chrono::steady_clock::time_point last_heartbeat_{};
+  std::string fatal_;
   std::thread loop_;
 };
 

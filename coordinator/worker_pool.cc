@@ -13,9 +13,33 @@ WorkerPool::WorkerPool(std::vector<std::string> addresses) : addresses_(std::mov
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);
   args.SetMaxSendMessageSize(256 << 20);
+  // A restarted worker comes back on the same port: reconnect within a second.
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   for (const auto& a : addresses_) {
     stubs_.push_back(v1::Worker::NewStub(grpc::CreateCustomChannel(a, grpc::InsecureChannelCredentials(), args)));
   }
+}
+
+absl::Status WorkerPool::Ping(std::chrono::milliseconds deadline) {
+  std::vector<std::future<grpc::Status>> done;
+  for (int w = 0; w < size(); ++w) {
+    done.push_back(std::async(std::launch::async, [&, w] {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + deadline);
+      ctx.set_wait_for_ready(true);  // a restarting worker gets the whole deadline to come up
+      v1::PingReply rep;
+      return stubs_[w]->Ping(&ctx, v1::PingRequest(), &rep);
+    }));
+  }
+  absl::Status first = absl::OkStatus();
+  for (int w = 0; w < size(); ++w) {
+    grpc::Status st = done[w].get();
+    if (!st.ok() && first.ok()) {
+      first = absl::UnavailableError(absl::StrCat("worker ", w, " (", addresses_[w], ") does not answer a ping within ",
+                                                  deadline.count(), " ms: ", st.error_message()));
+    }
+  }
+  return first;
 }
 
 absl::Status WorkerPool::Handshake(const Plan& plan, const HandshakeOptions& o) {
@@ -54,7 +78,11 @@ absl::Status WorkerPool::Handshake(const Plan& plan, const HandshakeOptions& o) 
       if (rep.protocol_version() != kProtocolVersion) {
         return absl::FailedPreconditionError(absl::StrCat("worker ", w, " speaks protocol ", rep.protocol_version()));
       }
-      if (!rep.error().empty()) return absl::FailedPreconditionError(absl::StrCat("worker ", w, " (", addresses_[w], "): ", rep.error()));
+      if (!rep.error().empty()) {
+        // Workers that predate error_code send 0: treat the refusal as one that may pass.
+        const auto code = rep.error_code() == 0 ? absl::StatusCode::kUnavailable : static_cast<absl::StatusCode>(rep.error_code());
+        return absl::Status(code, absl::StrCat("worker ", w, " (", addresses_[w], ") refused the handshake: ", rep.error()));
+      }
       return absl::OkStatus();
     }));
   }
@@ -66,17 +94,16 @@ absl::Status WorkerPool::Handshake(const Plan& plan, const HandshakeOptions& o) 
   for (int w = 0; w < size(); ++w) {
     if (plan.shards[w].last_stage && plan.shards[w].tp_rank == 0) sampler_worker_ = w;
   }
-  step_timeout_ms_ = o.timeout_ms * 4 + 60000;
   return first;
 }
 
-absl::StatusOr<v1::StepReply> WorkerPool::Step(const v1::StepRequest& request) {
+absl::StatusOr<v1::StepReply> WorkerPool::Step(const v1::StepRequest& request, std::chrono::milliseconds deadline) {
   std::vector<v1::StepReply> replies(size());
   std::vector<std::future<grpc::Status>> done;
   for (int w = 0; w < size(); ++w) {
     done.push_back(std::async(std::launch::async, [&, w] {
       grpc::ClientContext ctx;
-      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(step_timeout_ms_));
+      ctx.set_deadline(std::chrono::system_clock::now() + deadline);
       return stubs_[w]->Step(&ctx, request, &replies[w]);
     }));
   }
@@ -84,7 +111,10 @@ absl::StatusOr<v1::StepReply> WorkerPool::Step(const v1::StepRequest& request) {
   for (int w = 0; w < size(); ++w) {
     grpc::Status st = done[w].get();
     if (!st.ok() && first.ok()) {
-      first = absl::UnavailableError(absl::StrCat("worker ", w, " (", addresses_[w], ") step ", request.step_id(), ": ", st.error_message()));
+      const std::string why = st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
+                                  ? absl::StrCat("missed the step deadline of ", deadline.count(), " ms (hung?)")
+                                  : st.error_message();
+      first = absl::UnavailableError(absl::StrCat("worker ", w, " (", addresses_[w], ") step ", request.step_id(), ": ", why));
     }
   }
   if (!first.ok()) return first;

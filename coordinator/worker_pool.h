@@ -5,6 +5,7 @@
 // Handshake must not run concurrently with Step.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,16 +31,19 @@ class WorkerPool {
   int size() const { return static_cast<int>(stubs_.size()); }
   const std::vector<std::string>& addresses() const { return addresses_; }
 
+  // Every worker answers a Ping within `deadline` (a stopped or hung process does not): checked
+  // before a handshake, whose communicator rendezvous would otherwise wait for a dead peer.
+  absl::Status Ping(std::chrono::milliseconds deadline);
   absl::Status Handshake(const Plan& plan, const HandshakeOptions& options);
   // Sends the step to every worker; returns the reply of the worker that samples
-  // (last stage, tensor-parallel rank 0). Any worker's error fails the step.
-  absl::StatusOr<v1::StepReply> Step(const v1::StepRequest& request);
+  // (last stage, tensor-parallel rank 0). Any worker's error, or one that misses the
+  // deadline, fails the step (DeadlineExceeded names the worker).
+  absl::StatusOr<v1::StepReply> Step(const v1::StepRequest& request, std::chrono::milliseconds deadline);
 
  private:
   std::vector<std::string> addresses_;
   std::vector<std::unique_ptr<v1::Worker::Stub>> stubs_;
   int sampler_worker_ = 0;
-  int64_t step_timeout_ms_ = 600000;
 };
 
 }  // namespace moeshard

@@ -114,6 +114,7 @@ void Cluster::PollLoop(size_t idx) {
         s.ready = reply->ready();
         s.outstanding_tokens = reply->outstanding_tokens();
         s.max_model_len = reply->max_model_len();
+        s.queue_full = reply->queue_full();
         s.model = reply->model();
         s.error = reply->ready() ? "" : (reply->error().empty() ? "coordinator not ready" : reply->error());
       } else {
@@ -143,8 +144,13 @@ int64_t Cluster::PoolLen(size_t pool_idx) const {
 void Cluster::UpdateReadiness() {
   any_ready_ = false;
   for (const Entry& e : entries_) {
-    if (e.state.ready && PoolLen(e.pool_idx) > 0) any_ready_ = true;
+    if (e.state.ready && PoolLen(e.pool_idx) > 0) any_ready_ = ever_ready_ = true;
   }
+}
+
+bool Cluster::EverReady() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ever_ready_;
 }
 
 bool Cluster::AnyReady() const {
@@ -186,6 +192,7 @@ absl::StatusOr<Lease> Cluster::Acquire(int64_t prompt_tokens, std::optional<int6
         .ready = s.ready && !skip,
         .load_tokens = s.outstanding_tokens + s.in_flight_tokens,
         .max_model_len = s.max_model_len,
+        .queue_full = s.queue_full,
     });
     entry_of[entries_[i].pool_idx].push_back(i);
   }

@@ -33,6 +33,7 @@ struct CoordinatorState {
   int64_t outstanding_tokens = 0;  // as reported
   int64_t in_flight_tokens = 0;    // this router's leases
   int64_t max_model_len = 0;       // as reported
+  bool queue_full = false;         // as reported
   std::string model;
   std::string error;  // last poll error or the coordinator's own
 };
@@ -91,6 +92,8 @@ class Cluster {
                                 const std::vector<std::string>& excluded = {});
 
   bool AnyReady() const;
+  // Whether a pool was ready at some point: a cluster that is healing, not one still starting.
+  bool EverReady() const;
   std::vector<PoolState> Snapshot() const;
   // The largest context length known (configured or reported), 0 when none yet.
   int64_t MaxModelLen() const;
@@ -113,6 +116,7 @@ class Cluster {
   std::condition_variable stop_cv_;
   bool stopping_ = false;
   bool any_ready_ = false;
+  bool ever_ready_ = false;
   std::vector<Entry> entries_;
   std::vector<std::thread> pollers_;
   std::function<void(bool)> readiness_callback_;

@@ -1,6 +1,7 @@
 #include "router/generation.h"
 
 #include <algorithm>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -50,6 +51,7 @@ std::string RejectReason(const absl::Status& st) {
 bool IsRetryable(const absl::Status& st) {
   switch (st.code()) {
     case absl::StatusCode::kOk:  // an abort, or a stream without a finish reason
+    case absl::StatusCode::kCancelled:  // the coordinator shut down (this router's own cancel returns earlier)
     case absl::StatusCode::kUnavailable:
     case absl::StatusCode::kUnknown:
     case absl::StatusCode::kInternal:
@@ -69,7 +71,15 @@ absl::StatusOr<std::unique_ptr<Generation>> Generation::Start(const RouterServic
     services.metrics->RequestRejected(kNoPool, "shutting_down");
     return absl::UnavailableError("the router is shutting down");
   }
-  auto lease = services.cluster->Acquire(static_cast<int64_t>(request.prompt_ids.size()), request.params.max_tokens);
+  const int64_t prompt_tokens = static_cast<int64_t>(request.prompt_ids.size());
+  auto lease = services.cluster->Acquire(prompt_tokens, request.params.max_tokens);
+  const auto heal_deadline = std::chrono::steady_clock::now() + absl::ToChronoMilliseconds(services.heal_wait);
+  while (!lease.ok() && absl::IsUnavailable(lease.status()) && services.cluster->EverReady() &&
+         std::chrono::steady_clock::now() < heal_deadline &&
+         (services.shutting_down == nullptr || !services.shutting_down->load())) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    lease = services.cluster->Acquire(prompt_tokens, request.params.max_tokens);
+  }
   if (!lease.ok()) {
     services.metrics->RequestRejected(kNoPool, RejectReason(lease.status()));
     LogLine(request.request_id, absl::StrCat("rejected: ", lease.status().message()));
@@ -105,8 +115,10 @@ void Generation::Cancel() {
 v1::SeqRequest Generation::MakeSeqRequest() const {
   const GenerationParams& p = request_.params;
   v1::SeqRequest r;
+  // A migrated request resumes: its prompt is the original one plus the tokens streamed.
   r.mutable_prompt_ids()->Assign(request_.prompt_ids.begin(), request_.prompt_ids.end());
-  r.set_max_tokens(static_cast<int32_t>(lease_.max_tokens()));
+  r.mutable_prompt_ids()->Add(generated_.begin(), generated_.end());
+  r.set_max_tokens(static_cast<int32_t>(lease_.max_tokens() - static_cast<int64_t>(generated_.size())));
   v1::SamplingOptions* s = r.mutable_sampling();
   s->set_temperature(static_cast<float>(p.sampling.temperature));
   s->set_top_k(std::max(0, p.sampling.top_k));
@@ -131,6 +143,7 @@ absl::StatusOr<GenerationResult> Generation::Run(const DeltaCallback& on_delta) 
   GenerationResult result;
   result.prompt_tokens = prompt_tokens();
   std::vector<std::string> failed;  // coordinators that failed this request
+  std::vector<std::string> full;    // coordinators that refused it with a full queue
   for (int attempt = 1;; ++attempt) {
     GenerateCall call(lease_.client(), MakeSeqRequest());
     {
@@ -142,12 +155,13 @@ absl::StatusOr<GenerationResult> Generation::Run(const DeltaCallback& on_delta) 
     int32_t last_token = -1;
     v1::SeqUpdate update;
     while (!finished && call.Read(&update)) {
-      result.cached_tokens = std::max<int64_t>(result.cached_tokens, update.cached_tokens());
+      if (generated_.empty()) result.cached_tokens = std::max<int64_t>(result.cached_tokens, update.cached_tokens());
       GenerationDelta delta;
       for (const v1::TokenOutput& t : update.tokens()) {
         if (result.completion_tokens >= lease_.max_tokens()) break;  // a coordinator that overshoots
         if (result.completion_tokens == 0) services_.metrics->FirstToken(lease_.pool(), SecondsSince(start_));
         ++result.completion_tokens;
+        generated_.push_back(t.token_id());
         last_token = t.token_id();
         TokenInfo info{.id = t.token_id(), .logprob = t.logprob(), .top = {}};
         for (const v1::TopLogprob& top : t.top()) info.top.emplace_back(top.token_id(), top.logprob());
@@ -196,36 +210,65 @@ absl::StatusOr<GenerationResult> Generation::Run(const DeltaCallback& on_delta) 
                                                 " cached_tokens=", result.cached_tokens, " seconds=", seconds));
       return result;
     }
-    bool cancelled;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      cancelled = cancelled_;
-    }
-    if (cancelled) return absl::UnavailableError("the router is shutting down");
-    const bool delivered = result.completion_tokens > 0;  // the client has seen output: no retry
-    if (!delivered && !IsRetryable(st)) {
+    if (cancelled()) return absl::UnavailableError("the router is shutting down");
+    const bool delivered = result.completion_tokens > 0;
+    if (!delivered && failed.empty() && !IsRetryable(st)) {
       LogLine(request_.request_id, absl::StrCat("coordinator ", address, " refused the request: ", st.message()));
       return st;
     }
+    // A full queue on the first attempt: another coordinator with room, or 503 at once.
+    const bool queue_full = absl::IsResourceExhausted(st) && !delivered && failed.empty();
     const std::string why = finished
                                 ? "aborted the request"
                                 : (st.ok() ? "ended the stream without a finish reason" : std::string(st.message()));
-    LogLine(request_.request_id, absl::StrCat("coordinator ", address, " failed (attempt ", attempt, "): ", why));
-    services_.metrics->RequestRejected(lease_.pool(), "coordinator_error");
-    if (delivered || attempt >= kMaxAttempts) {
-      return absl::UnavailableError(absl::StrCat("coordinator ", address, " ", why));
+    LogLine(request_.request_id, absl::StrCat("coordinator ", address, " failed (attempt ", attempt, ", ",
+                                              result.completion_tokens, " tokens streamed): ", why));
+    services_.metrics->RequestRejected(lease_.pool(), queue_full ? "queue_full" : "coordinator_error");
+    if (attempt >= kMaxAttempts) {
+      return absl::UnavailableError(absl::StrCat("coordinator ", address, " ", why, " (", attempt, " attempts)"));
     }
-    // Nothing was produced yet: try another coordinator.
-    lease_.MarkFailed(why);
-    failed.push_back(address);
-    auto next = services_.cluster->Acquire(prompt_tokens(), p.max_tokens, failed);
-    if (!next.ok())
-      return absl::UnavailableError(absl::StrCat("coordinator ", address, " ", why, "; ", next.status().message()));
-    services_.metrics->InFlightAdd(lease_.pool(), -1);
-    lease_ = *std::move(next);
-    services_.metrics->InFlightAdd(lease_.pool(), 1);
-    LogLine(request_.request_id,
-            absl::StrCat("retrying on pool ", lease_.pool(), " coordinator ", lease_.client()->address()));
+    result.finish_reason.clear();  // an "abort" is not the request's end
+    if (queue_full) {
+      full.push_back(address);
+    } else {
+      lease_.MarkFailed(why);
+      failed.push_back(address);
+    }
+    if (absl::Status m = Migrate(queue_full ? full : failed, /*wait=*/!queue_full); !m.ok()) {
+      return absl::UnavailableError(absl::StrCat("coordinator ", address, " ", why, "; ", m.message()));
+    }
+    LogLine(request_.request_id, absl::StrCat(delivered ? "migrating" : "retrying", " on pool ", lease_.pool(),
+                                              " coordinator ", lease_.client()->address(), " with ",
+                                              generated_.size(), " tokens already streamed"));
+  }
+}
+
+bool Generation::cancelled() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cancelled_;
+}
+
+absl::Status Generation::Migrate(const std::vector<std::string>& failed, bool wait) {
+  const auto deadline = start_ + absl::ToChronoMilliseconds(services_.migration_timeout);
+  const std::optional<int64_t> max_tokens = request_.params.max_tokens;
+  for (;;) {
+    auto next = services_.cluster->Acquire(prompt_tokens(), max_tokens, failed);
+    // The coordinator that failed may be the only one: it takes the request once its group healed.
+    if (!next.ok() && wait) next = services_.cluster->Acquire(prompt_tokens(), max_tokens);
+    if (next.ok()) {
+      services_.metrics->InFlightAdd(lease_.pool(), -1);
+      lease_ = *std::move(next);
+      services_.metrics->InFlightAdd(lease_.pool(), 1);
+      return absl::OkStatus();
+    }
+    if (!wait) return next.status();
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return absl::UnavailableError(absl::StrCat("no coordinator became ready within ",
+                                                 absl::FormatDuration(services_.migration_timeout), ": ",
+                                                 next.status().message()));
+    }
+    if (cancelled()) return absl::UnavailableError("the router is shutting down");
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 }
 

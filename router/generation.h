@@ -2,9 +2,16 @@
 // coordinator (cluster.h), stream its tokens, detokenize them with stop strings
 // (detokenizer.h), and hand each update's new text and tokens to the caller.
 //
-// A coordinator that fails before producing a token is marked not ready and the request
-// goes to another one (at most kMaxAttempts in all); once tokens went out a failure ends
-// the request with an error. A stop string, max_tokens, the caller's callback
+// A coordinator that fails (its group lost a worker and aborted the sequence, the process
+// died, the stream broke) is marked not ready and the request migrates: it waits, within
+// RouterServices::migration_timeout of its start, for a ready coordinator (another one, or
+// the same one once its group has healed) and is re-submitted with its prompt plus the
+// tokens already streamed, so that the coordinator recomputes their KV in a prefill and
+// the same stream continues. Sampling is seeded by (seed, position), so a greedy or seeded
+// request continues exactly as an undisturbed run would. At most kMaxAttempts calls in all.
+// A coordinator whose queue is full (ResourceExhausted) on the first attempt is not waited
+// for: another one is tried at once, else the request gets Unavailable (503 + Retry-After).
+// A stop string, max_tokens, the caller's callback
 // returning false (client gone) and Router shutdown all cancel the coordinator's call
 // (ClientContext::TryCancel), which frees the sequence there.
 #pragma once
@@ -21,6 +28,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "router/cluster.h"
 #include "router/openai_request.h"
 #include "router/router_metrics.h"
@@ -55,6 +63,10 @@ struct RouterServices {
   RouterMetrics* metrics = nullptr;
   ActiveGenerations* active = nullptr;
   std::atomic<bool>* shutting_down = nullptr;
+  absl::Duration migration_timeout = absl::Seconds(60);
+  // A new request that finds no ready pool while the cluster heals (it was ready before) waits
+  // this long for one before it gets 503.
+  absl::Duration heal_wait = absl::Seconds(10);
 };
 
 // A tokenized request, ready to dispatch.
@@ -88,11 +100,12 @@ struct GenerationResult {
 
 class Generation {
  public:
-  static constexpr int kMaxAttempts = 3;
+  static constexpr int kMaxAttempts = 4;
   using DeltaCallback = std::function<bool(const GenerationDelta&)>;
 
-  // Chooses the pool and coordinator. Errors: InvalidArgument context_length_exceeded,
-  // Unavailable (no ready pool, or the router is shutting down).
+  // Chooses the pool and coordinator (waiting up to heal_wait while the cluster heals).
+  // Errors: InvalidArgument context_length_exceeded, Unavailable (no ready pool, or the router
+  // is shutting down).
   static absl::StatusOr<std::unique_ptr<Generation>> Start(const RouterServices& services, PreparedRequest request);
   ~Generation();
 
@@ -110,11 +123,16 @@ class Generation {
  private:
   Generation(const RouterServices& services, PreparedRequest request, Lease lease);
   v1::SeqRequest MakeSeqRequest() const;
+  // After a failed call: the lease of the coordinator that continues the request, waiting for
+  // one to be ready until the migration deadline (or at once when `wait` is false).
+  absl::Status Migrate(const std::vector<std::string>& failed, bool wait);
+  bool cancelled();
 
   const RouterServices& services_;
   const PreparedRequest request_;
   Lease lease_;
   std::chrono::steady_clock::time_point start_;
+  std::vector<int32_t> generated_;  // the tokens streamed so far (a migration resubmits them)
   std::mutex mu_;
   GenerateCall* call_ = nullptr;  // the running call, guarded by mu_
   bool cancelled_ = false;        // guarded by mu_

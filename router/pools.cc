@@ -101,26 +101,28 @@ absl::StatusOr<DispatchChoice> ChooseDispatch(const std::vector<PoolView>& pools
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return pools[a].max_model_len < pools[b].max_model_len; });
-  for (size_t pi : order) {
-    const PoolView& pool = pools[pi];
-    if (pool.max_model_len < needed) continue;
-    std::optional<size_t> best;
-    for (size_t ci = 0; ci < pool.coordinators.size(); ++ci) {
-      const CoordinatorView& c = pool.coordinators[ci];
-      if (!c.ready || (c.max_model_len > 0 && c.max_model_len < needed)) continue;
-      if (!best || c.load_tokens < pool.coordinators[*best].load_tokens) best = ci;
+  for (bool with_room : {true, false}) {
+    for (size_t pi : order) {
+      const PoolView& pool = pools[pi];
+      if (pool.max_model_len < needed) continue;
+      std::optional<size_t> best;
+      for (size_t ci = 0; ci < pool.coordinators.size(); ++ci) {
+        const CoordinatorView& c = pool.coordinators[ci];
+        if (!c.ready || (c.max_model_len > 0 && c.max_model_len < needed) || (with_room && c.queue_full)) continue;
+        if (!best || c.load_tokens < pool.coordinators[*best].load_tokens) best = ci;
+      }
+      if (!best) continue;
+      DispatchChoice choice{.pool_idx = pi, .coordinator_idx = *best};
+      if (max_tokens) {
+        choice.max_tokens = *max_tokens;
+      } else {
+        int64_t len = pool.max_model_len;
+        const int64_t reported = pool.coordinators[*best].max_model_len;
+        if (reported > 0) len = std::min(len, reported);
+        choice.max_tokens = len - prompt_tokens;
+      }
+      return choice;
     }
-    if (!best) continue;
-    DispatchChoice choice{.pool_idx = pi, .coordinator_idx = *best};
-    if (max_tokens) {
-      choice.max_tokens = *max_tokens;
-    } else {
-      int64_t len = pool.max_model_len;
-      const int64_t reported = pool.coordinators[*best].max_model_len;
-      if (reported > 0) len = std::min(len, reported);
-      choice.max_tokens = len - prompt_tokens;
-    }
-    return choice;
   }
   return absl::UnavailableError(absl::StrCat("no ready coordinator pool can serve ", needed, " tokens right now"));
 }

@@ -5,6 +5,9 @@
 // (max_model_len). A request needs prompt_tokens + max_tokens positions; it goes to the
 // smallest ready pool that holds them, and there to the ready coordinator with the least
 // load (the tokens it reports outstanding plus those this router has in flight to it).
+// Coordinators whose queue has room come first, in any fitting pool: only when every fitting
+// coordinator reports a full queue does the request go to one of them (which then decides,
+// and refuses it with 503 + Retry-After if it is still full).
 // Without max_tokens the request fills the context of the pool it lands in, so it needs
 // one free position to be dispatched.
 #pragma once
@@ -38,6 +41,7 @@ struct CoordinatorView {
   bool ready = false;
   int64_t load_tokens = 0;    // reported outstanding + this router's in-flight tokens
   int64_t max_model_len = 0;  // as reported; 0 = unknown (no extra limit)
+  bool queue_full = false;    // its admission queue is at its bound (as last reported)
 };
 
 struct PoolView {

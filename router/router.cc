@@ -49,6 +49,8 @@ Router::Router(const RouterConfig& config, std::unique_ptr<Tokenizer> tokenizer,
   services_.metrics = &metrics_;
   services_.active = &active_;
   services_.shutting_down = &shutting_down_;
+  services_.migration_timeout = config_.migration_timeout;
+  services_.heal_wait = config_.heal_wait;
   http_ = std::make_unique<HttpServer>(services_, HttpOptions{.host = config_.host,
                                                               .port = config_.http_port,
                                                               .num_threads = config_.http_threads,

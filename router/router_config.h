@@ -21,6 +21,8 @@ struct RouterConfig {
   int http_threads = 128;         // connections served at once; each stream holds one
   absl::Duration poll_interval = absl::Milliseconds(250);
   absl::Duration drain_timeout = absl::Seconds(10);
+  absl::Duration migration_timeout = absl::Seconds(60);  // generation.h: RouterServices
+  absl::Duration heal_wait = absl::Seconds(10);
   std::string metric_prefix = "moeshard_";  // --metric-prefix: moeshard_ or moeshard: (see common/metrics)
 };
 

@@ -24,6 +24,9 @@ rel = lambda p: os.path.relpath(p, ROOT)
 
 
 # ---------------------------------------------------------------- binaries' flags
+# How long each process drains on SIGTERM (router: --drain-timeout-s default; coordinator: kDrainSeconds).
+DRAIN_SECONDS = {"moeshard-router": 10, "moeshard-coordinator": 30}
+
 def binary_help():
     """{(binary, subcommand): set of flags} from each built binary's --help."""
     out = {}
@@ -212,6 +215,15 @@ def check_rendered(where, docs, complete):
                     served(f"{cw} {pname}", binary, probe["grpc"]["port"], flags, None, kind="grpc")
                 else:
                     R.check(False, f"{cw} {pname} is an httpGet or grpc probe")
+            if c in main and binary in DRAIN_SECONDS:
+                # SIGTERM drains (router --drain-timeout-s 10, coordinator 30 s): the pod must wait
+                # for it after a preStop pause that lets the endpoints drop the pod first.
+                pre = c.get("lifecycle", {}).get("preStop")
+                grace = t.get("spec", {}).get("terminationGracePeriodSeconds", 30)
+                need = 5 + DRAIN_SECONDS[binary]
+                R.check(pre is not None and grace > need,
+                        f"{cw} drains on SIGTERM: a preStop and terminationGracePeriodSeconds > {need}",
+                        f"preStop={pre} terminationGracePeriodSeconds={grace}")
             for cp in c.get("ports", []):
                 R.check(str(cp["containerPort"]) in [flags.get(f) for f in PORT_FLAGS],
                         f"{cw} port {cp.get('name')} {cp['containerPort']} is one the process listens on",

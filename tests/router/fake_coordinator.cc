@@ -47,6 +47,7 @@ grpc::Status FakeCoordinator::GetStatus(grpc::ServerContext*, const v1::StatusRe
   reply->set_max_model_len(o.max_model_len);
   reply->set_model("fake");
   reply->set_vocab_size(305);
+  reply->set_queue_full(o.queue_full);
   if (!o.ready) reply->set_error("fake coordinator told to be not ready");
   return grpc::Status::OK;
 }
@@ -60,6 +61,7 @@ grpc::Status FakeCoordinator::Generate(grpc::ServerContext* context, const v1::S
   }
   ++num_calls_;
   if (o.fail_generate) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "fake coordinator told to fail");
+  if (o.queue_full) return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "fake coordinator's queue is full");
   if (request->prompt_ids().empty()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "empty prompt");
   std::vector<int32_t> script;
   for (int32_t id : request->prompt_ids()) {
@@ -90,6 +92,12 @@ grpc::Status FakeCoordinator::Generate(grpc::ServerContext* context, const v1::S
     if (i == 0) {
       u.set_prompt_tokens(request->prompt_ids_size());
       u.set_cached_tokens(o.cached_tokens);
+    }
+    if (i == o.abort_after) {
+      v1::SeqUpdate abort;
+      abort.set_finish_reason("abort");
+      writer->Write(abort);
+      break;
     }
     if (eos || std::find(stops.begin(), stops.end(), tok) != stops.end()) {
       u.set_finish_reason("stop");

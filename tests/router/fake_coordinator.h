@@ -27,6 +27,8 @@ class FakeCoordinator final : public v1::Coordinator::Service {
     int32_t eos_after = -1;          // emit EOS as token number eos_after (0-based); -1 = never
     int32_t cached_tokens = 0;       // reported on the first update
     bool fail_generate = false;      // Generate fails with UNAVAILABLE before any token
+    int32_t abort_after = -1;        // after this many tokens, finish with "abort" (its group lost a worker)
+    bool queue_full = false;         // Generate refuses with RESOURCE_EXHAUSTED; GetStatus says queue_full
     int32_t first_special_id = 300;  // prompt tokens from here on are not echoed
   };
 

@@ -121,6 +121,28 @@ TEST(DispatchTest, LeastLoadedReadyCoordinator) {
   EXPECT_EQ(c->coordinator_idx, 0u);
 }
 
+CoordinatorView Full(int64_t load) { return {.ready = true, .load_tokens = load, .queue_full = true}; }
+
+TEST(DispatchTest, PrefersCoordinatorsWithRoomInAnyFittingPool) {
+  // The least loaded coordinator of the small pool is full: its other one takes the request.
+  auto pools = TwoPools({Full(0), Ready(900)}, {Ready(0)});
+  auto c = ChooseDispatch(pools, 10, 10);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->pool_idx, 0u);
+  EXPECT_EQ(c->coordinator_idx, 1u);
+  // The whole small pool is full: a larger pool with room beats it.
+  pools = TwoPools({Full(0), Full(0)}, {Ready(5000)});
+  c = ChooseDispatch(pools, 10, 10);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->pool_idx, 1u);
+  // Everything is full: the least loaded full coordinator decides (and may refuse).
+  pools = TwoPools({Full(50), Full(40)}, {Full(10), Down()});
+  c = ChooseDispatch(pools, 10, 10);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->pool_idx, 0u);
+  EXPECT_EQ(c->coordinator_idx, 1u);
+}
+
 TEST(DispatchTest, SkipsPoolsWithoutReadyCoordinators) {
   auto pools = TwoPools({Down(), Down()}, {Ready(10000)});
   auto c = ChooseDispatch(pools, 10, 10);

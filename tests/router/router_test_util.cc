@@ -117,6 +117,7 @@ RouterHarness::RouterHarness(int num_coordinators, const std::string& pools_json
   RouterConfig config;
   config.poll_interval = absl::Milliseconds(20);
   config.drain_timeout = absl::Seconds(2);
+  config.heal_wait = absl::Milliseconds(200);  // tests of a coordinator that stays down answer soon
   config.http_threads = 16;
   config.served_model_name = "test-model";
   if (pools_json.empty()) {

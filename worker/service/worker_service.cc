@@ -60,6 +60,7 @@ grpc::Status WorkerServiceImpl::Handshake(grpc::ServerContext*, const v1::Handsh
   absl::Status st = DoHandshake(*req, rep);
   if (!st.ok()) {
     rep->set_error(std::string(st.message()));
+    rep->set_error_code(static_cast<int32_t>(st.code()));
     std::fprintf(stderr, "moeshard-worker: handshake refused: %s\n", std::string(st.message()).c_str());
   }
   return grpc::Status::OK;

@@ -43,6 +43,11 @@ class WorkerServiceImpl final : public v1::Worker::Service {
 
   grpc::Status Handshake(grpc::ServerContext* ctx, const v1::HandshakeRequest* req, v1::HandshakeReply* rep) override;
   grpc::Status Step(grpc::ServerContext* ctx, const v1::StepRequest* req, v1::StepReply* rep) override;
+  // Takes no lock: a worker busy in a step still answers.
+  grpc::Status Ping(grpc::ServerContext*, const v1::PingRequest*, v1::PingReply* rep) override {
+    rep->set_protocol_version(kProtocolVersion);
+    return grpc::Status::OK;
+  }
 
  private:
   absl::Status DoHandshake(const v1::HandshakeRequest& req, v1::HandshakeReply* rep);
