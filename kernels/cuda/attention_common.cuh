@@ -70,6 +70,68 @@ __device__ __forceinline__ void StoreRowPositions(const AttentionParams& p, int6
   }
 }
 
+// The split-decode kernels' bookkeeping (attention_decode*.cu): split sp of token t's visible
+// keys is [kb, ke) — ranges of at least 64 keys, multiples of 32 — and its partials go to the
+// workspace: acc [tokens * heads * splits, head_dim], then m and l [tokens * heads * splits].
+struct DecodeSplit {
+  int64_t kb = 0, ke = 0;
+  float *acc = nullptr, *m = nullptr, *l = nullptr;
+};
+
+__device__ __forceinline__ DecodeSplit DecodeSplitOf(const AttentionParams& p, int64_t t, int64_t sp, int splits,
+                                                     float* ws) {
+  const int64_t pos = p.pos[t];
+  const int64_t first = p.window > 0 ? max(int64_t{0}, pos - p.window + 1) : 0;
+  int64_t sz = (pos - first + 1 + splits - 1) / splits;
+  sz = max(int64_t{64}, (sz + 31) / 32 * 32);
+  DecodeSplit s;
+  s.kb = first + sp * sz;
+  s.ke = min(pos + 1, s.kb + sz);
+  const int64_t total = p.num_tokens * p.num_heads * splits;
+  s.acc = ws;
+  s.m = ws ? ws + total * p.cache.head_dim : nullptr;
+  s.l = ws ? s.m + total : nullptr;
+  return s;
+}
+
+// An empty split (a short context): threads tid < group mark their head's partial for the combine.
+__device__ __forceinline__ void MarkEmptySplit(const AttentionParams& p, const DecodeSplit& s, int64_t t, int64_t g,
+                                               int group, int64_t sp, int splits, int tid) {
+  if (tid < group) {
+    const int64_t w = (t * p.num_heads + g * group + tid) * splits + sp;
+    s.m[w] = -INFINITY;
+    s.l[w] = 0.f;
+  }
+}
+
+// One head's result from its warp (lane holds dims lane * VEC ..): the normalized output with
+// one split, else the unnormalized partial (acc, m, l).
+template <typename Act, int VEC>
+__device__ __forceinline__ void StoreDecodeHead(const AttentionParams& p, const DecodeSplit& s, int64_t t, int64_t h,
+                                                int64_t sp, int splits, int lane, const float (&acc)[VEC], float m,
+                                                float l) {
+  const int64_t hd = p.cache.head_dim;
+  if (splits == 1) {
+    Act* out = static_cast<Act*>(p.out) + t * (p.out_stride ? p.out_stride : p.num_heads * hd) + h * hd;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      const int d = lane * VEC + e;
+      if (d < hd) StoreF(out + d, l > 0.f ? acc[e] / l : 0.f);
+    }
+    return;
+  }
+  const int64_t w = (t * p.num_heads + h) * splits + sp;
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) {
+    const int d = lane * VEC + e;
+    if (d < hd) s.acc[w * hd + d] = acc[e];
+  }
+  if (lane == 0) {
+    s.m[w] = m;
+    s.l[w] = l;
+  }
+}
+
 // Raises kernel k's dynamic shared-memory limit to `bytes` once per device (the call costs
 // microseconds of host time; `done` is a bit per device, one variable per kernel).
 template <typename Kernel>

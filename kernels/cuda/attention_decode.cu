@@ -18,7 +18,7 @@
 namespace moeshard::gpu {
 namespace {
 
-constexpr int kThreads = 128, kBK = 32, kHpw = 4, kMaxGroup = 4 * kHpw, kMinSplitKeys = 64;
+constexpr int kThreads = 128, kBK = 32, kHpw = 4, kMaxGroup = 4 * kHpw;
 constexpr int kMaxSplits = 64;
 
 template <int HD>
@@ -56,24 +56,9 @@ __global__ void __launch_bounds__(kThreads) SplitDecodeKernel(AttentionParams p,
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int64_t t = blockIdx.z, g = blockIdx.y, sp = blockIdx.x;
   const int64_t hd = p.cache.head_dim, nkv = p.cache.num_kv_heads, bs = p.cache.block_size, H = p.num_heads;
-  const int64_t pos = p.pos[t];
-  const int64_t first = p.window > 0 ? max(int64_t{0}, pos - p.window + 1) : 0;
-  const int64_t n = pos - first + 1;
-  int64_t sz = (n + splits - 1) / splits;
-  sz = max(int64_t{kMinSplitKeys}, (sz + kBK - 1) / kBK * kBK);
-  const int64_t kb = first + sp * sz, ke = min(pos + 1, kb + sz);
-  const int64_t total = p.num_tokens * H * splits;
-  float* ws_acc = ws;
-  float* ws_m = ws ? ws + total * hd : nullptr;
-  float* ws_l = ws ? ws_m + total : nullptr;
-  if (kb >= ke) {  // an empty split (short context): mark it for the combine
-    if (tid < group) {
-      const int64_t w = (t * H + g * group + tid) * splits + sp;
-      ws_m[w] = -INFINITY;
-      ws_l[w] = 0.f;
-    }
-    return;
-  }
+  const DecodeSplit split = DecodeSplitOf(p, t, sp, splits, ws);
+  const int64_t kb = split.kb, ke = split.ke;
+  if (kb >= ke) return MarkEmptySplit(p, split, t, g, group, sp, splits, tid);
   const int32_t* table = p.block_tables + p.table_offset[t];
   const Act* q = static_cast<const Act*>(p.q) + t * (p.q_stride ? p.q_stride : H * hd) + g * group * hd;
   for (int i = tid; i < group * D4; i += kThreads) {
@@ -162,27 +147,7 @@ __global__ void __launch_bounds__(kThreads) SplitDecodeKernel(AttentionParams p,
 #pragma unroll
   for (int j = 0; j < kHpw; ++j) {
     const int hh = warp + 4 * j;
-    if (hh >= group) continue;
-    const int64_t h = g * group + hh;
-    if (splits == 1) {
-      Act* out = static_cast<Act*>(p.out) + t * (p.out_stride ? p.out_stride : H * hd) + h * hd;
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) {
-        const int d = lane * VEC + e;
-        if (d < hd) StoreF(out + d, l[j] > 0.f ? acc[j][e] / l[j] : 0.f);
-      }
-    } else {
-      const int64_t w = (t * H + h) * splits + sp;
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) {
-        const int d = lane * VEC + e;
-        if (d < hd) ws_acc[w * hd + d] = acc[j][e];
-      }
-      if (lane == 0) {
-        ws_m[w] = m[j];
-        ws_l[w] = l[j];
-      }
-    }
+    if (hh < group) StoreDecodeHead<Act, VEC>(p, split, t, g * group + hh, sp, splits, lane, acc[j], m[j], l[j]);
   }
 }
 

@@ -63,18 +63,7 @@ absl::Status GpuModelRunner::ProjectMany(std::initializer_list<ProjectOut> outs,
 
 absl::Status GpuModelRunner::Project(const DenseWeight& w, const void* x, void* y, ActDType y_dtype, int64_t rows,
                                      const float* bias, const char* category) {
-  if (UseGemv(w, rows)) {
-    GemvParams g;
-    g.wtype = GemvTypeOf(w);
-    g.x = x;
-    g.x_dtype = w.dtype;
-    g.y_dtype = y_dtype;
-    g.cols = w.cols;
-    g.num_tokens = rows;
-    g.m[0] = GemvOf(w, bias, y);
-    auto region = prof_.Region(category, stream_);
-    return Gemv(g, stream_);
-  }
+  if (UseGemv(w, rows)) return ProjectMany({{&w, y, bias}}, x, y_dtype, rows, category);
   GemmArgs a;
   a.scratch = w_->gemm_scratch;
   a.scratch_bytes = w_->gemm_scratch_bytes;
