@@ -1,6 +1,6 @@
 // `moeshard itest --url URL [...]`: the integration suite, against any running cluster
 // (local, GPU, Kubernetes). Prints one line per check and a last line `N passed, M
-// failed`; exits 1 on any failure. Assumes the cluster serves nobody else meanwhile
+// failed, K skipped`; exits 1 on any failure. Assumes the cluster serves nobody else meanwhile
 // (the disconnect and metrics checks read cluster-wide counters).
 #include <signal.h>
 
@@ -81,7 +81,7 @@ int ItestCommand(const std::vector<std::string>& argv) {
     if ((!only.empty() && !only.count(g)) || skip.count(g)) continue;
     Groups().at(g)(ctx, suite);
   }
-  std::printf("%d passed, %d failed\n", suite.passed(), suite.failed());
+  std::printf("%d passed, %d failed, %d skipped\n", suite.passed(), suite.failed(), suite.skipped());
   return suite.failed() == 0 ? 0 : 1;
 }
 

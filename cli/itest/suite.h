@@ -36,6 +36,7 @@ class Suite {
   void Run(const std::string& name, const std::function<absl::Status()>& check);
   int passed() const { return passed_; }
   int failed() const { return failed_; }
+  int skipped() const { return skipped_; }
 
  private:
   int passed_ = 0, failed_ = 0, skipped_ = 0;

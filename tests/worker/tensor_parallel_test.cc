@@ -8,16 +8,14 @@
 
 #include "common/comm/local_communicator.h"
 #include "gtest/gtest.h"
+#include "tests/testdata/testdata_dir.h"
 #include "worker/model_loader.h"
 #include "worker/model_runner.h"
 
 namespace moeshard {
 namespace {
 
-std::string TestData() {
-  const char* d = std::getenv("MOESHARD_TESTDATA");
-  return d ? d : "../shared/testdata";
-}
+std::string TestData() { return test::TestDataDir(); }
 
 std::vector<int32_t> Ids(int n, int vocab) {
   std::vector<int32_t> v;
@@ -43,7 +41,7 @@ class MultiRankTest : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
     std::string path = TestData() + "/" + GetParam();
-    if (!std::filesystem::exists(path)) GTEST_SKIP() << "shared testdata not found at " << path;
+    ASSERT_TRUE(std::filesystem::exists(path)) << "no test model at " << path;
     auto m = LoadModel(path, false);
     ASSERT_TRUE(m.ok()) << m.status();
     model_ = std::make_unique<LoadedModel>(std::move(*m));
