@@ -20,7 +20,9 @@ using itest::Suite;
 
 const std::map<std::string, void (*)(Context&, Suite&)>& Groups() {
   static const std::map<std::string, void (*)(Context&, Suite&)> groups = {{"api", itest::RunApiChecks},
+                                                                           {"logprobs", itest::RunLogprobChecks},
                                                                            {"generation", itest::RunGenerationChecks},
+                                                                           {"behaviour", itest::RunBehaviourChecks},
                                                                            {"prefix", itest::RunPrefixCacheChecks},
                                                                            {"grpc", itest::RunGrpcChecks},
                                                                            {"errors", itest::RunErrorChecks},
@@ -29,14 +31,15 @@ const std::map<std::string, void (*)(Context&, Suite&)>& Groups() {
   return groups;
 }
 // The order the groups run in: metrics last, to see everything the others sent.
-const char* const kOrder[] = {"api", "generation", "prefix", "grpc", "errors", "disconnect", "metrics"};
+const char* const kOrder[] = {"api",  "logprobs", "generation", "behaviour", "prefix",
+                              "grpc", "errors",   "disconnect", "metrics"};
 
 void Usage(const std::string& why) {
   std::fprintf(stderr,
                "usage: moeshard itest --url http://HOST:PORT [--grpc HOST:PORT] [--metrics URL,URL,...]\n"
                "       [--model PATH] [--goldens FILE] [--api-key KEY] [--ready-timeout S]\n"
                "       [--only GROUP,...] [--skip GROUP,...]\n"
-               "groups: api generation prefix grpc errors disconnect metrics\n%s\n",
+               "groups: api logprobs generation behaviour prefix grpc errors disconnect metrics\n%s\n",
                why.c_str());
 }
 

@@ -62,8 +62,10 @@ struct Context {
 
 // Check groups, in the order the command runs them. Each adds its checks to the suite.
 void RunSetupChecks(Context& ctx, Suite& suite);       // /health, /ready, /v1/models, --model
-void RunApiChecks(Context& ctx, Suite& suite);         // formats, SSE, chat, logprobs
+void RunApiChecks(Context& ctx, Suite& suite);         // formats, SSE, chat
+void RunLogprobChecks(Context& ctx, Suite& suite);     // logprobs against the in-process engine
 void RunGenerationChecks(Context& ctx, Suite& suite);  // goldens, reference, concurrency
+void RunBehaviourChecks(Context& ctx, Suite& suite);   // sampling, stops, EOS, chat, long prompts, context
 void RunPrefixCacheChecks(Context& ctx, Suite& suite);
 void RunGrpcChecks(Context& ctx, Suite& suite);
 void RunErrorChecks(Context& ctx, Suite& suite);  // bad requests, API key

@@ -59,8 +59,7 @@ absl::StatusOr<std::vector<FileLine>> ReadLayout(const std::string& path) {
       files.push_back(fl);
     } else if (f.size() == 6 && f[0] == "tensor" && !files.empty()) {
       TensorLine t{f[1]};
-      ok = absl::SimpleAtoi(f[2], &t.type) && absl::SimpleAtoi(f[3], &t.offset) &&
-           absl::SimpleAtoi(f[4], &t.nbytes);
+      ok = absl::SimpleAtoi(f[2], &t.type) && absl::SimpleAtoi(f[3], &t.offset) && absl::SimpleAtoi(f[4], &t.nbytes);
       files.back().tensors.push_back(t);
     }
     if (!ok) return absl::InvalidArgumentError(absl::StrCat(path, ":", line_no, ": cannot parse '", line, "'"));
@@ -71,9 +70,9 @@ absl::StatusOr<std::vector<FileLine>> ReadLayout(const std::string& path) {
 // The Hugging Face tensors a GGUF tensor of qwen3moe is made of (several for stacked experts).
 absl::StatusOr<std::vector<std::string>> SourceNames(const std::string& gguf, const TensorSource& st) {
   static const std::map<std::string, std::string> kLayer = {
-      {"attn_norm", "input_layernorm"},  {"ffn_norm", "post_attention_layernorm"},
-      {"attn_q", "self_attn.q_proj"},    {"attn_k", "self_attn.k_proj"},
-      {"attn_v", "self_attn.v_proj"},    {"attn_output", "self_attn.o_proj"},
+      {"attn_norm", "input_layernorm"},    {"ffn_norm", "post_attention_layernorm"},
+      {"attn_q", "self_attn.q_proj"},      {"attn_k", "self_attn.k_proj"},
+      {"attn_v", "self_attn.v_proj"},      {"attn_output", "self_attn.o_proj"},
       {"attn_q_norm", "self_attn.q_norm"}, {"attn_k_norm", "self_attn.k_norm"},
       {"ffn_gate_inp", "mlp.gate"}};
   static const std::map<std::string, std::string> kExperts = {

@@ -60,6 +60,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{"qwen3moe-tiny", "qwen3moe-tiny/goldens.safetensors", Tolerance::kFp32},
                       Case{"muse-spark-tiny", "muse-spark-tiny/goldens.safetensors", Tolerance::kFp32},
                       Case{"muse-spark-tiny-nvfp4", "muse-spark-tiny-nvfp4/goldens.safetensors", Tolerance::kFp32},
+                      Case{"muse-spark-kv4", "muse-spark-kv4/goldens.safetensors", Tolerance::kFp32},
                       Case{"qwen3moe-tok", "qwen3moe-tok/goldens.safetensors", Tolerance::kFp32},
                       Case{"qwen3moe-tok/model-f16.gguf", "qwen3moe-tok/goldens.safetensors", Tolerance::kFp32},
                       Case{"qwen3moe-tok/model-q8_0.gguf", "qwen3moe-tok/goldens.safetensors", Tolerance::kQ8_0}),

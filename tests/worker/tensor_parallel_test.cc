@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <thread>
+#include <vector>
 
 #include "common/comm/local_communicator.h"
 #include "gtest/gtest.h"
@@ -37,10 +38,17 @@ double MaxDiff(const std::vector<float>& a, const std::vector<float>& b) {
   return m;
 }
 
-class MultiRankTest : public ::testing::TestWithParam<const char*> {
+// A test model and the tensor-parallel sizes it must run (each divides its KV heads and
+// experts: muse-spark-kv4 exists so that 4 does).
+struct TpCase {
+  const char* model;
+  std::vector<int> tp_sizes;
+};
+
+class MultiRankTest : public ::testing::TestWithParam<TpCase> {
  protected:
   void SetUp() override {
-    std::string path = TestData() + "/" + GetParam();
+    std::string path = TestData() + "/" + GetParam().model;
     ASSERT_TRUE(std::filesystem::exists(path)) << "no test model at " << path;
     auto m = LoadModel(path, false);
     ASSERT_TRUE(m.ok()) << m.status();
@@ -55,9 +63,10 @@ class MultiRankTest : public ::testing::TestWithParam<const char*> {
 };
 
 TEST_P(MultiRankTest, TensorParallelMatchesOneWorker) {
-  for (int tp : {2, 4}) {
+  for (int tp : GetParam().tp_sizes) {
     const ModelConfig& c = model_->config;
-    if (c.num_kv_heads % tp || c.num_experts % tp) continue;
+    ASSERT_EQ(c.num_kv_heads % tp, 0) << "tp " << tp;
+    ASSERT_EQ(c.num_experts % tp, 0) << "tp " << tp;
     auto group = LocalGroup::Create(tp);
     std::vector<std::vector<float>> out(tp);
     std::vector<absl::Status> st(tp);
@@ -110,9 +119,11 @@ TEST_P(MultiRankTest, BadShardsAreRefused) {
   EXPECT_FALSE((*r)->Forward({{{1, 2}, 16, {0}, false}}, &l).ok()) << "table too short";
 }
 
-INSTANTIATE_TEST_SUITE_P(TestData, MultiRankTest, ::testing::Values("qwen3moe-tiny", "muse-spark-tiny", "muse-spark-tiny-nvfp4"),
+INSTANTIATE_TEST_SUITE_P(TestData, MultiRankTest,
+                         ::testing::Values(TpCase{"qwen3moe-tiny", {2}}, TpCase{"muse-spark-tiny", {2}},
+                                           TpCase{"muse-spark-tiny-nvfp4", {2}}, TpCase{"muse-spark-kv4", {2, 4}}),
                          [](const auto& i) {
-                           std::string n = i.param;
+                           std::string n = i.param.model;
                            for (auto& ch : n) ch = isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
                            return n;
                          });
