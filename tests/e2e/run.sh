@@ -211,11 +211,14 @@ run_config qwen-ls3-uneven "$QWEN" "$KEY" - --workers 3 --mode layer-split --lay
 run_config qwen-tp2 "$QWEN" "" - --workers 2 --mode tensor-parallel
 run_config nvfp4-ls2 "$NVFP4" "" - --workers 2 --mode layer-split
 # The tokenizer model: text prompts and chat, the node clients, an API key, both modes.
-# --max-model-len: the context-limit check's in-process reference holds up to 4160 positions.
-run_config tok-ls2 "$TOK" "$KEY" node --workers 2 --mode layer-split --max-model-len 4096
-run_config tok-tp2 "$TOK" "$KEY" node --workers 2 --mode tensor-parallel --max-model-len 4096
+# --max-model-len: the context-limit check prefills a prompt of nearly that length (and so does the
+# in-process reference, which holds up to 4160 positions); kept short where a cluster is slow.
+run_config tok-ls2 "$TOK" "$KEY" node --workers 2 --mode layer-split --max-model-len 2048
+run_config tok-tp2 "$TOK" "$KEY" node --workers 2 --mode tensor-parallel --max-model-len 2048
+# The bundled demo model (trained: real text, its own tokenizer and EOS), as `make run` serves it.
+run_config demo-tp2 "$ROOT/models/muse-spark-demo" "$KEY" - --workers 2 --mode tensor-parallel --max-model-len 1024
 # Tensor parallel over 4: muse-spark-kv4 has 4 KV heads (the others 2) and goldens from the reference.
-run_config muse-kv4-tp4 "$TESTDATA/muse-spark-kv4" "" - --workers 4 --mode tensor-parallel
+run_config muse-kv4-tp4 "$TESTDATA/muse-spark-kv4" "" - --workers 4 --mode tensor-parallel --max-model-len 1024
 check_refused muse-tp4-refused "$MUSE" \
   "tensor parallel over 4 workers does not fit this model" --workers 4 --mode tensor-parallel
 check_refused muse-tp4-refused-sizes "$MUSE" \
