@@ -216,9 +216,9 @@ run_config nvfp4-ls2 "$NVFP4" "" - --workers 2 --mode layer-split
 run_config tok-ls2 "$TOK" "$KEY" node --workers 2 --mode layer-split --max-model-len 2048
 run_config tok-tp2 "$TOK" "$KEY" node --workers 2 --mode tensor-parallel --max-model-len 2048
 # The bundled demo model (trained: real text, its own tokenizer and EOS), as `make run` serves it.
-run_config demo-tp2 "$ROOT/models/muse-spark-demo" "$KEY" - --workers 2 --mode tensor-parallel --max-model-len 1024
+run_config demo-tp2 "$ROOT/models/muse-spark-demo" "$KEY" - --workers 2 --mode tensor-parallel --max-model-len 2048
 # Tensor parallel over 4: muse-spark-kv4 has 4 KV heads (the others 2) and goldens from the reference.
-run_config muse-kv4-tp4 "$TESTDATA/muse-spark-kv4" "" - --workers 4 --mode tensor-parallel --max-model-len 1024
+run_config muse-kv4-tp4 "$TESTDATA/muse-spark-kv4" "" - --workers 4 --mode tensor-parallel --max-model-len 2048
 check_refused muse-tp4-refused "$MUSE" \
   "tensor parallel over 4 workers does not fit this model" --workers 4 --mode tensor-parallel
 check_refused muse-tp4-refused-sizes "$MUSE" \

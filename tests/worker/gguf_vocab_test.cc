@@ -1,9 +1,10 @@
 // Tokenizer metadata of `make-model --format gguf`: the engine's tokenizer built from the
 // GGUF (TokenizerSpecFromGguf) encodes like the one built from tokenizer.json. For the real
-// Qwen3 tokenizer in ../shared/testdata/qwen3moe-tok (skipped when absent) the metadata must
-// also equal, array for array, what llama.cpp's convert_hf_to_gguf.py wrote into
-// model-f16.gguf there, and every qwen3moe.* key it wrote must be in our file with the same
-// stored type; encodings must equal the `tokenizers` library's (tokenizer-goldens.json).
+// Qwen3 tokenizer of the test models' qwen3moe-tok (tests/testdata; missing is a failure) the
+// metadata must also equal, array for array, what llama.cpp's convert_hf_to_gguf.py wrote into
+// model-f16.gguf (rebuilt there byte for byte), and every qwen3moe.* key it wrote must be in our
+// file with the same stored type; encodings must equal the `tokenizers` library's
+// (tokenizer-goldens.json).
 #include "cli/gguf_vocab.h"
 
 #include <filesystem>
