@@ -1,6 +1,6 @@
 // `moeshard itest --url URL [...]`: the integration suite, against any running cluster
 // (local, GPU, Kubernetes). Prints one line per check and a last line `N passed, M
-// failed`; exits 1 on any failure. Assumes the cluster serves nobody else meanwhile
+// failed, K skipped`; exits 1 on any failure. Assumes the cluster serves nobody else meanwhile
 // (the disconnect and metrics checks read cluster-wide counters).
 #include <signal.h>
 
@@ -20,7 +20,9 @@ using itest::Suite;
 
 const std::map<std::string, void (*)(Context&, Suite&)>& Groups() {
   static const std::map<std::string, void (*)(Context&, Suite&)> groups = {{"api", itest::RunApiChecks},
+                                                                           {"logprobs", itest::RunLogprobChecks},
                                                                            {"generation", itest::RunGenerationChecks},
+                                                                           {"behaviour", itest::RunBehaviourChecks},
                                                                            {"prefix", itest::RunPrefixCacheChecks},
                                                                            {"grpc", itest::RunGrpcChecks},
                                                                            {"errors", itest::RunErrorChecks},
@@ -29,14 +31,15 @@ const std::map<std::string, void (*)(Context&, Suite&)>& Groups() {
   return groups;
 }
 // The order the groups run in: metrics last, to see everything the others sent.
-const char* const kOrder[] = {"api", "generation", "prefix", "grpc", "errors", "disconnect", "metrics"};
+const char* const kOrder[] = {"api",  "logprobs", "generation", "behaviour", "prefix",
+                              "grpc", "errors",   "disconnect", "metrics"};
 
 void Usage(const std::string& why) {
   std::fprintf(stderr,
                "usage: moeshard itest --url http://HOST:PORT [--grpc HOST:PORT] [--metrics URL,URL,...]\n"
                "       [--model PATH] [--goldens FILE] [--api-key KEY] [--ready-timeout S]\n"
                "       [--only GROUP,...] [--skip GROUP,...]\n"
-               "groups: api generation prefix grpc errors disconnect metrics\n%s\n",
+               "groups: api logprobs generation behaviour prefix grpc errors disconnect metrics\n%s\n",
                why.c_str());
 }
 
@@ -81,7 +84,7 @@ int ItestCommand(const std::vector<std::string>& argv) {
     if ((!only.empty() && !only.count(g)) || skip.count(g)) continue;
     Groups().at(g)(ctx, suite);
   }
-  std::printf("%d passed, %d failed\n", suite.passed(), suite.failed());
+  std::printf("%d passed, %d failed, %d skipped\n", suite.passed(), suite.failed(), suite.skipped());
   return suite.failed() == 0 ? 0 : 1;
 }
 

@@ -9,9 +9,9 @@ PKGS=(
   libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev libgloo-dev
   libpcre2-dev libicu-dev nlohmann-json3-dev libcpp-httplib-dev libssl-dev zlib1g-dev
 )
-# What only the tests use (tests/deploy: compose, YAML, Prometheus checks).
+# What only the tests use (tests/deploy: compose, YAML, Prometheus checks; xz unpacks tests/testdata).
 PKGS+=(
-  curl prometheus docker-compose yamllint python3 python3-yaml
+  curl prometheus docker-compose yamllint python3 python3-yaml xz-utils
 )
 missing=()
 for p in "${PKGS[@]}"; do

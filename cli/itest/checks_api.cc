@@ -1,6 +1,6 @@
 // OpenAI API formats: completions streamed and not (the same tokens both ways, SSE
 // chunks that parse and end in [DONE]), text prompts and chat when the model has a
-// tokenizer, and logprobs / top_logprobs present, consistent and sorted.
+// tokenizer. Logprobs: checks_logprobs.cc.
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -100,82 +100,6 @@ absl::Status Chat(Context& ctx) {
   return absl::OkStatus();
 }
 
-// One position's alternatives: a list of {token, logprob} or a {token: logprob} map.
-absl::Status CheckTop(const Json& top, size_t want, double chosen, const std::string& where) {
-  std::vector<double> v;
-  if (top.is_array()) {
-    for (const Json& e : top) {
-      if (!e.contains("logprob") || !e["logprob"].is_number())
-        return absl::InternalError(absl::StrCat(where, ": entry without logprob"));
-      v.push_back(e["logprob"]);
-    }
-  } else if (top.is_object()) {
-    for (auto it = top.begin(); it != top.end(); ++it) v.push_back(it.value().get<double>());
-  } else {
-    return absl::InternalError(absl::StrCat(where, ": top_logprobs is neither a list nor a map"));
-  }
-  if (v.size() != want)
-    return absl::InternalError(absl::StrCat(where, ": ", v.size(), " alternatives, want ", want, ": ", top.dump()));
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (!(v[i] <= 1e-6)) return absl::InternalError(absl::StrCat(where, ": logprob ", v[i], " > 0"));
-    if (i > 0 && v[i] > v[i - 1] + 1e-6) {
-      return absl::InternalError(
-          absl::StrCat(where, ": alternatives not most likely first (as OpenAI and vLLM list them): ", top.dump()));
-    }
-  }
-  // Greedy: the chosen token is the most likely one.
-  if (std::fabs(v[0] - chosen) > 1e-3) {
-    return absl::InternalError(
-        absl::StrCat(where, ": greedy token's logprob ", chosen, " but the best alternative has ", v[0]));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CompletionLogprobs(Context& ctx) {
-  GenRequest r;
-  r.prompt_ids = MakePrompt(6, 2, ctx.prompt_vocab);
-  r.max_tokens = 5;
-  r.extra = {{"logprobs", 3}};
-  ASSIGN_OR_RETURN(GenResult g, ctx.api->Complete(r));
-  const Json& lp = g.logprobs;
-  if (!lp.is_object()) return absl::InternalError(absl::StrCat("choices[0].logprobs is not an object: ", lp.dump()));
-  for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
-    if (!lp.contains(k) || !lp[k].is_array() || lp[k].size() != 5) {
-      return absl::InternalError(absl::StrCat("logprobs.", k, " is not a list of 5: ", lp.dump().substr(0, 300)));
-    }
-  }
-  for (size_t i = 0; i < 5; ++i) {
-    if (!lp["token_logprobs"][i].is_number()) return absl::InternalError("a token_logprob is not a number");
-    RETURN_IF_ERROR(CheckTop(lp["top_logprobs"][i], 3, lp["token_logprobs"][i], absl::StrCat("position ", i)));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ChatLogprobs(Context& ctx) {
-  if (!ctx.has_tokenizer) return Skip("the model has no tokenizer");
-  Json messages = Json::array({{{"role", "user"}, {"content", "Count to five."}}});
-  ASSIGN_OR_RETURN(GenResult g,
-                   ctx.api->Chat(messages, 5, {{"logprobs", true}, {"top_logprobs", 3}, {"ignore_eos", true}}, false));
-  const Json& c = g.response["choices"][0];
-  if (!c.contains("logprobs") || !c["logprobs"].is_object() || !c["logprobs"].contains("content") ||
-      !c["logprobs"]["content"].is_array()) {
-    return absl::InternalError(absl::StrCat("choices[0].logprobs.content missing: ", c.dump().substr(0, 300)));
-  }
-  const Json& content = c["logprobs"]["content"];
-  if (static_cast<int64_t>(content.size()) != g.completion_tokens) {
-    return absl::InternalError(absl::StrCat(content.size(), " logprobs entries for ", g.completion_tokens, " tokens"));
-  }
-  for (size_t i = 0; i < content.size(); ++i) {
-    const Json& e = content[i];
-    if (!e.contains("token") || !e["token"].is_string() || !e.contains("logprob") || !e["logprob"].is_number() ||
-        !e.contains("top_logprobs")) {
-      return absl::InternalError(absl::StrCat("entry ", i, " lacks token / logprob / top_logprobs: ", e.dump()));
-    }
-    RETURN_IF_ERROR(CheckTop(e["top_logprobs"], 3, e["logprob"], absl::StrCat("position ", i)));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 void RunApiChecks(Context& ctx, Suite& suite) {
@@ -184,8 +108,6 @@ void RunApiChecks(Context& ctx, Suite& suite) {
   suite.Run("completions: SSE stream equals the non-streamed response", [&] { return CompletionStream(ctx, whole); });
   suite.Run("completions: text prompt, streamed and not", [&] { return TextPrompt(ctx); });
   suite.Run("chat: completions streamed and not, same content", [&] { return Chat(ctx); });
-  suite.Run("completions: logprobs=3 present and sorted", [&] { return CompletionLogprobs(ctx); });
-  suite.Run("chat: logprobs/top_logprobs present and sorted", [&] { return ChatLogprobs(ctx); });
 }
 
 }  // namespace moeshard::itest

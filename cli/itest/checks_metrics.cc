@@ -1,12 +1,15 @@
 // Metrics (--metrics): `promtool check metrics` accepts every process's /metrics; the
 // coordinators export vLLM's metric names under the moeshard_ prefix (or moeshard:, vLLM's
-// style, when the cluster runs with --metric-prefix moeshard:); and the counters moved by at
-// least what the suite's own requests add (the cluster may serve others meanwhile).
+// style, when the cluster runs with --metric-prefix moeshard:); the counters moved by at
+// least what the suite's own requests add (the cluster may serve others meanwhile); and, once
+// the cluster is idle, three known requests move each counter by exactly what they are.
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -41,7 +44,8 @@ absl::Status Promtool(const Scrape& s) {
   // the default prefix every problem fails.
   std::vector<std::string> problems;
   for (absl::string_view line : absl::StrSplit(out, '\n', absl::SkipWhitespace())) {
-    if (s.prefix != "moeshard:" || !absl::EndsWith(line, "metric names should not contain ':'")) problems.emplace_back(line);
+    if (s.prefix != "moeshard:" || !absl::EndsWith(line, "metric names should not contain ':'"))
+      problems.emplace_back(line);
   }
   if (WEXITSTATUS(rc) == 3 && problems.empty()) return absl::OkStatus();
   return absl::InternalError(absl::StrCat("promtool (exit ", WEXITSTATUS(rc), "): ", absl::StrJoin(problems, "; ")));
@@ -94,12 +98,10 @@ absl::Status CountersMoved(const Context& ctx, const MetricsView& now) {
       // At least the prompt tokens computed (vLLM counts cached ones too; either is accepted).
       {"prompt_tokens_total", delta("prompt_tokens_total"),
        static_cast<double>(ctx.tally.prompt_tokens - ctx.tally.cached_tokens)},
-      {"generation_tokens_total", delta("generation_tokens_total"),
-       static_cast<double>(ctx.tally.generation_tokens)},
+      {"generation_tokens_total", delta("generation_tokens_total"), static_cast<double>(ctx.tally.generation_tokens)},
       {"request_success_total (all reasons)", delta("request_success_total"), finished},
       {"request_success_total{finished_reason=\"abort\"}",
-       delta("request_success_total", {{"finished_reason", "abort"}}),
-       static_cast<double>(ctx.tally.abandoned)},
+       delta("request_success_total", {{"finished_reason", "abort"}}), static_cast<double>(ctx.tally.abandoned)},
       {"time_to_first_token_seconds_count", delta("time_to_first_token_seconds_count"), finished},
       {"e2e_request_latency_seconds_count", delta("e2e_request_latency_seconds_count"), finished},
       {"prefix_cache_queries_total", delta("prefix_cache_queries_total"), 1},
@@ -108,6 +110,55 @@ absl::Status CountersMoved(const Context& ctx, const MetricsView& now) {
   for (const Want& w : wants) {
     if (w.got < w.want) bad.push_back(absl::StrCat(w.what, " rose by ", w.got, ", want >= ", w.want));
   }
+  if (!bad.empty()) return absl::InternalError(absl::StrJoin(bad, "; "));
+  return absl::OkStatus();
+}
+
+// Exact counters: waits until no request runs or waits (the cluster serves only this suite, as
+// in tests/e2e), sends three requests of known sizes with fresh prompts (no prefix-cache hits),
+// and requires each counter to move by exactly their totals.
+absl::Status ExactCounters(Context& ctx) {
+  absl::StatusOr<MetricsView> before = absl::UnknownError("not scraped");
+  for (int i = 0; i < 100; ++i) {
+    before = MetricsView::Fetch(ctx.opts.metrics);
+    if (!before.ok()) return before.status();
+    if (before->Coord("num_requests_running") + before->Coord("num_requests_waiting") == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  struct Req {
+    int64_t prompt, max_tokens;
+    bool stream;
+  };
+  const Req reqs[] = {{11, 5, false}, {13, 7, true}, {17, 3, false}};
+  double prompt_tokens = 0, generation_tokens = 0;
+  for (size_t i = 0; i < std::size(reqs); ++i) {
+    GenRequest r;
+    r.prompt_ids = MakePrompt(reqs[i].prompt, 9000 + i, ctx.prompt_vocab);
+    r.max_tokens = reqs[i].max_tokens;
+    ASSIGN_OR_RETURN(GenResult g, reqs[i].stream ? ctx.api->CompleteStream(r) : ctx.api->Complete(r));
+    if (g.finish_reason != "length") return absl::InternalError(absl::StrCat("request ", i, ": ", g.finish_reason));
+    prompt_tokens += reqs[i].prompt;
+    generation_tokens += reqs[i].max_tokens;
+  }
+  ASSIGN_OR_RETURN(MetricsView after, MetricsView::Fetch(ctx.opts.metrics));
+  const double n = std::size(reqs);
+  auto delta = [&](const std::string& name, const std::map<std::string, std::string>& labels = {}) {
+    return after.Coord(name, labels) - before->Coord(name, labels);
+  };
+  const std::pair<std::string, double> wants[] = {
+      {"prompt_tokens_total", prompt_tokens},
+      {"generation_tokens_total", generation_tokens},
+      {"request_success_total", n},
+      {"time_to_first_token_seconds_count", n},
+      {"e2e_request_latency_seconds_count", n},
+      {"request_queue_time_seconds_count", n},
+  };
+  std::vector<std::string> bad;
+  for (const auto& [name, want] : wants) {
+    if (delta(name) != want) bad.push_back(absl::StrCat(name, " rose by ", delta(name), ", want exactly ", want));
+  }
+  const double length = delta("request_success_total", {{"finished_reason", "length"}});
+  if (length != n) bad.push_back(absl::StrCat("request_success_total{finished_reason=\"length\"} rose by ", length));
   if (!bad.empty()) return absl::InternalError(absl::StrJoin(bad, "; "));
   return absl::OkStatus();
 }
@@ -129,6 +180,8 @@ void RunMetricsChecks(Context& ctx, Suite& suite) {
   }
   suite.Run("metrics: coordinators export vLLM's names (prefix moeshard_ or moeshard:)", [&] { return Names(*now); });
   suite.Run("metrics: counters rose by what this suite sent", [&] { return CountersMoved(ctx, *now); });
+  suite.Run("metrics: on an idle cluster, three requests move each counter by exactly their sizes",
+            [&] { return ExactCounters(ctx); });
   suite.Run("metrics: nothing running or waiting at the end", [&]() -> absl::Status {
     double busy = now->Coord("num_requests_running") + now->Coord("num_requests_waiting");
     if (busy != 0) return absl::InternalError(absl::StrCat(busy, " requests running or waiting after the suite"));

@@ -54,13 +54,16 @@ absl::Status ReadChoice(const Json& j, const Json& c, bool chat, bool stream, Ge
     if (!c.contains(key) || !c[key].is_object()) return Bad(absl::StrCat("choice without ", key), c);
     const Json& m = c[key];
     if (!stream && m.value("role", "") != "assistant") return Bad("message.role is not 'assistant'", c);
-    if (m.contains("content") && m["content"].is_string())
+    if (m.contains("content") && m["content"].is_string()) {
       g->text += m["content"].get<std::string>();
-    else if (!stream)
+      if (stream) g->deltas.push_back(m["content"]);
+    } else if (!stream) {
       return Bad("message.content is not a string", c);
+    }
   } else {
     if (!c.contains("text") || !c["text"].is_string()) return Bad("choice.text is not a string", c);
     g->text += c["text"].get<std::string>();
+    if (stream) g->deltas.push_back(c["text"]);
   }
   if (c.contains("token_ids") && !c["token_ids"].is_null()) RETURN_IF_ERROR(ReadIds(c["token_ids"], &g->token_ids));
   for (const Json* src : {&c, &j}) {

@@ -28,8 +28,9 @@ struct GenResult {
   std::string text, finish_reason;
   int64_t prompt_tokens = -1, completion_tokens = -1, cached_tokens = -1;  // -1: not reported
   int64_t num_chunks = 0;                                                  // streams: data events before [DONE]
-  Json logprobs;  // choices[0].logprobs of a non-streamed response
-  Json response;  // the whole non-streamed response
+  std::vector<std::string> deltas;  // streams: each chunk's text (content) as it arrived
+  Json logprobs;                    // choices[0].logprobs of a non-streamed response
+  Json response;                    // the whole non-streamed response
 };
 
 // What the suite's own successful requests added, so that metrics can be checked.

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "worker/generation.h"
 #include "worker/kv_cache.h"
 #include "worker/model_loader.h"
 #include "worker/model_runner.h"
@@ -22,6 +23,16 @@ class ReferenceEngine {
 
   // Greedy continuation of `prompt`: exactly `n` tokens (EOS does not stop it).
   absl::StatusOr<std::vector<int32_t>> Greedy(const std::vector<int32_t>& prompt, int64_t n);
+  // Generation with any options (sampling, EOS ids, stop strings: the model's tokenizer is
+  // filled in when `options.stop` is set).
+  absl::StatusOr<GenerateResult> Generate(const std::vector<int32_t>& prompt, GenerateOptions options);
+  // The longest prompt plus completion it was sized for.
+  static constexpr int64_t kMaxPositions = 4160;
+
+  // Log-probabilities (float64 log-softmax of the fp32 logits) of the next token after each of
+  // `seq`'s last `n` prefixes: row i is the distribution over the vocabulary that predicts
+  // seq[size - n + i] (the last row predicts the token after `seq`).
+  absl::StatusOr<std::vector<std::vector<double>>> LogProbs(const std::vector<int32_t>& seq, int64_t n);
 
   const ModelConfig& config() const { return model_.config; }
   const Tokenizer* tokenizer() const { return model_.tokenizer.get(); }

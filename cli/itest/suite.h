@@ -36,6 +36,7 @@ class Suite {
   void Run(const std::string& name, const std::function<absl::Status()>& check);
   int passed() const { return passed_; }
   int failed() const { return failed_; }
+  int skipped() const { return skipped_; }
 
  private:
   int passed_ = 0, failed_ = 0, skipped_ = 0;
@@ -61,8 +62,10 @@ struct Context {
 
 // Check groups, in the order the command runs them. Each adds its checks to the suite.
 void RunSetupChecks(Context& ctx, Suite& suite);       // /health, /ready, /v1/models, --model
-void RunApiChecks(Context& ctx, Suite& suite);         // formats, SSE, chat, logprobs
+void RunApiChecks(Context& ctx, Suite& suite);         // formats, SSE, chat
+void RunLogprobChecks(Context& ctx, Suite& suite);     // logprobs against the in-process engine
 void RunGenerationChecks(Context& ctx, Suite& suite);  // goldens, reference, concurrency
+void RunBehaviourChecks(Context& ctx, Suite& suite);   // sampling, stops, EOS, chat, long prompts, context
 void RunPrefixCacheChecks(Context& ctx, Suite& suite);
 void RunGrpcChecks(Context& ctx, Suite& suite);
 void RunErrorChecks(Context& ctx, Suite& suite);  // bad requests, API key

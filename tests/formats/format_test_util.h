@@ -15,6 +15,8 @@
 #include <string_view>
 #include <vector>
 
+#include "tests/testdata/testdata_dir.h"
+
 namespace moeshard::test {
 
 // A fresh folder under the system temp folder, removed with its contents on destruction.
@@ -46,13 +48,8 @@ inline bool WriteFile(const std::string& path, std::string_view bytes) {
   return static_cast<bool>(out);
 }
 
-// $MOESHARD_TESTDATA when it names an existing folder, else "".
-inline std::string TestdataDir() {
-  const char* dir = std::getenv("MOESHARD_TESTDATA");
-  std::error_code ec;
-  if (dir == nullptr || !std::filesystem::is_directory(dir, ec)) return "";
-  return dir;
-}
+// The test models (tests/testdata/testdata_dir.h); a missing folder fails the tests that use it.
+inline std::string TestdataDir() { return TestDataDir(); }
 
 // ---- little-endian byte building ----
 inline void PutLe(std::string* out, uint64_t v, int num_bytes) {

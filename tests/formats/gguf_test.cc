@@ -143,8 +143,7 @@ class GgufTestdataTest : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = test::TestdataDir();
-    if (dir_.empty())
-      GTEST_SKIP() << "MOESHARD_TESTDATA is unset or missing; skipping real-file tests";
+    ASSERT_TRUE(std::filesystem::is_directory(dir_)) << "no test models at '" << dir_ << "'";
   }
   std::string dir_;
 };

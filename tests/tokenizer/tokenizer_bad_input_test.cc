@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testdata/testdata_dir.h"
 
 namespace moeshard {
 namespace {
@@ -311,9 +312,8 @@ TEST_F(HfJsonTest, MutatedFilesNeverCrash) {
 }
 
 TEST_F(HfJsonTest, TruncatedQwenFileIsAnError) {
-  const char* root = std::getenv("MOESHARD_TESTDATA");
-  std::ifstream in(std::string(root != nullptr ? root : "") + "/qwen3moe-tok/tokenizer.json");
-  if (!in) GTEST_SKIP() << "no qwen3moe-tok/tokenizer.json under MOESHARD_TESTDATA";
+  std::ifstream in(test::TestDataDir() + "/qwen3moe-tok/tokenizer.json");
+  ASSERT_TRUE(in) << "no qwen3moe-tok/tokenizer.json under " << test::TestDataDir();
   std::string head(200000, '\0');
   in.read(head.data(), static_cast<std::streamsize>(head.size()));
   head.resize(static_cast<size_t>(in.gcount()));

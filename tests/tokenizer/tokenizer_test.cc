@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testdata/testdata_dir.h"
 
 namespace moeshard {
 namespace {
@@ -24,8 +25,7 @@ using ::testing::ElementsAreArray;
 using Json = nlohmann::json;
 
 std::string QwenDir() {
-  const char* root = std::getenv("MOESHARD_TESTDATA");
-  return std::string(root != nullptr ? root : "") + "/qwen3moe-tok";
+  return test::TestDataDir() + "/qwen3moe-tok";
 }
 
 struct Shared {
@@ -54,10 +54,7 @@ const Shared& Qwen() {
 class QwenTokenizerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!std::filesystem::exists(QwenDir() + "/tokenizer.json")) {
-      GTEST_SKIP() << "no Qwen3 tokenizer test data at " << QwenDir()
-                   << " (set MOESHARD_TESTDATA to the shared testdata folder)";
-    }
+    ASSERT_TRUE(std::filesystem::exists(QwenDir() + "/tokenizer.json")) << "no Qwen3 tokenizer at " << QwenDir();
     ASSERT_TRUE(Qwen().tokenizer.ok()) << Qwen().tokenizer.status();
     ASSERT_TRUE(Qwen().goldens.is_object()) << "tokenizer-goldens.json is missing or broken";
     tok_ = Qwen().tokenizer->get();
@@ -164,7 +161,7 @@ TEST_F(QwenTokenizerTest, LongTextIsFastAndRoundTrips) {
 // The same vocabulary from the GGUF file's metadata gives the same ids.
 TEST_F(QwenTokenizerTest, GgufVocabMatchesEveryGolden) {
   const std::string path = QwenDir() + "/model-f16.gguf";
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << "no " << path;
+  ASSERT_TRUE(std::filesystem::exists(path)) << "no " << path;
   auto gguf = GgufFile::Open(path);
   ASSERT_TRUE(gguf.ok()) << gguf.status();
   auto spec = TokenizerSpecFromGguf(**gguf);

@@ -3,8 +3,8 @@
 # perturbed. Usage: check_cli_test.sh path/to/moeshard
 set -u
 bin=$1
-td=${MOESHARD_TESTDATA:-../shared/testdata}
-if [ ! -d "$td/qwen3moe-tiny" ]; then echo "SKIPPED: shared testdata not found at $td"; exit 77; fi
+td=${MOESHARD_TESTDATA:?set MOESHARD_TESTDATA to the assembled test models (ctest does)}
+if [ ! -d "$td/qwen3moe-tiny" ]; then echo "FAIL: no test models at $td"; exit 1; fi
 fail=0
 run() {  # expect_rc model goldens [extra check flags...]
   local want=$1 model=$2 goldens=$3

@@ -1,9 +1,10 @@
 // Tokenizer metadata of `make-model --format gguf`: the engine's tokenizer built from the
 // GGUF (TokenizerSpecFromGguf) encodes like the one built from tokenizer.json. For the real
-// Qwen3 tokenizer in ../shared/testdata/qwen3moe-tok (skipped when absent) the metadata must
-// also equal, array for array, what llama.cpp's convert_hf_to_gguf.py wrote into
-// model-f16.gguf there, and every qwen3moe.* key it wrote must be in our file with the same
-// stored type; encodings must equal the `tokenizers` library's (tokenizer-goldens.json).
+// Qwen3 tokenizer of the test models' qwen3moe-tok (tests/testdata; missing is a failure) the
+// metadata must also equal, array for array, what llama.cpp's convert_hf_to_gguf.py wrote into
+// model-f16.gguf (rebuilt there byte for byte), and every qwen3moe.* key it wrote must be in our
+// file with the same stored type; encodings must equal the `tokenizers` library's
+// (tokenizer-goldens.json).
 #include "cli/gguf_vocab.h"
 
 #include <filesystem>
@@ -107,9 +108,7 @@ TEST(GgufVocabTest, FollowsTheConvertersRules) {
 TEST(GgufVocabTest, Qwen3TokenizerMatchesLlamaCppsConverter) {
   const std::string td = test::TestdataDir();
   const std::string tok_dir = td + "/qwen3moe-tok";
-  if (td.empty() || !std::filesystem::exists(tok_dir + "/tokenizer.json")) {
-    GTEST_SKIP() << "shared testdata qwen3moe-tok not found";
-  }
+  ASSERT_TRUE(std::filesystem::exists(tok_dir + "/tokenizer.json")) << "no test model at " << tok_dir;
   test::TempDir dir;
   RandomModelSpec spec;
   spec.arch = "qwen3_moe";
@@ -140,7 +139,6 @@ TEST(GgufVocabTest, Qwen3TokenizerMatchesLlamaCppsConverter) {
 
   // llama.cpp's converter output for the same tokenizer.
   const std::string ref_path = tok_dir + "/model-f16.gguf";
-  if (!std::filesystem::exists(ref_path)) GTEST_SKIP() << "no model-f16.gguf to compare with";
   auto ref = GgufFile::Open(ref_path);
   ASSERT_TRUE(ref.ok()) << ref.status();
   for (const char* k : {"tokenizer.ggml.tokens", "tokenizer.ggml.merges"}) {

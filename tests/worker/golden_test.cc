@@ -7,15 +7,13 @@
 
 #include "cli/golden_check.h"
 #include "gtest/gtest.h"
+#include "tests/testdata/testdata_dir.h"
 #include "worker/model_loader.h"
 
 namespace moeshard {
 namespace {
 
-std::string TestData() {
-  const char* d = std::getenv("MOESHARD_TESTDATA");
-  return d ? d : "../shared/testdata";
-}
+std::string TestData() { return test::TestDataDir(); }
 
 struct Case {
   const char* model;    // path under testdata
@@ -28,7 +26,7 @@ class GoldenTest : public ::testing::TestWithParam<Case> {};
 TEST_P(GoldenTest, MatchesReference) {
   const Case& c = GetParam();
   std::string model = TestData() + "/" + c.model, goldens = TestData() + "/" + c.goldens;
-  if (!std::filesystem::exists(model)) GTEST_SKIP() << "shared testdata not found at " << model;
+  ASSERT_TRUE(std::filesystem::exists(model)) << "no test model at " << model;
   auto m = LoadModel(model, /*load_tokenizer=*/false);
   ASSERT_TRUE(m.ok()) << m.status();
   auto rep = CheckModel(*m, goldens, c.tol);
@@ -47,10 +45,10 @@ TEST_P(GoldenTest, MatchesReference) {
 // above measures the quantization itself against the unquantized goldens.
 TEST(GoldenQ8Test, MatchesTransformersOnTheFilesOwnWeights) {
   std::string model = TestData() + "/qwen3moe-tok/model-q8_0.gguf";
-  if (!std::filesystem::exists(model)) GTEST_SKIP() << "shared testdata not found at " << model;
+  ASSERT_TRUE(std::filesystem::exists(model)) << "no test model at " << model;
   auto m = LoadModel(model, /*load_tokenizer=*/false);
   ASSERT_TRUE(m.ok()) << m.status();
-  auto rep = CheckModel(*m, std::string(MOESHARD_REPO_TESTDATA) + "/qwen3moe-tok-q8_0/goldens.safetensors", Tolerance::kFp32);
+  auto rep = CheckModel(*m, TestData() + "/qwen3moe-tok-q8_0/goldens.safetensors", Tolerance::kFp32);
   ASSERT_TRUE(rep.ok()) << rep.status();
   EXPECT_EQ(rep->seqs.size(), 9u);
   EXPECT_TRUE(rep->pass()) << rep->Format();
@@ -62,6 +60,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{"qwen3moe-tiny", "qwen3moe-tiny/goldens.safetensors", Tolerance::kFp32},
                       Case{"muse-spark-tiny", "muse-spark-tiny/goldens.safetensors", Tolerance::kFp32},
                       Case{"muse-spark-tiny-nvfp4", "muse-spark-tiny-nvfp4/goldens.safetensors", Tolerance::kFp32},
+                      Case{"muse-spark-kv4", "muse-spark-kv4/goldens.safetensors", Tolerance::kFp32},
                       Case{"qwen3moe-tok", "qwen3moe-tok/goldens.safetensors", Tolerance::kFp32},
                       Case{"qwen3moe-tok/model-f16.gguf", "qwen3moe-tok/goldens.safetensors", Tolerance::kFp32},
                       Case{"qwen3moe-tok/model-q8_0.gguf", "qwen3moe-tok/goldens.safetensors", Tolerance::kQ8_0}),

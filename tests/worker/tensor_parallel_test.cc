@@ -5,19 +5,18 @@
 #include <cstdlib>
 #include <filesystem>
 #include <thread>
+#include <vector>
 
 #include "common/comm/local_communicator.h"
 #include "gtest/gtest.h"
+#include "tests/testdata/testdata_dir.h"
 #include "worker/model_loader.h"
 #include "worker/model_runner.h"
 
 namespace moeshard {
 namespace {
 
-std::string TestData() {
-  const char* d = std::getenv("MOESHARD_TESTDATA");
-  return d ? d : "../shared/testdata";
-}
+std::string TestData() { return test::TestDataDir(); }
 
 std::vector<int32_t> Ids(int n, int vocab) {
   std::vector<int32_t> v;
@@ -39,11 +38,18 @@ double MaxDiff(const std::vector<float>& a, const std::vector<float>& b) {
   return m;
 }
 
-class MultiRankTest : public ::testing::TestWithParam<const char*> {
+// A test model and the tensor-parallel sizes it must run (each divides its KV heads and
+// experts: muse-spark-kv4 exists so that 4 does).
+struct TpCase {
+  const char* model;
+  std::vector<int> tp_sizes;
+};
+
+class MultiRankTest : public ::testing::TestWithParam<TpCase> {
  protected:
   void SetUp() override {
-    std::string path = TestData() + "/" + GetParam();
-    if (!std::filesystem::exists(path)) GTEST_SKIP() << "shared testdata not found at " << path;
+    std::string path = TestData() + "/" + GetParam().model;
+    ASSERT_TRUE(std::filesystem::exists(path)) << "no test model at " << path;
     auto m = LoadModel(path, false);
     ASSERT_TRUE(m.ok()) << m.status();
     model_ = std::make_unique<LoadedModel>(std::move(*m));
@@ -57,9 +63,10 @@ class MultiRankTest : public ::testing::TestWithParam<const char*> {
 };
 
 TEST_P(MultiRankTest, TensorParallelMatchesOneWorker) {
-  for (int tp : {2, 4}) {
+  for (int tp : GetParam().tp_sizes) {
     const ModelConfig& c = model_->config;
-    if (c.num_kv_heads % tp || c.num_experts % tp) continue;
+    ASSERT_EQ(c.num_kv_heads % tp, 0) << "tp " << tp;
+    ASSERT_EQ(c.num_experts % tp, 0) << "tp " << tp;
     auto group = LocalGroup::Create(tp);
     std::vector<std::vector<float>> out(tp);
     std::vector<absl::Status> st(tp);
@@ -112,9 +119,11 @@ TEST_P(MultiRankTest, BadShardsAreRefused) {
   EXPECT_FALSE((*r)->Forward({{{1, 2}, 16, {0}, false}}, &l).ok()) << "table too short";
 }
 
-INSTANTIATE_TEST_SUITE_P(TestData, MultiRankTest, ::testing::Values("qwen3moe-tiny", "muse-spark-tiny", "muse-spark-tiny-nvfp4"),
+INSTANTIATE_TEST_SUITE_P(TestData, MultiRankTest,
+                         ::testing::Values(TpCase{"qwen3moe-tiny", {2}}, TpCase{"muse-spark-tiny", {2}},
+                                           TpCase{"muse-spark-tiny-nvfp4", {2}}, TpCase{"muse-spark-kv4", {2, 4}}),
                          [](const auto& i) {
-                           std::string n = i.param;
+                           std::string n = i.param.model;
                            for (auto& ch : n) ch = isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
                            return n;
                          });
