@@ -3,6 +3,9 @@
 #   make test   build and run every test (unit, golden, end-to-end, sanitizers)
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
+FUZZ_BUILD ?= build-fuzz
+TSAN_BUILD ?= build-tsan
+FUZZ_SECONDS ?= 10
 JOBS       ?= $(shell nproc)
 CMAKE_FLAGS ?=
 # The bundled demo model (models/muse-spark-demo, trained on the King James Bible) when present;
@@ -11,7 +14,7 @@ DEMO       := models/muse-spark-demo
 MODEL      ?= $(if $(wildcard $(DEMO)/config.json),$(DEMO),$(BUILD)/models/muse-spark-tiny-nvfp4)
 PROMPT     ?= In the beginning
 
-.PHONY: all deps build run test test-unit test-asan test-e2e test-deploy test-fault clean
+.PHONY: all deps build run test test-unit test-asan test-e2e test-deploy test-fault test-security test-fuzz test-tsan clean
 
 all: build
 
@@ -58,7 +61,31 @@ test-deploy: build
 test-fault: build
 	python3 tests/fault/fault_test.py --build $(BUILD) --model $(MODEL)
 
-test: test-unit test-asan test-e2e test-deploy test-fault
+# The attacks of issue 15 against a live cluster (tests/security/run.sh): internal services
+# without the cluster credential, slowloris, huge prompts, forged chat roles, the API key's reach.
+test-security: build
+	bash tests/security/run.sh $(BUILD)
+
+# libFuzzer (clang) under ASan/UBSan: the GGUF and safetensors readers, the tokenizer and chat
+# template, the OpenAI request parser and the internal messages, FUZZ_SECONDS each from the
+# committed seeds (tests/fuzz/corpus).
+FUZZERS := gguf_fuzz safetensors_fuzz tokenizer_fuzz openai_request_fuzz internal_proto_fuzz
+test-fuzz: deps
+	cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+	  -DMOESHARD_FUZZ=ON -DMOESHARD_CUDA=OFF $(CMAKE_FLAGS)
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target $(FUZZERS)
+	bash tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
+
+# ThreadSanitizer: the router (HTTP, gRPC, dispatch against fake coordinators), the hardened
+# HTTP server, the coordinator's scheduler and block manager, the communicators' multi-rank tests.
+TSAN_TESTS := router_test http_test comm_test scheduler_test block_manager_test
+test-tsan: deps
+	cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOESHARD_TSAN=ON -DMOESHARD_CUDA=OFF $(CMAKE_FLAGS)
+	cmake --build $(TSAN_BUILD) -j $(JOBS) --target $(TSAN_TESTS) moeshard-router
+	cd $(TSAN_BUILD) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
+	  ctest --output-on-failure -R '^($(subst $(eval) ,|,$(TSAN_TESTS)))$$'
+
+test: test-unit test-asan test-e2e test-deploy test-fault test-security test-fuzz test-tsan
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) $(TSAN_BUILD)

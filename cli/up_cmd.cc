@@ -17,7 +17,9 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "cli/args.h"
+#include "cli/cluster_secret.h"
 #include "cli/commands.h"
 #include "cli/process.h"
 #include "cli/supervisor.h"
@@ -75,21 +77,25 @@ absl::Status Up(const Args& a) {
   ASSIGN_OR_RETURN(std::string model, a.Required("model"));
   ASSIGN_OR_RETURN(auto pools, ReadPools(a));
   ASSIGN_OR_RETURN(int64_t port, a.GetInt("port", 0));
-  const std::string host = a.Get("host", "127.0.0.1"), dir = SelfDir();
+  // --host is the router's public address; workers and coordinators listen on --internal-host.
+  const std::string host = a.Get("host", "127.0.0.1"), internal_host = a.Get("internal-host", "127.0.0.1"), dir = SelfDir();
+  RETURN_IF_ERROR(ExportClusterToken(a));
+  const std::vector<std::string> internal_tls = InternalTlsArgs(a);
   ASSIGN_OR_RETURN(int64_t num_gpus, a.GetInt("gpus", 1));
   // Checked here so that a typo stops before any process starts.
   if (a.Has("metric-prefix")) RETURN_IF_ERROR(SetMetricPrefix(a.Get("metric-prefix")));
   if (num_gpus < 1) return absl::InvalidArgumentError("--gpus must be >= 1");
   int64_t next_gpu = 0;
   Supervisor procs({});
-  std::vector<std::string> coord_metrics, worker_metrics;
+  std::vector<std::string> coord_metrics, worker_metrics, internal_grpc;
   nlohmann::json router_pools = nlohmann::json::array();
   for (const PoolSpec& p : pools) {
     nlohmann::json coords = nlohmann::json::array();
     for (int64_t r = 0; r < p.replicas; ++r) {
       std::string workers;
       for (int64_t w = 0; w < p.workers; ++w) {
-        std::vector<std::string> wargs = {dir + "/moeshard-worker", "--model", model, "--host", host};
+        std::vector<std::string> wargs = {dir + "/moeshard-worker", "--model", model, "--host", internal_host};
+        wargs.insert(wargs.end(), internal_tls.begin(), internal_tls.end());
         for (const char* f : {"device", "dtype", "kv-dtype", "max-batch-tokens", "metric-prefix"}) {
           if (a.Has(f)) wargs.insert(wargs.end(), {absl::StrCat("--", f), a.Get(f)});
         }
@@ -98,10 +104,12 @@ absl::Status Up(const Args& a) {
         ASSIGN_OR_RETURN(std::string line, procs.Start(Role::kWorker, wargs, 300));
         ASSIGN_OR_RETURN(std::string addr, FieldAfter(line, "grpc"));
         absl::StrAppend(&workers, workers.empty() ? "" : ",", addr);
+        internal_grpc.push_back(absl::StrCat("worker=", addr));
         worker_metrics.push_back(FieldAfter(line, "metrics").value_or(""));
       }
       std::vector<std::string> cargs = {dir + "/moeshard-coordinator", "--model", model, "--workers", workers, "--mode", p.mode,
-                                        "--host", host};
+                                        "--host", internal_host};
+      cargs.insert(cargs.end(), internal_tls.begin(), internal_tls.end());
       if (!p.layer_split.empty()) cargs.insert(cargs.end(), {"--layer-split", p.layer_split});
       if (p.max_model_len > 0) cargs.insert(cargs.end(), {"--max-model-len", std::to_string(p.max_model_len)});
       for (const char* f : {"num-kv-blocks", "max-num-seqs", "max-tokens-per-step", "comm-timeout-ms", "metric-prefix",
@@ -111,6 +119,7 @@ absl::Status Up(const Args& a) {
       ASSIGN_OR_RETURN(std::string line, procs.Start(Role::kCoordinator, cargs, 120));
       ASSIGN_OR_RETURN(std::string addr, FieldAfter(line, "grpc"));
       coords.push_back(addr);
+      internal_grpc.push_back(absl::StrCat("coordinator=", addr));
       coord_metrics.push_back(FieldAfter(line, "metrics").value_or(""));
     }
     router_pools.push_back({{"name", p.name}, {"max_model_len", p.max_model_len}, {"coordinators", coords}});
@@ -122,7 +131,11 @@ absl::Status Up(const Args& a) {
   std::ofstream(tmpl) << nlohmann::json({{"pools", router_pools}}).dump(2);
   std::vector<std::string> rargs = {dir + "/moeshard-router", "--model", model, "--pools", tmpl, "--host", host,
                                     "--port", std::to_string(port)};
-  for (const char* f : {"grpc-port", "api-key", "api-key-file", "served-model-name", "metric-prefix"}) {
+  rargs.insert(rargs.end(), internal_tls.begin(), internal_tls.end());
+  // The API key travels in $MOESHARD_API_KEY, to the router only, not on a command line.
+  RETURN_IF_ERROR(ExportApiKey(a));
+  for (const char* f : {"grpc-port", "served-model-name", "metric-prefix", "tls-cert", "tls-key", "max-prompt-bytes",
+                        "max-connections-per-client"}) {
     if (a.Has(f)) rargs.insert(rargs.end(), {absl::StrCat("--", f), a.Get(f)});
   }
   ASSIGN_OR_RETURN(std::string router_line, procs.Start(Role::kRouter, rargs, 120));
@@ -133,10 +146,13 @@ absl::Status Up(const Args& a) {
   for (const auto& m : coord_metrics) absl::StrAppend(&metrics_line, " ", m);
   for (const auto& m : worker_metrics) absl::StrAppend(&metrics_line, " ", m);
   std::printf("moeshard up: metrics %s\n", metrics_line.c_str());
+  // The internal services (they need the cluster credential).
+  std::printf("moeshard up: internal %s\n", absl::StrJoin(internal_grpc, " ").c_str());
   std::fflush(stdout);
   // Wait for readiness (a real step has succeeded), then supervise until a signal.
   httplib::Client cli(url);
   cli.set_connection_timeout(1);
+  cli.enable_server_certificate_verification(false);  // our own router, by its bound address
   bool ready = false;
   auto t0 = std::chrono::steady_clock::now();
   absl::Status result = absl::OkStatus();
@@ -169,12 +185,17 @@ int UpCommand(const std::vector<std::string>& argv) {
                               "api-key-file", "served-model-name", "max-model-len", "num-kv-blocks", "max-num-seqs",
                               "max-tokens-per-step", "comm-timeout-ms", "device", "gpus", "dtype", "kv-dtype",
                               "max-batch-tokens", "metric-prefix", "max-queued-requests", "max-queued-tokens",
-                              "max-queue-time-s", "step-deadline-floor-ms"},
+                              "max-queue-time-s", "step-deadline-floor-ms", "internal-host", "cluster-token-file",
+                              "internal-tls-cert", "internal-tls-key", "internal-tls-ca", "tls-cert", "tls-key",
+                              "max-prompt-bytes", "max-connections-per-client"},
                        {"help"});
   if (!a.ok() || a->Flag("help") || !a->Has("model")) {
     std::fprintf(stderr,
                  "usage: moeshard up --model PATH [--workers N] [--mode layer-split|tensor-parallel] [--layer-split 2,1]\n"
-                 "       [--pools FILE] [--port P] [--grpc-port P] [--host 127.0.0.1] [--api-key KEY] [--max-model-len N]\n"
+                 "       [--pools FILE] [--port P] [--grpc-port P] [--host 127.0.0.1] [--internal-host 127.0.0.1]\n"
+                 "       [--api-key-file FILE] [--tls-cert PEM --tls-key PEM] [--max-prompt-bytes N] [--max-connections-per-client N]\n"
+                 "       [--max-model-len N]\n"
+                 "       [--cluster-token-file FILE] [--internal-tls-cert PEM --internal-tls-key PEM --internal-tls-ca PEM]\n"
                  "       [--device cpu|cuda] [--gpus N] [--dtype bfloat16|float32] [--kv-dtype auto|float32|bfloat16|fp8]\n"
                  "       [--metric-prefix moeshard_|moeshard:] [--max-queued-requests N] [--max-queued-tokens N]\n"
                  "       [--max-queue-time-s S] [--step-deadline-floor-ms MS]\n%s\n",

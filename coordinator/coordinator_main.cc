@@ -10,6 +10,7 @@
 #include "cli/args.h"
 #include "common/comm/kv_store.h"
 #include "common/metrics/metrics.h"
+#include "common/security/internal_grpc.h"
 #include "common/status.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/engine.h"
@@ -69,7 +70,8 @@ int main(int argc, char** argv) {
   auto a = Args::Parse(std::vector<std::string>(argv + 1, argv + argc),
                        {"model", "workers", "mode", "layer-split", "host", "port", "metrics-port", "num-kv-blocks", "block-size",
                         "max-num-seqs", "max-tokens-per-step", "max-model-len", "comm-timeout-ms", "served-model-name", "metric-prefix",
-                        "max-queued-requests", "max-queued-tokens", "max-queue-time-s", "step-deadline-floor-ms"},
+                        "max-queued-requests", "max-queued-tokens", "max-queue-time-s", "step-deadline-floor-ms",
+                        "cluster-token-file", "internal-tls-cert", "internal-tls-key", "internal-tls-ca"},
                        {"no-prefix-caching", "help"});
   if (!a.ok() || a->Flag("help")) {
     std::fprintf(stderr,
@@ -78,11 +80,17 @@ int main(int argc, char** argv) {
                  "       [--block-size 16] [--max-num-seqs 64] [--max-tokens-per-step 512] [--max-model-len N]\n"
                  "       [--comm-timeout-ms 60000] [--no-prefix-caching] [--metric-prefix moeshard_|moeshard:]\n"
                  "       [--max-queued-requests 4*max-num-seqs] [--max-queued-tokens 4*num-kv-blocks*block-size]\n"
-                 "       [--max-queue-time-s 30] [--step-deadline-floor-ms 2000]\n%s\n",
-                 a.ok() ? "" : std::string(a.status().message()).c_str());
+                 "       [--max-queue-time-s 30] [--step-deadline-floor-ms 2000]\n       %s\n%s\n",
+                 kInternalSecurityUsage, a.ok() ? "" : std::string(a.status().message()).c_str());
     return 2;
   }
   if (absl::Status st = SetMetricPrefix(a->Get("metric-prefix", kDefaultMetricPrefix)); !st.ok()) {
+    std::fprintf(stderr, "moeshard-coordinator: %s\n", std::string(st.message()).c_str());
+    return 2;
+  }
+  if (absl::Status st = ConfigureInternalSecurityFromFlags(a->Get("cluster-token-file"), a->Get("internal-tls-cert"),
+                                                         a->Get("internal-tls-key"), a->Get("internal-tls-ca"));
+      !st.ok()) {
     std::fprintf(stderr, "moeshard-coordinator: %s\n", std::string(st.message()).c_str());
     return 2;
   }
@@ -93,7 +101,7 @@ int main(int argc, char** argv) {
   InMemoryKvStore store;
   grpc::ServerBuilder builder;
   int bound = 0;
-  builder.AddListeningPort(host + ":" + std::to_string(*port), grpc::InsecureServerCredentials(), &bound);
+  builder.AddListeningPort(host + ":" + std::to_string(*port), InternalServerCredentials(), &bound);
   // The service needs the engine, which needs the bound address: register a late-bound service.
   std::unique_ptr<Engine> engine;
   std::unique_ptr<CoordinatorServiceImpl> service;

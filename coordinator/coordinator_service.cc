@@ -4,10 +4,13 @@
 
 #include <cstdio>
 
+#include "common/security/internal_grpc.h"
+
 namespace moeshard {
 
 grpc::Status CoordinatorServiceImpl::Generate(grpc::ServerContext* ctx, const v1::SeqRequest* req,
                                               grpc::ServerWriter<v1::SeqUpdate>* writer) {
+  if (grpc::Status auth = CheckClusterCredential(ctx); !auth.ok()) return auth;
   auto s = engine_->Submit(*req);
   if (!s.ok()) {
     auto code = s.status().code() == absl::StatusCode::kUnavailable         ? grpc::StatusCode::UNAVAILABLE
@@ -46,18 +49,22 @@ grpc::Status CoordinatorServiceImpl::Generate(grpc::ServerContext* ctx, const v1
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorServiceImpl::GetStatus(grpc::ServerContext*, const v1::StatusRequest*, v1::StatusReply* rep) {
+grpc::Status CoordinatorServiceImpl::GetStatus(grpc::ServerContext* ctx, const v1::StatusRequest*, v1::StatusReply* rep) {
+  if (grpc::Status auth = CheckClusterCredential(ctx); !auth.ok()) return auth;
   *rep = engine_->GetStatus();
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorServiceImpl::StoreSet(grpc::ServerContext*, const v1::StoreSetRequest* req, v1::StoreSetReply*) {
+grpc::Status CoordinatorServiceImpl::StoreSet(grpc::ServerContext* ctx, const v1::StoreSetRequest* req, v1::StoreSetReply*) {
+  if (grpc::Status auth = CheckClusterCredential(ctx); !auth.ok()) return auth;
   absl::Status st = store_->Set(req->key(), req->value());
+  if (absl::IsResourceExhausted(st)) return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, std::string(st.message()));
   if (!st.ok()) return grpc::Status(grpc::StatusCode::INTERNAL, std::string(st.message()));
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorServiceImpl::StoreGet(grpc::ServerContext*, const v1::StoreGetRequest* req, v1::StoreGetReply* rep) {
+grpc::Status CoordinatorServiceImpl::StoreGet(grpc::ServerContext* ctx, const v1::StoreGetRequest* req, v1::StoreGetReply* rep) {
+  if (grpc::Status auth = CheckClusterCredential(ctx); !auth.ok()) return auth;
   auto timeout = std::chrono::milliseconds(std::clamp<int64_t>(req->timeout_ms(), 0, 600000));
   auto v = store_->Get(req->key(), timeout);
   if (!v.ok()) {

@@ -5,6 +5,7 @@
 #include <future>
 
 #include "absl/strings/str_cat.h"
+#include "common/security/internal_grpc.h"
 #include "worker/service/worker_service.h"
 
 namespace moeshard {
@@ -16,7 +17,7 @@ WorkerPool::WorkerPool(std::vector<std::string> addresses) : addresses_(std::mov
   // A restarted worker comes back on the same port: reconnect within a second.
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   for (const auto& a : addresses_) {
-    stubs_.push_back(v1::Worker::NewStub(grpc::CreateCustomChannel(a, grpc::InsecureChannelCredentials(), args)));
+    stubs_.push_back(v1::Worker::NewStub(CreateInternalChannel(a, args)));
   }
 }
 

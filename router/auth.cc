@@ -1,19 +1,10 @@
 #include "router/auth.h"
 
-#include <algorithm>
+#include "common/security/cluster_credential.h"
 
 namespace moeshard::router {
 
-bool ConstantTimeEquals(std::string_view a, std::string_view b) {
-  const size_t n = std::max(a.size(), b.size());
-  unsigned diff = a.size() == b.size() ? 0 : 1;
-  for (size_t i = 0; i < n; ++i) {
-    const unsigned char x = i < a.size() ? a[i] : 0;
-    const unsigned char y = i < b.size() ? b[i] : 0;
-    diff |= static_cast<unsigned>(x ^ y);
-  }
-  return diff == 0;
-}
+bool ConstantTimeEquals(std::string_view a, std::string_view b) { return SecretEquals(a, b); }
 
 bool BearerAuthorized(std::string_view authorization, std::string_view api_key) {
   if (api_key.empty()) return true;

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "common/security/internal_grpc.h"
 
 namespace moeshard::router {
 
@@ -20,7 +21,7 @@ CoordinatorClient::CoordinatorClient(std::string address) : address_(std::move(a
   args.SetInt(GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, 64 << 20);
   // Reconnect quickly after a coordinator restarts (the default backoff grows to 2 min).
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  channel_ = grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args);
+  channel_ = CreateInternalChannel(address_, args);
   stub_ = v1::Coordinator::NewStub(channel_);
 }
 

@@ -67,6 +67,7 @@ struct RouterServices {
   // A new request that finds no ready pool while the cluster heals (it was ready before) waits
   // this long for one before it gets 503.
   absl::Duration heal_wait = absl::Seconds(10);
+  int64_t max_prompt_bytes = 4 << 20;  // prompt text, checked before tokenizing
 };
 
 // A tokenized request, ready to dispatch.

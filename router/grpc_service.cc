@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "common/security/internal_grpc.h"
 #include "common/status.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -93,7 +94,7 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context, const v1::
   auto parsed = FromProto(*request);
   if (!parsed.ok()) return reject(parsed.status());
   if (absl::Status st = CheckModelName(parsed->params.model, s.served_model_name); !st.ok()) return reject(st);
-  auto prompt_ids = CompletionPromptIds(s.tokenizer, *parsed);
+  auto prompt_ids = CompletionPromptIds(s.tokenizer, *parsed, s.max_prompt_bytes);
   if (!prompt_ids.ok()) return reject(prompt_ids.status());
   const std::vector<int32_t> prompt_copy = *prompt_ids;
   auto gen = Generation::Start(s, PreparedRequest{request_id, *std::move(prompt_ids), parsed->params});
@@ -127,12 +128,19 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context, const v1::
 
 GrpcServer::~GrpcServer() { Stop(absl::ZeroDuration()); }
 
-absl::StatusOr<int> GrpcServer::Start(const std::string& host, int port) {
+absl::StatusOr<int> GrpcServer::Start(const std::string& host, int port, const std::string& tls_cert_file,
+                                      const std::string& tls_key_file) {
+  std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
+  if (!tls_cert_file.empty()) {
+    auto tls = TlsServerCredentials(tls_cert_file, tls_key_file);
+    if (!tls.ok()) return tls.status();
+    creds = *tls;
+  }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int bound = 0;
-  builder.AddListeningPort(absl::StrCat(host, ":", port), grpc::InsecureServerCredentials(), &bound);
+  builder.AddListeningPort(absl::StrCat(host, ":", port), creds, &bound);
   builder.RegisterService(&service_);
   builder.SetMaxReceiveMessageSize(64 << 20);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

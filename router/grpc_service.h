@@ -38,8 +38,10 @@ class GrpcServer {
   GrpcServer(const RouterServices& services, std::string api_key) : service_(services, std::move(api_key)) {}
   ~GrpcServer();
 
-  // Listens on host:port (0 = a free port); returns the bound port.
-  absl::StatusOr<int> Start(const std::string& host, int port);
+  // Listens on host:port (0 = a free port), with TLS when both PEM files are given; returns
+  // the bound port.
+  absl::StatusOr<int> Start(const std::string& host, int port, const std::string& tls_cert_file = "",
+                            const std::string& tls_key_file = "");
   void SetServing(bool serving);
   // Cancels the calls still running after `grace` and stops.
   void Stop(absl::Duration grace);

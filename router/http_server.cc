@@ -64,7 +64,7 @@ std::string EndpointLabel(std::string_view path) {
 }
 
 HttpServer::HttpServer(const RouterServices& services, HttpOptions options)
-    : services_(services), options_(std::move(options)), server_(std::make_unique<httplib::Server>()) {}
+    : services_(services), options_(std::move(options)) {}
 
 HttpServer::~HttpServer() { Stop(); }
 
@@ -83,6 +83,8 @@ void HttpServer::AddRoutes() {
   const RouterServices& svc = services_;
   s.set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
     res.set_header(kRequestIdHeader, RequestIdFor(req.get_header_value(kRequestIdHeader)));
+    // A connection past the limits, or on a spare thread: the probes only.
+    if (RefuseOutsideProbes(req, res)) return httplib::Server::HandlerResponse::Handled;
     return httplib::Server::HandlerResponse::Unhandled;
   });
   s.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
@@ -111,16 +113,20 @@ void HttpServer::AddRoutes() {
   });
 
   s.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
-  s.Get("/ready", [&svc](const httplib::Request&, httplib::Response& res) {
+  // With an API key, the pools, addresses and errors of /ready are for key holders; others
+  // get the bare status.
+  s.Get("/ready", [this, &svc](const httplib::Request& req, httplib::Response& res) {
     const bool ready = svc.cluster->AnyReady() && !svc.shutting_down->load();
     res.status = ready ? 200 : 503;
     if (!ready) res.set_header("Retry-After", "1");
-    res.set_content(DumpJson(ReadyJson(svc.cluster->Snapshot(), ready)), "application/json");
+    const bool detailed = BearerAuthorized(req.get_header_value("Authorization"), options_.api_key);
+    res.set_content(DumpJson(detailed ? ReadyJson(svc.cluster->Snapshot(), ready) : Json{{"ready", ready}}),
+                    "application/json");
   });
-  s.Get("/metrics", [&svc](const httplib::Request&, httplib::Response& res) {
-    svc.metrics->UpdateCoordinators(svc.cluster->Snapshot());
-    res.set_content(svc.metrics->Render(), "text/plain; version=0.0.4; charset=utf-8");
-  });
+  s.Get("/metrics", Guarded([&svc](const httplib::Request&, httplib::Response& res) {
+          svc.metrics->UpdateCoordinators(svc.cluster->Snapshot());
+          res.set_content(svc.metrics->Render(), "text/plain; version=0.0.4; charset=utf-8");
+        }));
   // The API key is checked inside the handlers, once httplib has read the body: answering
   // before that (in a pre-routing handler) would leave the body to be read as the next
   // request on a keep-alive connection.
@@ -143,9 +149,10 @@ void HttpServer::AddRoutes() {
 }
 
 absl::StatusOr<int> HttpServer::Start() {
-  const int num_threads = std::max(1, options_.num_threads);
-  server_->new_task_queue = [num_threads] { return new httplib::ThreadPool(num_threads); };
-  server_->set_payload_max_length(64u << 20);
+  auto server = MakeHardenedServer(options_.limits);
+  if (!server.ok()) return server.status();
+  server_ = *std::move(server);
+  server_->set_payload_max_length(options_.max_body_bytes);
   server_->set_read_timeout(30);
   server_->set_write_timeout(30);
   server_->set_tcp_nodelay(true);  // one small write per token: send it now
@@ -168,7 +175,7 @@ absl::StatusOr<int> HttpServer::Start() {
 }
 
 void HttpServer::Stop() {
-  if (!thread_.joinable()) return;
+  if (!thread_.joinable()) return;  // never started
   server_->stop();
   thread_.join();
 }

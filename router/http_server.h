@@ -17,6 +17,8 @@
 #include "absl/status/statusor.h"
 #include "router/generation.h"
 
+#include "common/http/hardened_server.h"
+
 namespace httplib {
 class Server;
 struct Request;
@@ -28,8 +30,10 @@ namespace moeshard::router {
 struct HttpOptions {
   std::string host = "127.0.0.1";
   int port = 0;           // 0 = any free port
-  int num_threads = 128;  // concurrent connections served; a stream holds one
-  std::string api_key;    // empty = no authentication
+  std::string api_key;    // empty = no authentication; set: /metrics and the detailed /ready need it too
+  // Threads (a stream holds one), connection limits, read deadlines and TLS.
+  ConnectionLimits limits;
+  size_t max_body_bytes = 64u << 20;  // larger request bodies get 413 before they are read
 };
 
 class HttpServer {

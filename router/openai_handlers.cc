@@ -120,7 +120,7 @@ void HandleCompletions(const RouterServices& s, const std::string& request_id, c
   if (absl::Status st = CheckModelName(request->params.model, s.served_model_name); !st.ok()) {
     return Reject(s, request_id, res, st);
   }
-  Serve(s, request_id, Api::kCompletion, request->params, CompletionPromptIds(s.tokenizer, *request), res);
+  Serve(s, request_id, Api::kCompletion, request->params, CompletionPromptIds(s.tokenizer, *request, s.max_prompt_bytes), res);
 }
 
 void HandleChatCompletions(const RouterServices& s, const std::string& request_id, const httplib::Request& req,
@@ -130,7 +130,7 @@ void HandleChatCompletions(const RouterServices& s, const std::string& request_i
   if (absl::Status st = CheckModelName(request->params.model, s.served_model_name); !st.ok()) {
     return Reject(s, request_id, res, st);
   }
-  Serve(s, request_id, Api::kChat, request->params, ChatPromptIds(s.tokenizer, *request), res);
+  Serve(s, request_id, Api::kChat, request->params, ChatPromptIds(s.tokenizer, *request, s.max_prompt_bytes), res);
 }
 
 }  // namespace moeshard::router

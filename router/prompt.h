@@ -14,9 +14,16 @@ class Tokenizer;
 
 namespace moeshard::router {
 
+// The default of --max-prompt-bytes: prompt text (or all messages' content) longer than
+// this is refused before it is tokenized.
+inline constexpr int64_t kDefaultMaxPromptBytes = 4 << 20;
+
 // `tokenizer` may be null; then only token-id prompts are accepted. Errors are
-// InvalidArgument naming the parameter (prompt or messages).
-absl::StatusOr<std::vector<int32_t>> CompletionPromptIds(const Tokenizer* tokenizer, const CompletionRequest& request);
-absl::StatusOr<std::vector<int32_t>> ChatPromptIds(const Tokenizer* tokenizer, const ChatRequest& request);
+// InvalidArgument naming the parameter (prompt or messages). Special-token text inside
+// chat message content is tokenized as text: only the template writes real special tokens.
+absl::StatusOr<std::vector<int32_t>> CompletionPromptIds(const Tokenizer* tokenizer, const CompletionRequest& request,
+                                                         int64_t max_prompt_bytes = kDefaultMaxPromptBytes);
+absl::StatusOr<std::vector<int32_t>> ChatPromptIds(const Tokenizer* tokenizer, const ChatRequest& request,
+                                                   int64_t max_prompt_bytes = kDefaultMaxPromptBytes);
 
 }  // namespace moeshard::router

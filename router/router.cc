@@ -51,10 +51,23 @@ Router::Router(const RouterConfig& config, std::unique_ptr<Tokenizer> tokenizer,
   services_.shutting_down = &shutting_down_;
   services_.migration_timeout = config_.migration_timeout;
   services_.heal_wait = config_.heal_wait;
-  http_ = std::make_unique<HttpServer>(services_, HttpOptions{.host = config_.host,
-                                                              .port = config_.http_port,
-                                                              .num_threads = config_.http_threads,
-                                                              .api_key = config_.api_key});
+  services_.max_prompt_bytes = config_.max_prompt_bytes;
+  ConnectionLimits limits;
+  limits.num_threads = std::max(1, config_.http_threads);
+  limits.max_connections = config_.max_connections > 0 ? config_.max_connections : 2 * config_.http_threads;
+  limits.max_per_client = config_.max_connections_per_client;
+  limits.request_read_timeout_s = config_.request_read_timeout_s;
+  limits.tls_cert_file = config_.tls_cert;
+  limits.tls_key_file = config_.tls_key;
+  // A prompt's JSON may escape each byte as six (\u00XX); the body limit leaves that room.
+  const size_t max_body = static_cast<size_t>(std::min<int64_t>(config_.max_prompt_bytes * 6 + (1 << 20), int64_t{1} << 31));
+  HttpOptions http;
+  http.host = config_.host;
+  http.port = config_.http_port;
+  http.api_key = config_.api_key;
+  http.limits = limits;
+  http.max_body_bytes = max_body;
+  http_ = std::make_unique<HttpServer>(services_, http);
   grpc_ = std::make_unique<GrpcServer>(services_, config_.api_key);
 }
 
@@ -62,7 +75,7 @@ Router::~Router() { Shutdown(); }
 
 absl::Status Router::Start() {
   LogLine("", absl::StrCat("starting: ", DescribeConfig(config_)));
-  auto grpc_port = grpc_->Start(config_.host, config_.grpc_port);
+  auto grpc_port = grpc_->Start(config_.host, config_.grpc_port, config_.tls_cert, config_.tls_key);
   if (!grpc_port.ok()) return grpc_port.status();
   grpc_port_ = *grpc_port;
   auto http_port = http_->Start();
@@ -104,7 +117,7 @@ void Router::Shutdown() {
 }
 
 std::string Router::Banner() const {
-  return absl::StrCat("moeshard-router: http://", config_.host, ":", http_port_, " grpc ", config_.host, ":",
+  return absl::StrCat("moeshard-router: ", config_.tls_cert.empty() ? "http" : "https", "://", config_.host, ":", http_port_, " grpc ", config_.host, ":",
                       grpc_port_);
 }
 

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/metrics/metrics.h"
+#include "common/security/cluster_credential.h"
 
 namespace moeshard::router {
 namespace {
@@ -24,28 +25,25 @@ absl::StatusOr<int> ParseInt(const std::string& flag, const std::string& value, 
   return v;
 }
 
-absl::StatusOr<std::string> ReadKeyFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("--api-key-file: cannot read ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string key(absl::StripAsciiWhitespace(ss.str()));
-  if (key.empty()) return absl::InvalidArgumentError(absl::StrCat("--api-key-file: ", path, " is empty"));
-  return key;
-}
-
 }  // namespace
 
 std::string RouterUsage() {
   return "usage: moeshard-router (--pools FILE | --coordinator HOST:PORT) [--model PATH] [--served-model-name NAME]\n"
          "                       [--host 127.0.0.1] [--port 0] [--grpc-port 0] [--api-key KEY | --api-key-file FILE]\n"
-         "                       [--http-threads 128] [--poll-interval-ms 250] [--drain-timeout-s 10] [--metric-prefix moeshard_|moeshard:]\n";
+         "                       [--http-threads 128] [--poll-interval-ms 250] [--drain-timeout-s 10] [--metric-prefix moeshard_|moeshard:]\n"
+         "                       [--tls-cert PEM --tls-key PEM] [--max-prompt-bytes 4194304] [--max-connections N]\n"
+         "                       [--max-connections-per-client 96] [--request-read-timeout-s 10]\n"
+         "                       [--cluster-token-file FILE] [--internal-tls-cert PEM --internal-tls-key PEM --internal-tls-ca PEM]\n"
+         "The API key is best given by $MOESHARD_API_KEY or --api-key-file (a command line is visible in ps);\n"
+         "the cluster credential by $MOESHARD_CLUSTER_TOKEN or --cluster-token-file (`moeshard up` makes one).\n";
 }
 
 absl::StatusOr<RouterConfig> ParseRouterFlags(const std::vector<std::string>& args) {
   static const char* const kFlags[] = {
       "host",        "port",    "grpc-port",    "model",        "served-model-name", "pools",
-      "coordinator", "api-key", "api-key-file", "http-threads", "poll-interval-ms",  "drain-timeout-s", "metric-prefix"};
+      "coordinator", "api-key", "api-key-file", "http-threads", "poll-interval-ms",  "drain-timeout-s", "metric-prefix",
+      "cluster-token-file", "internal-tls-cert", "internal-tls-key", "internal-tls-ca", "tls-cert", "tls-key",
+      "max-prompt-bytes", "max-connections", "max-connections-per-client", "request-read-timeout-s"};
   std::map<std::string, std::string> values;
   for (size_t i = 0; i < args.size(); ++i) {
     absl::string_view arg = args[i];
@@ -96,6 +94,28 @@ absl::StatusOr<RouterConfig> ParseRouterFlags(const std::vector<std::string>& ar
     if (!v.ok()) return v.status();
     c.drain_timeout = absl::Seconds(*v);
   }
+  const std::pair<const char*, int*> kInts[] = {{"max-connections", &c.max_connections},
+                                                {"max-connections-per-client", &c.max_connections_per_client},
+                                                {"request-read-timeout-s", &c.request_read_timeout_s}};
+  for (const auto& [flag, field] : kInts) {
+    if (!values.count(flag)) continue;
+    auto v = ParseInt(flag, get(flag), 1, 1000000);
+    if (!v.ok()) return v.status();
+    *field = *v;
+  }
+  if (values.count("max-prompt-bytes")) {
+    auto v = ParseInt("max-prompt-bytes", get("max-prompt-bytes"), 1, 1 << 30);
+    if (!v.ok()) return v.status();
+    c.max_prompt_bytes = *v;
+  }
+  if (c.max_connections == 0) c.max_connections = 2 * c.http_threads;
+  c.cluster_token_file = get("cluster-token-file");
+  c.internal_tls_cert = get("internal-tls-cert");
+  c.internal_tls_key = get("internal-tls-key");
+  c.internal_tls_ca = get("internal-tls-ca");
+  c.tls_cert = get("tls-cert");
+  c.tls_key = get("tls-key");
+  if (c.tls_cert.empty() != c.tls_key.empty()) return absl::InvalidArgumentError("give both --tls-cert and --tls-key, or neither");
   if (values.count("metric-prefix")) {
     c.metric_prefix = get("metric-prefix");
     if (absl::Status st = ValidateMetricPrefix(c.metric_prefix); !st.ok()) return st;
@@ -115,7 +135,7 @@ absl::StatusOr<RouterConfig> ParseRouterFlags(const std::vector<std::string>& ar
     c.api_key = get("api-key");
     if (c.api_key.empty()) return absl::InvalidArgumentError("--api-key must not be empty");
   } else if (values.count("api-key-file")) {
-    auto key = ReadKeyFile(get("api-key-file"));
+    auto key = ReadSecretFile(get("api-key-file"), "--api-key-file");
     if (!key.ok()) return key.status();
     c.api_key = *key;
   } else if (const char* env = std::getenv("MOESHARD_API_KEY"); env != nullptr && *env != '\0') {

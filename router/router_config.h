@@ -24,6 +24,14 @@ struct RouterConfig {
   absl::Duration migration_timeout = absl::Seconds(60);  // generation.h: RouterServices
   absl::Duration heal_wait = absl::Seconds(10);
   std::string metric_prefix = "moeshard_";  // --metric-prefix: moeshard_ or moeshard: (see common/metrics)
+  // Security (docs/architecture.md, "Security model"). The cluster credential comes from
+  // $MOESHARD_CLUSTER_TOKEN or --cluster-token-file; mutual TLS to the coordinators by files.
+  std::string cluster_token_file, internal_tls_cert, internal_tls_key, internal_tls_ca;
+  std::string tls_cert, tls_key;          // TLS on the public HTTP and gRPC ports: both or none
+  int64_t max_prompt_bytes = 4 << 20;     // request bodies and prompt text, checked before tokenizing
+  int max_connections = 0;                // HTTP connections at once; 0 = 2 x http_threads
+  int max_connections_per_client = 96;    // HTTP connections at once from one address (a benchmark at 64 fits)
+  int request_read_timeout_s = 10;        // a request's header and body must arrive within this
 };
 
 // `args` without the program name. Errors: unknown flags, missing values, bad numbers,

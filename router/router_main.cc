@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/metrics/metrics.h"
+#include "common/security/internal_grpc.h"
 #include "router/router.h"
 
 int main(int argc, char** argv) {
@@ -31,6 +32,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (absl::Status st = moeshard::SetMetricPrefix(config->metric_prefix); !st.ok()) {
+    std::fprintf(stderr, "moeshard-router: %s\n", std::string(st.message()).c_str());
+    return 2;
+  }
+  if (absl::Status st = moeshard::ConfigureInternalSecurityFromFlags(config->cluster_token_file, config->internal_tls_cert,
+                                                                    config->internal_tls_key, config->internal_tls_ca);
+      !st.ok()) {
     std::fprintf(stderr, "moeshard-router: %s\n", std::string(st.message()).c_str());
     return 2;
   }

@@ -13,6 +13,10 @@ PKGS=(
 PKGS+=(
   curl prometheus docker-compose yamllint python3 python3-yaml xz-utils
 )
+# make test-fuzz: clang's libFuzzer and sanitizer runtimes; tests/security: ps, ss.
+PKGS+=(
+  clang libclang-rt-14-dev procps iproute2
+)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

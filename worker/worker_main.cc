@@ -9,6 +9,7 @@
 #include "cli/args.h"
 #include "cli/runner_flags.h"
 #include "common/metrics/metrics.h"
+#include "common/security/internal_grpc.h"
 #include "worker/service/worker_service.h"
 
 namespace {
@@ -21,15 +22,22 @@ void OnSignal(int) {
 
 int main(int argc, char** argv) {
   using namespace moeshard;
-  auto a = Args::Parse(std::vector<std::string>(argv + 1, argv + argc), {"model", "host", "port", "metrics-port", "device", "gpu", "dtype", "kv-dtype", "max-batch-tokens", "tp-comm", "metric-prefix"}, {"help"});
+  auto a = Args::Parse(std::vector<std::string>(argv + 1, argv + argc), {"model", "host", "port", "metrics-port", "device", "gpu", "dtype", "kv-dtype", "max-batch-tokens", "tp-comm", "metric-prefix",
+                                                                            "cluster-token-file", "internal-tls-cert", "internal-tls-key", "internal-tls-ca"}, {"help"});
   if (!a.ok() || a->Flag("help") || !a->Has("model")) {
     std::fprintf(stderr, "usage: moeshard-worker --model PATH [--host 127.0.0.1] [--port 0] [--metrics-port 0]\n"
                  "       [--device cpu|cuda] [--gpu N] [--dtype bfloat16|float32] [--kv-dtype auto|float32|bfloat16|fp8]\n"
-                 "       [--max-batch-tokens N] [--tp-comm auto|nccl|host] [--metric-prefix moeshard_|moeshard:]\n%s\n",
-                 a.ok() ? "" : std::string(a.status().message()).c_str());
+                 "       [--max-batch-tokens N] [--tp-comm auto|nccl|host] [--metric-prefix moeshard_|moeshard:]\n       %s\n%s\n",
+                 kInternalSecurityUsage, a.ok() ? "" : std::string(a.status().message()).c_str());
     return 2;
   }
   if (absl::Status st = SetMetricPrefix(a->Get("metric-prefix", kDefaultMetricPrefix)); !st.ok()) {
+    std::fprintf(stderr, "moeshard-worker: %s\n", std::string(st.message()).c_str());
+    return 2;
+  }
+  if (absl::Status st = ConfigureInternalSecurityFromFlags(a->Get("cluster-token-file"), a->Get("internal-tls-cert"),
+                                                         a->Get("internal-tls-key"), a->Get("internal-tls-ca"));
+      !st.ok()) {
     std::fprintf(stderr, "moeshard-worker: %s\n", std::string(st.message()).c_str());
     return 2;
   }
@@ -60,7 +68,7 @@ int main(int argc, char** argv) {
   WorkerServiceImpl service({a->Get("model"), host, *runner, tp_comm}, registry);
   grpc::ServerBuilder builder;
   int bound = 0;
-  builder.AddListeningPort(host + ":" + std::to_string(*port), grpc::InsecureServerCredentials(), &bound);
+  builder.AddListeningPort(host + ":" + std::to_string(*port), InternalServerCredentials(), &bound);
   builder.SetMaxReceiveMessageSize(256 << 20);
   builder.SetMaxSendMessageSize(256 << 20);
   builder.RegisterService(&service);

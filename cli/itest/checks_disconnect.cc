@@ -28,7 +28,7 @@ struct Idle {
 absl::StatusOr<Idle> WaitIdle(const Context& ctx, double timeout_s) {
   auto t0 = std::chrono::steady_clock::now();
   for (;;) {
-    ASSIGN_OR_RETURN(MetricsView v, MetricsView::Fetch(ctx.opts.metrics));
+    ASSIGN_OR_RETURN(MetricsView v, MetricsView::Fetch(ctx.opts.metrics, ctx.opts.api_key));
     if (v.Coord("num_requests_running") == 0 && v.Coord("num_requests_waiting") == 0) {
       return Idle{v.CoordMax("kv_cache_usage_perc"),
                   v.Coord("request_success_total", {{"finished_reason", "abort"}}),
@@ -49,7 +49,7 @@ absl::Status ExpectCleanedUp(const Context& ctx, const Idle& idle, int64_t recei
   auto t0 = std::chrono::steady_clock::now();
   std::string last;
   for (;;) {
-    ASSIGN_OR_RETURN(MetricsView v, MetricsView::Fetch(ctx.opts.metrics));
+    ASSIGN_OR_RETURN(MetricsView v, MetricsView::Fetch(ctx.opts.metrics, ctx.opts.api_key));
     const double aborts = v.Coord("request_success_total", {{"finished_reason", "abort"}});
     const double running = v.Coord("num_requests_running") + v.Coord("num_requests_waiting");
     const double kv = v.CoordMax("kv_cache_usage_perc");

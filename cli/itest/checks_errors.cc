@@ -1,6 +1,6 @@
 // Bad requests: each gets a 4xx with OpenAI's error body, and the cluster keeps serving.
-// API keys (--api-key): a missing or wrong key is a 401 in the same body; /health and
-// /metrics stay open.
+// API keys (--api-key): a missing or wrong key is a 401 in the same body; /metrics and the
+// detailed /ready need it too (a bare /health and /ready stay open).
 #include "absl/strings/str_cat.h"
 #include "cli/itest/suite.h"
 #include "common/status.h"
@@ -124,10 +124,20 @@ void RunErrorChecks(Context& ctx, Suite& suite) {
             [&] { return with_key([&] { return NeedsKey(ctx, "POST", "/v1/chat/completions", Auth::kNone); }); });
   suite.Run("api key: GET /v1/models with a wrong key -> 401",
             [&] { return with_key([&] { return NeedsKey(ctx, "GET", "/v1/models", Auth::kWrongKey); }); });
-  suite.Run("api key: /health and /metrics stay open", [&] {
+  suite.Run("api key: /health stays open; /metrics needs the key", [&] {
     return with_key([&]() -> absl::Status {
       RETURN_IF_ERROR(Open(ctx, "/health"));
-      return Open(ctx, "/metrics");
+      return NeedsKey(ctx, "GET", "/metrics", Auth::kNone);
+    });
+  });
+  suite.Run("api key: /ready without the key shows no pools or addresses", [&] {
+    return with_key([&]() -> absl::Status {
+      HttpResponse r = ctx.http.Get("/ready", Auth::kNone);
+      ASSIGN_OR_RETURN(Json j, r.JsonBody());
+      if (r.status != 200 || j.contains("pools") || !j.value("ready", false)) {
+        return absl::InternalError(absl::StrCat("GET /ready without a key: ", r.Describe()));
+      }
+      return absl::OkStatus();
     });
   });
 }

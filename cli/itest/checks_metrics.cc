@@ -170,7 +170,7 @@ void RunMetricsChecks(Context& ctx, Suite& suite) {
     suite.Run("metrics: promtool check metrics on every process", [] { return Skip("no --metrics"); });
     return;
   }
-  auto now = MetricsView::Fetch(ctx.opts.metrics);
+  auto now = MetricsView::Fetch(ctx.opts.metrics, ctx.opts.api_key);
   if (!now.ok()) {
     suite.Run("metrics: scrape at the end", [&] { return now.status(); });
     return;

@@ -39,14 +39,14 @@ absl::Status Send(Context& ctx, PrefixRun* run) {
   ASSIGN_OR_RETURN(run->r, ctx.api->Complete(r));
   std::optional<MetricsView> before;
   if (!ctx.opts.metrics.empty()) {
-    ASSIGN_OR_RETURN(before, MetricsView::Fetch(ctx.opts.metrics));
+    ASSIGN_OR_RETURN(before, MetricsView::Fetch(ctx.opts.metrics, ctx.opts.api_key));
   }
   GenRequest a = r;
   a.prompt_ids = run->prompt_a;
   ASSIGN_OR_RETURN(run->a, ctx.api->Complete(a));
   ASSIGN_OR_RETURN(run->b, ctx.api->Complete(r));
   if (before.has_value()) {
-    ASSIGN_OR_RETURN(MetricsView after, MetricsView::Fetch(ctx.opts.metrics));
+    ASSIGN_OR_RETURN(MetricsView after, MetricsView::Fetch(ctx.opts.metrics, ctx.opts.api_key));
     run->hits_delta =
         after.Coord("prefix_cache_hits_total") - before->Coord("prefix_cache_hits_total");
     run->queries_delta =

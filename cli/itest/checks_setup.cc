@@ -83,7 +83,7 @@ void RunSetupChecks(Context& ctx, Suite& suite) {
   ProbeTokenizer(ctx);
   if (!ctx.opts.metrics.empty()) {
     suite.Run("metrics: every /metrics URL answers and parses", [&]() -> absl::Status {
-      ASSIGN_OR_RETURN(MetricsView v, MetricsView::Fetch(ctx.opts.metrics));
+      ASSIGN_OR_RETURN(MetricsView v, MetricsView::Fetch(ctx.opts.metrics, ctx.opts.api_key));
       if (v.num_coordinators() == 0) {
         return absl::NotFoundError("no URL exports moeshard_kv_cache_usage_perc or moeshard:kv_cache_usage_perc (no coordinator among --metrics)");
       }

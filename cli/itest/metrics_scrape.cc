@@ -71,12 +71,12 @@ void SplitUrl(const std::string& url, std::string* base, std::string* path) {
   *path = slash == std::string::npos ? "/metrics" : url.substr(slash);
 }
 
-absl::StatusOr<MetricsView> MetricsView::Fetch(const std::vector<std::string>& urls) {
+absl::StatusOr<MetricsView> MetricsView::Fetch(const std::vector<std::string>& urls, const std::string& api_key) {
   MetricsView v;
   for (const std::string& url : urls) {
     std::string base, path;
     SplitUrl(url, &base, &path);
-    HttpResponse r = HttpClient(base, "", 30).Get(path, Auth::kNone);
+    HttpResponse r = HttpClient(base, api_key, 30).Get(path, Auth::kDefault);
     if (r.status != 200) return absl::UnavailableError(absl::StrCat("GET ", url, ": ", r.Describe()));
     Scrape s;
     s.url = url;

@@ -36,7 +36,8 @@ struct Scrape {
 class MetricsView {
  public:
   // Fetches every URL (no API key: /metrics is open).
-  static absl::StatusOr<MetricsView> Fetch(const std::vector<std::string>& urls);
+  // `api_key`: sent as a bearer token (a router with a key guards its /metrics).
+  static absl::StatusOr<MetricsView> Fetch(const std::vector<std::string>& urls, const std::string& api_key);
   const std::vector<Scrape>& scrapes() const { return scrapes_; }
   int num_coordinators() const;
   // Sum over coordinators of the samples named prefix + `base` whose labels include `labels`.

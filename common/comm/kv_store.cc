@@ -7,8 +7,21 @@ namespace moeshard {
 KvStore::~KvStore() = default;
 
 absl::Status InMemoryKvStore::Set(const std::string& key, const std::string& value) {
+  if (key.empty() || key.size() > kMaxKeyBytes || value.size() > kMaxValueBytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("kv store: keys take 1-", kMaxKeyBytes, " bytes and values at most ", kMaxValueBytes));
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
+    auto it = values_.find(key);
+    const size_t old_bytes = it == values_.end() ? 0 : key.size() + it->second.size();
+    if (it == values_.end() && values_.size() >= kMaxKeys) {
+      return absl::ResourceExhaustedError(absl::StrCat("kv store: full (", kMaxKeys, " keys)"));
+    }
+    if (total_bytes_ - old_bytes + key.size() + value.size() > kMaxTotalBytes) {
+      return absl::ResourceExhaustedError(absl::StrCat("kv store: full (", kMaxTotalBytes, " bytes)"));
+    }
+    total_bytes_ = total_bytes_ - old_bytes + key.size() + value.size();
     values_[key] = value;
   }
   cv_.notify_all();

@@ -25,9 +25,17 @@ class KvStore {
                                           std::chrono::milliseconds timeout) = 0;
 };
 
-// A map guarded by a mutex; Get waits on a condition variable. Thread-safe.
+// A map guarded by a mutex; Get waits on a condition variable. Thread-safe. Bounded: keys
+// of at most kMaxKeyBytes, values of at most kMaxValueBytes, at most kMaxKeys keys and
+// kMaxTotalBytes in all (a communicator group publishes a few short addresses and ids per
+// rank); a Set past a bound is refused with ResourceExhausted and changes nothing.
 class InMemoryKvStore : public KvStore {
  public:
+  static constexpr size_t kMaxKeyBytes = 512;
+  static constexpr size_t kMaxValueBytes = 64 << 10;
+  static constexpr size_t kMaxKeys = 1 << 16;
+  static constexpr size_t kMaxTotalBytes = 64 << 20;
+
   absl::Status Set(const std::string& key, const std::string& value) override;
   absl::StatusOr<std::string> Get(const std::string& key,
                                   std::chrono::milliseconds timeout) override;
@@ -36,6 +44,7 @@ class InMemoryKvStore : public KvStore {
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::string, std::string> values_;
+  size_t total_bytes_ = 0;
 };
 
 }  // namespace moeshard

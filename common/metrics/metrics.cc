@@ -1,6 +1,8 @@
 #include "common/metrics/metrics.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/http/hardened_server.h"
+#include "common/status.h"
 #include "httplib.h"
 #include "prometheus/text_serializer.h"
 
@@ -44,7 +46,18 @@ MetricsServer::~MetricsServer() { Stop(); }
 
 absl::StatusOr<int> MetricsServer::Start(const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry) {
   registry_ = std::move(registry);
-  server_ = std::make_unique<httplib::Server>();
+  // Scrapers and probes are few: a small pool, and slow or surplus connections cannot hold it.
+  ConnectionLimits limits;
+  limits.num_threads = 8;
+  limits.num_probe_threads = 2;
+  limits.max_connections = 32;
+  limits.max_per_client = 6;
+  limits.request_read_timeout_s = 5;
+  limits.probe_paths = {"/health", "/metrics"};
+  ASSIGN_OR_RETURN(server_, MakeHardenedServer(limits));
+  server_->set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
+    return RefuseOutsideProbes(req, res) ? httplib::Server::HandlerResponse::Handled : httplib::Server::HandlerResponse::Unhandled;
+  });
   server_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(RenderMetrics(*registry_), "text/plain; version=0.0.4; charset=utf-8");
   });

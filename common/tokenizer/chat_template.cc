@@ -13,7 +13,6 @@
 // "The last real user query" is the last user message that is not a wrapped tool response.
 #include "common/tokenizer/chat_template.h"
 
-#include <initializer_list>
 #include <string_view>
 
 #include "absl/status/status.h"
@@ -39,9 +38,24 @@ bool IsToolResponse(std::string_view content) {
   return content.starts_with("<tool_response>") && content.ends_with("</tool_response>");
 }
 
-void Append(std::string* out, std::initializer_list<std::string_view> parts) {
-  for (const std::string_view part : parts) out->append(part);
-}
+// The output and which of its bytes the template wrote (adjacent template parts merge).
+class Writer {
+ public:
+  void Template(std::string_view s) {
+    if (s.empty()) return;
+    if (!chat_.template_ranges.empty() && chat_.template_ranges.back().second == chat_.text.size()) {
+      chat_.template_ranges.back().second += s.size();
+    } else {
+      chat_.template_ranges.emplace_back(chat_.text.size(), chat_.text.size() + s.size());
+    }
+    chat_.text.append(s);
+  }
+  void Content(std::string_view s) { chat_.text.append(s); }
+  RenderedChat Take() { return std::move(chat_); }
+
+ private:
+  RenderedChat chat_;
+};
 
 // Splits an assistant message into (reasoning, content) as the template does.
 void SplitReasoning(std::string_view message, std::string_view* reasoning,
@@ -62,6 +76,13 @@ void SplitReasoning(std::string_view message, std::string_view* reasoning,
 
 absl::StatusOr<std::string> RenderChatMl(const std::vector<ChatMessage>& messages,
                                          const ChatOptions& options) {
+  auto chat = RenderChatMlWithRanges(messages, options);
+  if (!chat.ok()) return chat.status();
+  return std::move(chat->text);
+}
+
+absl::StatusOr<RenderedChat> RenderChatMlWithRanges(const std::vector<ChatMessage>& messages,
+                                                    const ChatOptions& options) {
   if (messages.empty()) return absl::InvalidArgumentError("chat has no messages");
   for (size_t i = 0; i < messages.size(); ++i) {
     const std::string& role = messages[i].role;
@@ -82,33 +103,42 @@ absl::StatusOr<std::string> RenderChatMl(const std::vector<ChatMessage>& message
     }
   }
 
-  std::string out;
+  Writer out;
   for (size_t i = 0; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
     const bool is_last = i + 1 == messages.size();
     if (m.role == "system" || m.role == "user") {
-      Append(&out, {"<|im_start|>", m.role, "\n", m.content, "<|im_end|>\n"});
+      out.Template("<|im_start|>");
+      out.Template(m.role);
+      out.Template("\n");
+      out.Content(m.content);
+      out.Template("<|im_end|>\n");
     } else if (m.role == "assistant") {
       std::string_view reasoning, content;
       SplitReasoning(m.content, &reasoning, &content);
       if (i > last_query_idx && (is_last || !reasoning.empty())) {
-        Append(&out, {"<|im_start|>assistant\n<think>\n", RStripNewlines(LStripNewlines(reasoning)),
-                      "\n</think>\n\n", LStripNewlines(content)});
+        out.Template("<|im_start|>assistant\n<think>\n");
+        out.Content(RStripNewlines(LStripNewlines(reasoning)));
+        out.Template("\n</think>\n\n");
+        out.Content(LStripNewlines(content));
       } else {
-        Append(&out, {"<|im_start|>assistant\n", content});
+        out.Template("<|im_start|>assistant\n");
+        out.Content(content);
       }
-      out += "<|im_end|>\n";
+      out.Template("<|im_end|>\n");
     } else {  // tool
-      if (i == 0 || messages[i - 1].role != "tool") out += "<|im_start|>user";
-      Append(&out, {"\n<tool_response>\n", m.content, "\n</tool_response>"});
-      if (is_last || messages[i + 1].role != "tool") out += "<|im_end|>\n";
+      if (i == 0 || messages[i - 1].role != "tool") out.Template("<|im_start|>user");
+      out.Template("\n<tool_response>\n");
+      out.Content(m.content);
+      out.Template("\n</tool_response>");
+      if (is_last || messages[i + 1].role != "tool") out.Template("<|im_end|>\n");
     }
   }
   if (options.add_generation_prompt) {
-    out += "<|im_start|>assistant\n";
-    if (!options.enable_thinking) out += "<think>\n\n</think>\n\n";
+    out.Template("<|im_start|>assistant\n");
+    if (!options.enable_thinking) out.Template("<think>\n\n</think>\n\n");
   }
-  return out;
+  return out.Take();
 }
 
 }  // namespace moeshard

@@ -23,4 +23,14 @@ struct ChatOptions {
 absl::StatusOr<std::string> RenderChatMl(const std::vector<ChatMessage>& messages,
                                          const ChatOptions& options);
 
+// The rendered text and the byte ranges [begin, end) the template wrote itself (sorted);
+// the rest is message content, where special-token text must stay text
+// (Tokenizer::EncodeWithSpecialIn).
+struct RenderedChat {
+  std::string text;
+  std::vector<std::pair<size_t, size_t>> template_ranges;
+};
+absl::StatusOr<RenderedChat> RenderChatMlWithRanges(const std::vector<ChatMessage>& messages,
+                                                    const ChatOptions& options);
+
 }  // namespace moeshard

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <array>
+#include <limits>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
@@ -61,7 +62,8 @@ struct Tokenizer::Impl {
   bool ignore_merges = false;
   std::optional<int32_t> bos_id, eos_id;
 
-  bool FindAdded(std::string_view text, size_t from, size_t* start, int32_t* added_idx) const;
+  // `special_ok` null: every added token counts; otherwise special ones only inside its ranges.
+  bool FindAdded(std::string_view text, size_t from, size_t* start, int32_t* added_idx, const Ranges* special_ok) const;
   absl::Status EncodeSegment(std::string_view segment, std::vector<int32_t>* ids) const;
   void Bpe(std::string_view piece, std::vector<int32_t>* ids) const;
   absl::Status CheckId(int32_t id) const;
@@ -176,12 +178,22 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Create(TokenizerSpec spec)
   return tok;
 }
 
-bool Tokenizer::Impl::FindAdded(std::string_view text, size_t from, size_t* start,
-                                int32_t* added_idx) const {
+namespace {
+
+bool InsideOne(const Tokenizer::Ranges& ranges, size_t begin, size_t end) {
+  auto it = std::upper_bound(ranges.begin(), ranges.end(), std::make_pair(begin, std::numeric_limits<size_t>::max()));
+  return it != ranges.begin() && std::prev(it)->first <= begin && end <= std::prev(it)->second;
+}
+
+}  // namespace
+
+bool Tokenizer::Impl::FindAdded(std::string_view text, size_t from, size_t* start, int32_t* added_idx,
+                                const Ranges* special_ok) const {
   if (added.empty()) return false;
   for (size_t pos = from; pos < text.size(); ++pos) {
     for (const int32_t idx : added_by_first_byte[static_cast<uint8_t>(text[pos])]) {
       const std::string& content = added[idx].content;
+      if (special_ok != nullptr && added[idx].special && !InsideOne(*special_ok, pos, pos + content.size())) continue;
       if (text.compare(pos, content.size(), content) == 0) {
         *start = pos;
         *added_idx = idx;
@@ -193,13 +205,21 @@ bool Tokenizer::Impl::FindAdded(std::string_view text, size_t from, size_t* star
 }
 
 absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(const std::string& text) const {
+  return EncodeImpl(text, nullptr);
+}
+
+absl::StatusOr<std::vector<int32_t>> Tokenizer::EncodeWithSpecialIn(const std::string& text, const Ranges& special_ok) const {
+  return EncodeImpl(text, &special_ok);
+}
+
+absl::StatusOr<std::vector<int32_t>> Tokenizer::EncodeImpl(const std::string& text, const Ranges* special_ok) const {
   RETURN_IF_ERROR(ti::ValidateUtf8(text));
   const std::string_view view(text);
   std::vector<int32_t> ids;
   size_t segment_start = 0;
   size_t match_start = 0;
   int32_t idx = 0;
-  while (impl_->FindAdded(view, segment_start, &match_start, &idx)) {
+  while (impl_->FindAdded(view, segment_start, &match_start, &idx, special_ok)) {
     const AddedToken& token = impl_->added[idx];
     size_t segment_end = match_start;
     size_t next = match_start + token.content.size();

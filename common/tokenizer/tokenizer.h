@@ -50,6 +50,12 @@ class Tokenizer {
 
   // Added tokens in the text are always recognized (like HF's encode with add_special_tokens=False).
   absl::StatusOr<std::vector<int32_t>> Encode(const std::string& text) const;
+  // Byte ranges [begin, end) of a text, sorted.
+  using Ranges = std::vector<std::pair<size_t, size_t>>;
+  // As Encode, but a special added token (im_start, im_end, eos, ...) is recognized only where
+  // it lies wholly inside one of `special_ok`; elsewhere its text is tokenized as text. Chat
+  // prompts pass the template's own bytes, so that message content cannot forge roles.
+  absl::StatusOr<std::vector<int32_t>> EncodeWithSpecialIn(const std::string& text, const Ranges& special_ok) const;
   // Ids out of range are an error. Special tokens are rendered as their content.
   absl::StatusOr<std::string> Decode(const std::vector<int32_t>& ids) const;
   // One token's bytes (may be a partial UTF-8 sequence); used for streaming.
@@ -63,6 +69,7 @@ class Tokenizer {
 
  private:
   Tokenizer();
+  absl::StatusOr<std::vector<int32_t>> EncodeImpl(const std::string& text, const Ranges* special_ok) const;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -76,7 +76,7 @@ TEST_F(RouterOpsTest, MetricsAreExposedAndLint) {
   EXPECT_THAT(PromtoolProblems(m), ::testing::IsEmpty());
 }
 
-TEST(RouterAuthTest, ApiKeyGuardsV1Only) {
+TEST(RouterAuthTest, ApiKeyGuardsV1MetricsAndTheDetailedReady) {
   RouterHarness h(1, "", [](RouterConfig& c) { c.api_key = "sekrit"; });
   ASSERT_TRUE(h.WaitReady());
   auto cli = h.Client();
@@ -98,7 +98,13 @@ TEST(RouterAuthTest, ApiKeyGuardsV1Only) {
   auto res = cli->Post("/v1/completions", good, Json{{"prompt", "hi"}, {"max_tokens", 1}}.dump(), "application/json");
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 200);
-  for (const char* open : {"/health", "/ready", "/metrics"}) EXPECT_EQ(cli->Get(open)->status, 200) << open;
+  for (const char* open : {"/health", "/ready"}) EXPECT_EQ(cli->Get(open)->status, 200) << open;
+  // Without the key /ready says only whether it is ready: no pools, addresses or errors.
+  EXPECT_EQ(Json::parse(cli->Get("/ready")->body), Json({{"ready", true}}));
+  EXPECT_TRUE(Json::parse(cli->Get("/ready", good)->body).contains("pools"));
+  EXPECT_EQ(cli->Get("/metrics")->status, 401);
+  EXPECT_EQ(cli->Get("/metrics", httplib::Headers{{"Authorization", "Bearer wrong"}})->status, 401);
+  EXPECT_EQ(cli->Get("/metrics", good)->status, 200);
 }
 
 TEST_F(RouterOpsTest, ClientDisconnectCancelsTheCoordinatorCall) {
@@ -191,6 +197,35 @@ TEST(RouterPoolsTest, FailedCoordinatorIsRetriedElsewhere) {
   EXPECT_EQ(Json::parse(res->body)["choices"][0]["text"], "ret");
   EXPECT_EQ(h.fake(0).num_generate_calls(), 1);
   EXPECT_EQ(h.fake(1).num_generate_calls(), 1);
+}
+
+}  // namespace
+}  // namespace moeshard::router::testing
+
+namespace moeshard::router::testing {
+namespace {
+
+// Prompt text past --max-prompt-bytes is refused with 400 before it reaches the tokenizer (or
+// a coordinator); a body past six times the limit gets 413 before it is read.
+TEST(RouterLimitsTest, PromptBytesAreCheckedBeforeTokenizing) {
+  RouterHarness h(1, "", [](RouterConfig& c) { c.max_prompt_bytes = 1000; });
+  ASSERT_TRUE(h.WaitReady());
+  auto cli = h.Client();
+  auto res = cli->Post("/v1/completions", Json{{"prompt", std::string(1001, 'a')}, {"max_tokens", 1}}.dump(), "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400);
+  EXPECT_THAT(res->body, HasSubstr("limit of 1000"));
+  Json chat = {{"messages", {{{"role", "user"}, {"content", std::string(600, 'a')}}, {{"role", "user"}, {"content", std::string(600, 'b')}}}}};
+  res = cli->Post("/v1/chat/completions", chat.dump(), "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400);
+  EXPECT_EQ(h.fake().num_generate_calls(), 0);
+  res = cli->Post("/v1/completions", Json{{"prompt", std::string(2 << 20, 'a')}}.dump(), "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 413);
+  res = cli->Post("/v1/completions", Json{{"prompt", std::string(999, 'a')}, {"max_tokens", 1}}.dump(), "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200) << res->body;
 }
 
 }  // namespace

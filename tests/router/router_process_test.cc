@@ -73,7 +73,10 @@ class RouterProcessTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (access(RouterBinary().c_str(), X_OK) != 0) GTEST_SKIP() << "no binary at " << RouterBinary();
+    // The child inherits the cluster credential (the fake coordinator does not check it).
+    setenv("MOESHARD_CLUSTER_TOKEN", "router-process-test-token", 1);
   }
+  void TearDown() override { unsetenv("MOESHARD_CLUSTER_TOKEN"); }
 };
 
 TEST_F(RouterProcessTest, PrintsPortsServesAndStopsOnSigterm) {
@@ -111,6 +114,18 @@ TEST_F(RouterProcessTest, PrintsPortsServesAndStopsOnSigterm) {
   EXPECT_THAT(res->body, ::testing::HasSubstr("tokenizer"));
   kill(pid, SIGTERM);
   EXPECT_EQ(WaitExit(pid, 10000), 0);
+  close(out);
+}
+
+TEST_F(RouterProcessTest, RefusesToStartWithoutTheClusterCredential) {
+  unsetenv("MOESHARD_CLUSTER_TOKEN");
+  int out = -1;
+  pid_t pid = Spawn({"--coordinator", "127.0.0.1:1", "--port", "0"}, &out);
+  EXPECT_EQ(WaitExit(pid, 5000), 2);
+  close(out);
+  setenv("MOESHARD_CLUSTER_TOKEN", "short", 1);
+  pid = Spawn({"--coordinator", "127.0.0.1:1", "--port", "0"}, &out);
+  EXPECT_EQ(WaitExit(pid, 5000), 2);
   close(out);
 }
 

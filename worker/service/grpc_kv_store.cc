@@ -3,11 +3,12 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/security/internal_grpc.h"
 
 namespace moeshard {
 
 GrpcKvStore::GrpcKvStore(const std::string& address)
-    : stub_(v1::Coordinator::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {}
+    : stub_(v1::Coordinator::NewStub(CreateInternalChannel(address, grpc::ChannelArguments()))) {}
 
 absl::Status GrpcKvStore::Set(const std::string& key, const std::string& value) {
   grpc::ClientContext ctx;

@@ -16,6 +16,8 @@
 #include "prometheus/gauge.h"
 #include "worker/service/grpc_kv_store.h"
 #include "worker/service/instrumented_communicator.h"
+#include "worker/service/request_limits.h"
+#include "common/security/internal_grpc.h"
 
 namespace moeshard {
 namespace {
@@ -38,7 +40,9 @@ grpc::Status ToGrpc(const absl::Status& s) {
 }  // namespace
 
 WorkerServiceImpl::WorkerServiceImpl(WorkerOptions options, std::shared_ptr<prometheus::Registry> registry)
-    : options_(std::move(options)), registry_(std::move(registry)) {
+    : options_(std::move(options)),
+      registry_(std::move(registry)),
+      limits_(DefaultWorkerLimits(options_.runner.device == Device::kCpu)) {
   step_seconds_ = &prometheus::BuildHistogram().Name(MetricName("worker_step_seconds"))
                        .Help("Time of one step on this worker, by phase").Register(*registry_);
   auto& steps = prometheus::BuildCounter().Name(MetricName("worker_steps_total")).Help("Steps run, by result").Register(*registry_);
@@ -54,7 +58,8 @@ WorkerServiceImpl::~WorkerServiceImpl() {
   if (comm_) comm_->Abort();
 }
 
-grpc::Status WorkerServiceImpl::Handshake(grpc::ServerContext*, const v1::HandshakeRequest* req, v1::HandshakeReply* rep) {
+grpc::Status WorkerServiceImpl::Handshake(grpc::ServerContext* ctx, const v1::HandshakeRequest* req, v1::HandshakeReply* rep) {
+  if (grpc::Status auth = CheckClusterCredential(ctx); !auth.ok()) return auth;
   std::lock_guard<std::mutex> l(mu_);
   rep->set_protocol_version(kProtocolVersion);
   absl::Status st = DoHandshake(*req, rep);
@@ -85,6 +90,12 @@ absl::Status WorkerServiceImpl::DoHandshake(const v1::HandshakeRequest& req, v1:
   if (req.protocol_version() != kProtocolVersion) {
     return absl::FailedPreconditionError(absl::StrCat("protocol version ", req.protocol_version(), " (this worker speaks ", kProtocolVersion, ")"));
   }
+  if (!model_) {
+    ASSIGN_OR_RETURN(LoadedModel m, LoadModel(options_.model_path, /*load_tokenizer=*/false));
+    model_ = std::make_unique<LoadedModel>(std::move(m));
+  }
+  // Checked in full before the live group is touched: a refused handshake changes nothing.
+  RETURN_IF_ERROR(ValidateHandshake(req, model_->config, limits_));
   // A new handshake replaces the previous group (the coordinator restarted it).
   if (comm_) comm_->Abort();
   if (tp_comm_) tp_comm_->Abort();
@@ -94,20 +105,8 @@ absl::Status WorkerServiceImpl::DoHandshake(const v1::HandshakeRequest& req, v1:
   ready_ = false;
   broken_.clear();
   samplers_.clear();
-  if (!model_) {
-    ASSIGN_OR_RETURN(LoadedModel m, LoadModel(options_.model_path, /*load_tokenizer=*/false));
-    model_ = std::make_unique<LoadedModel>(std::move(m));
-  }
-  rep->set_model_fingerprint(model_->config.Fingerprint());
-  if (req.model_fingerprint() != model_->config.Fingerprint()) {
-    return absl::FailedPreconditionError(absl::StrCat("model mismatch: coordinator has ", req.model_fingerprint(),
-                                                      ", this worker loaded ", model_->config.Fingerprint()));
-  }
   const v1::ShardProto& sp = req.shard();
   ShardSpec shard{sp.layer_begin(), sp.layer_end(), sp.tp_rank(), sp.tp_size(), sp.first_stage(), sp.last_stage()};
-  if (req.num_workers() < 1 || req.worker_index() < 0 || req.worker_index() >= req.num_workers()) {
-    return absl::InvalidArgumentError("handshake: worker index out of range");
-  }
   auto timeout = std::chrono::milliseconds(req.timeout_ms() > 0 ? req.timeout_ms() : 60000);
   GrpcKvStore store(req.store_address());
   ASSIGN_OR_RETURN(auto comm, CreateGlooCommunicator(&store, req.group_id(), req.worker_index(), req.num_workers(),
@@ -133,6 +132,7 @@ absl::Status WorkerServiceImpl::DoHandshake(const v1::HandshakeRequest& req, v1:
   ASSIGN_OR_RETURN(runner_, ModelRunner::Create(model_->config, *model_->source, shard, ro, tp));
   gpu_runner_ = ro.device == Device::kCuda;
   shard_ = sp;
+  block_size_ = req.block_size();
   next_step_ = 0;
   ready_ = true;
   kv_bytes_->Set(static_cast<double>(runner_->kv_bytes()));
@@ -144,6 +144,7 @@ absl::Status WorkerServiceImpl::DoHandshake(const v1::HandshakeRequest& req, v1:
 }
 
 grpc::Status WorkerServiceImpl::Step(grpc::ServerContext* ctx, const v1::StepRequest* req, v1::StepReply* rep) {
+  if (grpc::Status auth = CheckClusterCredential(ctx); !auth.ok()) return auth;
   std::unique_lock<std::mutex> l(mu_);
   if (!ready_) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "worker has no plan: handshake first");
   // Steps run in step_id order on every worker, so that the communicator calls match.
@@ -168,6 +169,7 @@ absl::Status WorkerServiceImpl::DoStep(const v1::StepRequest& req, v1::StepReply
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
     step_seconds_->Add({{"phase", name}}, LatencyBuckets()).Observe(s);
   };
+  RETURN_IF_ERROR(ValidateStep(req, block_size_, limits_));
   for (int64_t id : req.released_seqs()) samplers_.erase(id);
   if (req.chunks().empty()) return absl::OkStatus();
   std::vector<SeqChunk> batch;

@@ -19,6 +19,8 @@
 #include "worker/model_loader.h"
 #include "worker/model_runner.h"
 #include "worker/sampler.h"
+#include "common/security/internal_grpc.h"
+#include "worker/service/request_limits.h"
 
 namespace moeshard {
 
@@ -44,7 +46,8 @@ class WorkerServiceImpl final : public v1::Worker::Service {
   grpc::Status Handshake(grpc::ServerContext* ctx, const v1::HandshakeRequest* req, v1::HandshakeReply* rep) override;
   grpc::Status Step(grpc::ServerContext* ctx, const v1::StepRequest* req, v1::StepReply* rep) override;
   // Takes no lock: a worker busy in a step still answers.
-  grpc::Status Ping(grpc::ServerContext*, const v1::PingRequest*, v1::PingReply* rep) override {
+  grpc::Status Ping(grpc::ServerContext* ctx, const v1::PingRequest*, v1::PingReply* rep) override {
+    if (grpc::Status auth = CheckClusterCredential(ctx); !auth.ok()) return auth;
     rep->set_protocol_version(kProtocolVersion);
     return grpc::Status::OK;
   }
@@ -57,6 +60,7 @@ class WorkerServiceImpl final : public v1::Worker::Service {
 
   WorkerOptions options_;
   std::shared_ptr<prometheus::Registry> registry_;
+  const WorkerLimits limits_;
   std::mutex mu_;  // guards the state below and serializes handshakes
   std::condition_variable cv_;
   int64_t next_step_ = 0;
@@ -68,6 +72,7 @@ class WorkerServiceImpl final : public v1::Worker::Service {
   std::unique_ptr<ModelRunner> runner_;
   bool gpu_runner_ = false;  // runner_ is the CUDA backend (set with it)
   v1::ShardProto shard_;
+  int32_t block_size_ = 0;
   std::map<int64_t, Sampler> samplers_;
   prometheus::Family<prometheus::Histogram>* step_seconds_ = nullptr;
   prometheus::Counter* steps_ok_ = nullptr;

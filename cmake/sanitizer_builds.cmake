@@ -1,0 +1,15 @@
+# The fuzzing and ThreadSanitizer builds (`make test-fuzz`, `make test-tsan`), each in its own
+# build folder with only its targets built.
+option(MOESHARD_FUZZ "Build the libFuzzer targets (needs clang) with ASan and UBSan" OFF)
+option(MOESHARD_TSAN "Build with ThreadSanitizer" OFF)
+if(MOESHARD_FUZZ)
+  if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+    message(FATAL_ERROR "MOESHARD_FUZZ needs clang (-DCMAKE_CXX_COMPILER=clang++)")
+  endif()
+  add_compile_options(-fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+  add_link_options(-fsanitize=address,undefined)
+endif()
+if(MOESHARD_TSAN)
+  add_compile_options(-fsanitize=thread -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=thread)
+endif()

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Runs each libFuzzer target of BUILD_DIR/fuzz for SECONDS from its committed seed corpus
+# (new inputs go to a scratch folder, not the repo); a crash, leak, timeout or sanitizer
+# report fails it and leaves the input in the scratch folder.
+#   tests/fuzz/run.sh BUILD_DIR [SECONDS]
+set -uo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+BUILD=$(cd "${1:?usage: run.sh BUILD_DIR [SECONDS]}" && pwd)
+SECONDS_EACH=${2:-10}
+export MOESHARD_TESTDATA=${MOESHARD_TESTDATA:-$ROOT/../shared/testdata}
+WORK=$(mktemp -d /tmp/moeshard-fuzz.XXXXXX)
+passed=0 failed=0
+for seeds in "$ROOT"/tests/fuzz/corpus/*/; do
+  name=$(basename "$seeds")
+  bin=$BUILD/fuzz/$name
+  if [[ ! -x $bin ]]; then
+    echo "FAIL: $name: no $bin (build it first)"
+    failed=$((failed + 1))
+    continue
+  fi
+  mkdir -p "$WORK/$name"
+  t0=$SECONDS
+  if (cd "$WORK/$name" && "$bin" -max_total_time="$SECONDS_EACH" -timeout=20 -rss_limit_mb=2560 -print_final_stats=1 \
+        "$WORK/$name" "$seeds") >"$WORK/$name.log" 2>&1; then
+    runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$WORK/$name.log")
+    echo "ok: $name: ${runs:-?} inputs in $((SECONDS - t0)) s, $(ls "$seeds" | wc -l) seeds"
+    passed=$((passed + 1))
+  else
+    echo "FAIL: $name: see $WORK/$name.log"
+    grep -E 'ERROR|SUMMARY|Test unit written' "$WORK/$name.log" | head -5 | sed 's/^/    /'
+    failed=$((failed + 1))
+  fi
+done
+[[ $failed -eq 0 ]] && rm -rf "$WORK"
+echo "$passed passed, $failed failed"
+[[ $failed -eq 0 ]]
