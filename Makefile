@@ -7,7 +7,9 @@ FUZZ_BUILD ?= build-fuzz
 TSAN_BUILD ?= build-tsan
 FUZZ_SECONDS ?= 10
 JOBS       ?= $(shell nproc)
-CMAKE_FLAGS ?=
+# ccache, where the machine has it, keeps rebuilds cheap; nothing needs it.
+CCACHE     := $(shell command -v ccache 2>/dev/null)
+CMAKE_FLAGS ?= $(if $(CCACHE),-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 # The bundled demo model (models/muse-spark-demo, trained on the King James Bible) when present;
 # otherwise a random-weight Muse Spark that make-model writes.
 DEMO       := models/muse-spark-demo
