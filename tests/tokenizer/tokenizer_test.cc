@@ -139,7 +139,7 @@ TEST_F(QwenTokenizerTest, NormalizesToNfcButNotAddedTokens) {
   EXPECT_THAT(*tok_->Encode("<|im_start|><|im_end|>"), ElementsAreArray({151644, 151645}));
 }
 
-TEST_F(QwenTokenizerTest, LongTextIsFastAndRoundTrips) {
+TEST_F(QwenTokenizerTest, LongTextRoundTrips) {
   std::string text;
   for (const Json& c : goldens()["cases"]) text += c["text"].get<std::string>() + "\n";
   while (text.size() < 4096) text += text;
@@ -152,10 +152,7 @@ TEST_F(QwenTokenizerTest, LongTextIsFastAndRoundTrips) {
   RecordProperty("encode_bytes", static_cast<int>(text.size()));
   RecordProperty("encode_us", static_cast<int>(encode_ms * 1000));
   RecordProperty("load_ms", static_cast<int>(Qwen().load_ms));
-#if defined(NDEBUG) && !defined(__SANITIZE_ADDRESS__)
-  EXPECT_LT(encode_ms, 100.0) << "encoding " << text.size() << " bytes";
-  EXPECT_LT(Qwen().load_ms, 2000.0) << "loading tokenizer.json";
-#endif
+  // Times are recorded, not asserted: performance belongs in benchmarks, not in tests.
 }
 
 // The same vocabulary from the GGUF file's metadata gives the same ids.
