@@ -120,7 +120,7 @@ absl::Status CountersMoved(const Context& ctx, const MetricsView& now) {
 absl::Status ExactCounters(Context& ctx) {
   absl::StatusOr<MetricsView> before = absl::UnknownError("not scraped");
   for (int i = 0; i < 100; ++i) {
-    before = MetricsView::Fetch(ctx.opts.metrics);
+    before = MetricsView::Fetch(ctx.opts.metrics, ctx.opts.api_key);
     if (!before.ok()) return before.status();
     if (before->Coord("num_requests_running") + before->Coord("num_requests_waiting") == 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -140,7 +140,7 @@ absl::Status ExactCounters(Context& ctx) {
     prompt_tokens += reqs[i].prompt;
     generation_tokens += reqs[i].max_tokens;
   }
-  ASSIGN_OR_RETURN(MetricsView after, MetricsView::Fetch(ctx.opts.metrics));
+  ASSIGN_OR_RETURN(MetricsView after, MetricsView::Fetch(ctx.opts.metrics, ctx.opts.api_key));
   const double n = std::size(reqs);
   auto delta = [&](const std::string& name, const std::map<std::string, std::string>& labels = {}) {
     return after.Coord(name, labels) - before->Coord(name, labels);
