@@ -13,6 +13,26 @@ namespace moeshard::router::testing {
 namespace {
 
 using Json = nlohmann::json;
+
+// True once the router's detailed /ready shows every coordinator of every pool ready (a pool
+// turns ready with its first coordinator; tests that count calls to both need both).
+bool WaitAllCoordinatorsReady(const RouterHarness& h) {
+  auto cli = h.Client();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto res = cli->Get("/ready");
+    if (res && res->status == 200) {
+      const Json j = Json::parse(res->body, nullptr, false);
+      bool all = j.is_object() && j.contains("pools") && !j["pools"].empty();
+      for (const Json& p : all ? j["pools"] : Json::array()) {
+        for (const Json& c : p.value("coordinators", Json::array())) all = all && c.value("ready", false);
+      }
+      if (all) return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
 constexpr char kTwoCoordinators[] =
     R"({"pools": [{"name": "p", "max_model_len": 4096, "coordinators": ["{COORD0}", "{COORD1}"]}]})";
 
@@ -106,7 +126,7 @@ TEST(RouterFaultTest, NewRequestWaitsForAHealingCoordinator) {
 TEST(RouterFaultTest, FullQueuesGive503WithRetryAfterAtOnce) {
   RouterHarness h(2, kTwoCoordinators);
   for (int i = 0; i < 2; ++i) Configure(h.fake(i), [](auto& o) { o.queue_full = true; });
-  ASSERT_TRUE(h.WaitReady());
+  ASSERT_TRUE(WaitAllCoordinatorsReady(h));
   auto cli = h.Client();
   const auto t0 = std::chrono::steady_clock::now();
   auto res = cli->Post("/v1/completions", Json{{"prompt", "hi"}, {"max_tokens", 2}}.dump(), "application/json");
