@@ -13,7 +13,7 @@ if [[ $# -ne 1 || ! -d $1 ]]; then
 fi
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 BUILD=$(cd "$1" && pwd)
-TESTDATA=${MOESHARD_TESTDATA:-$ROOT/../shared/testdata}
+TESTDATA=${MOESHARD_TESTDATA:-$BUILD/testdata}  # assembled by the build from tests/testdata
 MODEL=$TESTDATA/qwen3moe-tok
 PASSED=0
 FAILED=0
