@@ -72,7 +72,7 @@ test-security: build
 # template, the OpenAI request parser and the internal messages, FUZZ_SECONDS each from the
 # committed seeds (tests/fuzz/corpus).
 FUZZERS := gguf_fuzz safetensors_fuzz tokenizer_fuzz openai_request_fuzz internal_proto_fuzz
-test-fuzz: deps
+test-fuzz: build
 	cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
 	  -DMOESHARD_FUZZ=ON -DMOESHARD_CUDA=OFF $(CMAKE_FLAGS)
 	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target $(FUZZERS)

@@ -7,7 +7,7 @@ set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 BUILD=$(cd "${1:?usage: run.sh BUILD_DIR [SECONDS]}" && pwd)
 SECONDS_EACH=${2:-10}
-export MOESHARD_TESTDATA=${MOESHARD_TESTDATA:-$ROOT/../shared/testdata}
+export MOESHARD_TESTDATA=${MOESHARD_TESTDATA:-$ROOT/build/testdata}  # assembled by the release build (make test-fuzz depends on it)
 WORK=$(mktemp -d /tmp/moeshard-fuzz.XXXXXX)
 passed=0 failed=0
 for seeds in "$ROOT"/tests/fuzz/corpus/*/; do
