@@ -103,18 +103,23 @@ class DeadlineStream : public httplib::Stream {
   size_t begin_ = 0, end_ = 0;
 };
 
-// Worker threads take connections in order; when none is idle, an idle probe thread takes
-// the connection instead (it serves probes only), so that /health answers under any load.
+// Worker threads take connections in order; when every worker holds (or has been handed) a
+// connection, a free probe thread takes the next one instead (it serves probes only), so that
+// /health answers under any load. Counts are of connections handed out, not of threads seen
+// waiting: a thread that has not started yet, or has not woken for its job, is still counted
+// right.
 class AdmissionQueue : public httplib::TaskQueue {
  public:
-  AdmissionQueue(int num_threads, int num_probe_threads) {
+  AdmissionQueue(int num_threads, int num_probe_threads)
+      : num_workers_(num_threads), num_probes_(num_probe_threads) {
     for (int i = 0; i < num_threads; ++i) threads_.emplace_back([this] { Run(false); });
     for (int i = 0; i < num_probe_threads; ++i) threads_.emplace_back([this] { Run(true); });
   }
   void enqueue(std::function<void()> fn) override {
     {
       std::lock_guard<std::mutex> l(mu_);
-      const bool to_probe = idle_workers_ == 0 && idle_probes_ > 0;
+      const bool to_probe = busy_workers_ >= num_workers_ && busy_probes_ < num_probes_;
+      ++(to_probe ? busy_probes_ : busy_workers_);
       (to_probe ? probe_jobs_ : jobs_).push_back(std::move(fn));
     }
     cv_.notify_all();
@@ -132,26 +137,27 @@ class AdmissionQueue : public httplib::TaskQueue {
   void Run(bool probe) {
     t_probe_thread = probe;
     std::deque<std::function<void()>>& queue = probe ? probe_jobs_ : jobs_;
-    int& idle = probe ? idle_probes_ : idle_workers_;
+    int& busy = probe ? busy_probes_ : busy_workers_;
     for (;;) {
       std::function<void()> fn;
       {
         std::unique_lock<std::mutex> l(mu_);
-        ++idle;
         cv_.wait(l, [&] { return stop_ || !queue.empty(); });
-        --idle;
         if (queue.empty()) return;
         fn = std::move(queue.front());
         queue.pop_front();
       }
       fn();
+      std::lock_guard<std::mutex> l(mu_);
+      --busy;
     }
   }
 
+  const int num_workers_, num_probes_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> jobs_, probe_jobs_;
-  int idle_workers_ = 0, idle_probes_ = 0;
+  int busy_workers_ = 0, busy_probes_ = 0;  // connections handed to each kind, queued or running
   bool stop_ = false;
   std::vector<std::thread> threads_;
 };
