@@ -38,7 +38,7 @@ void Usage(const std::string& why) {
   std::fprintf(stderr,
                "usage: moeshard itest --url http://HOST:PORT [--grpc HOST:PORT] [--metrics URL,URL,...]\n"
                "       [--model PATH] [--goldens FILE] [--api-key KEY] [--ready-timeout S]\n"
-               "       [--only GROUP,...] [--skip GROUP,...]\n"
+               "       [--only GROUP,...] [--skip GROUP,...] [--tolerance exact|bf16]\n"
                "groups: api logprobs generation behaviour prefix grpc errors disconnect metrics\n%s\n",
                why.c_str());
 }
@@ -46,7 +46,8 @@ void Usage(const std::string& why) {
 }  // namespace
 
 int ItestCommand(const std::vector<std::string>& argv) {
-  auto a = Args::Parse(argv, {"url", "grpc", "metrics", "model", "goldens", "api-key", "ready-timeout", "only", "skip"},
+  auto a = Args::Parse(argv, {"url", "grpc", "metrics", "model", "goldens", "api-key", "ready-timeout", "only", "skip",
+                                "tolerance"},
                        {"help"});
   if (!a.ok() || a->Flag("help") || !a->Has("url")) {
     Usage(a.ok() ? "" : std::string(a.status().message()));
@@ -65,6 +66,11 @@ int ItestCommand(const std::vector<std::string>& argv) {
     return 2;
   }
   o.ready_timeout_s = *ready;
+  // bf16 workers: tokens and logprobs compared with tolerance (cli/itest/token_match.h).
+  if (absl::Status st = itest::ParseTolerance(a->Get("tolerance"), &o.tolerance); !st.ok()) {
+    Usage(std::string(st.message()));
+    return 2;
+  }
   std::set<std::string> only, skip;
   for (auto g : absl::StrSplit(a->Get("only"), ',', absl::SkipWhitespace())) only.emplace(g);
   for (auto g : absl::StrSplit(a->Get("skip"), ',', absl::SkipWhitespace())) skip.emplace(g);

@@ -40,7 +40,7 @@ absl::Status Goldens(Context& ctx) {
     ASSIGN_OR_RETURN(auto want, ReadI32(*f, p + "greedy"));
     r.max_tokens = want.size();
     ASSIGN_OR_RETURN(GenResult g, ctx.api->Complete(r));
-    if (g.token_ids != want) return absl::InternalError(absl::StrCat("gen", k, ": ", DescribeDiff(want, g.token_ids)));
+    RETURN_IF_ERROR(SameGreedy(ctx, r.prompt_ids, want, g.token_ids, absl::StrCat("gen", k)));
   }
   if (k == 0) return absl::NotFoundError("goldens: no gen0.prompt");
   return absl::OkStatus();
@@ -56,8 +56,8 @@ absl::Status MatchesReference(Context& ctx) {
     r.max_tokens = i % 3 == 0 ? 34 : 10;  // some decodes cross a block boundary
     ASSIGN_OR_RETURN(GenResult g, ctx.api->Complete(r));
     ASSIGN_OR_RETURN(auto want, ctx.Reference(r.prompt_ids, r.max_tokens));
-    if (g.token_ids != want)
-      bad.push_back(absl::StrCat("prompt length ", lengths[i], ": ", DescribeDiff(want, g.token_ids)));
+    absl::Status same = SameGreedy(ctx, r.prompt_ids, want, g.token_ids, absl::StrCat("prompt length ", lengths[i]));
+    if (!same.ok()) bad.emplace_back(same.message());
   }
   if (!bad.empty())
     return absl::InternalError(
@@ -120,10 +120,12 @@ absl::Status Concurrent(Context& ctx) {
   for (int i = 0; i < kNum; ++i) {
     if (!got[i].ok()) {
       bad.push_back(absl::StrCat("request ", i, ": ", got[i].status().message()));
-    } else if (got[i]->token_ids != alone[i].token_ids) {
-      bad.push_back(absl::StrCat("request ", i, " (prompt ", reqs[i].prompt_ids.size(), ", max_tokens ",
-                                 reqs[i].max_tokens, "): ", DescribeDiff(alone[i].token_ids, got[i]->token_ids)));
-    } else if (got[i]->text != alone[i].text) {
+    } else if (absl::Status same = SameGreedy(ctx, reqs[i].prompt_ids, alone[i].token_ids, got[i]->token_ids,
+                                              absl::StrCat("request ", i, " (prompt ", reqs[i].prompt_ids.size(),
+                                                           ", max_tokens ", reqs[i].max_tokens, ")"));
+               !same.ok()) {
+      bad.emplace_back(same.message());
+    } else if (got[i]->token_ids == alone[i].token_ids && got[i]->text != alone[i].text) {
       bad.push_back(absl::StrCat("request ", i, ": streamed text differs from the non-streamed text"));
     }
   }

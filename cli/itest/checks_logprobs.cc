@@ -16,9 +16,6 @@ namespace {
 
 constexpr int kTop = 3, kTokens = 5;
 
-// |served - reference| <= kTol * max(1, |reference|): the fp32 logit tolerance of
-// ../shared/testdata/README.md, doubled for the log-sum-exp subtracted from both.
-constexpr double kTol = 2e-3;
 
 // What a response served for one request, position by position.
 struct Served {
@@ -65,7 +62,6 @@ absl::Status CheckTop(const Json& top, double chosen, const std::string& where, 
   return absl::OkStatus();
 }
 
-bool Close(double served, double want) { return std::fabs(served - want) <= kTol * std::max(1.0, std::fabs(want)); }
 
 // The served values against the in-process engine's log-softmax over the same tokens.
 absl::Status MatchesReference(Context& ctx, const Served& s) {
@@ -80,14 +76,14 @@ absl::Status MatchesReference(Context& ctx, const Served& s) {
     const int32_t id = s.tokens[i];
     if (id < 0 || id >= static_cast<int32_t>(lp.size()))
       return absl::InternalError(absl::StrCat("position ", i, ": token ", id, " outside the vocabulary"));
-    if (!Close(s.chosen[i], lp[id])) {
+    if (!LogprobClose(ctx, s.chosen[i], lp[id])) {
       return absl::InternalError(absl::StrCat("position ", i, ": token ", id, " served logprob ", s.chosen[i],
                                               ", the in-process engine gives ", lp[id]));
     }
     std::vector<double> want = lp;
     std::partial_sort(want.begin(), want.begin() + kTop, want.end(), std::greater<>());
     for (int k = 0; k < kTop; ++k) {
-      if (!Close(s.top[i][k], want[k])) {
+      if (!LogprobClose(ctx, s.top[i][k], want[k])) {
         return absl::InternalError(absl::StrCat("position ", i, ": top_logprobs[", k, "] served ", s.top[i][k],
                                                 ", the in-process engine gives ", want[k]));
       }

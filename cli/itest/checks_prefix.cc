@@ -82,23 +82,14 @@ absl::Status Reported(const PrefixRun& run) {
 }
 
 absl::Status SameOutput(Context& ctx, const PrefixRun& run) {
-  if (run.b.token_ids != run.r.token_ids) {
-    return absl::InternalError(absl::StrCat("cached vs uncached: ", DescribeDiff(run.r.token_ids, run.b.token_ids)));
-  }
-  if (run.b_stream.token_ids != run.r.token_ids) {
-    return absl::InternalError(
-        absl::StrCat("cached (streamed) vs uncached: ", DescribeDiff(run.r.token_ids, run.b_stream.token_ids)));
-  }
+  RETURN_IF_ERROR(SameGreedy(ctx, run.prompt_r, run.r.token_ids, run.b.token_ids, "cached vs uncached"));
+  RETURN_IF_ERROR(
+      SameGreedy(ctx, run.prompt_r, run.r.token_ids, run.b_stream.token_ids, "cached (streamed) vs uncached"));
   if (ctx.reference == nullptr) return absl::OkStatus();
   ASSIGN_OR_RETURN(auto want_r, ctx.Reference(run.prompt_r, kOut));
-  if (want_r != run.r.token_ids)
-    return absl::InternalError(absl::StrCat("uncached vs in-process: ", DescribeDiff(want_r, run.r.token_ids)));
+  RETURN_IF_ERROR(SameGreedy(ctx, run.prompt_r, want_r, run.r.token_ids, "uncached vs in-process"));
   ASSIGN_OR_RETURN(auto want_a, ctx.Reference(run.prompt_a, kOut));
-  if (want_a != run.a.token_ids) {
-    return absl::InternalError(
-        absl::StrCat("cached (other suffix) vs in-process: ", DescribeDiff(want_a, run.a.token_ids)));
-  }
-  return absl::OkStatus();
+  return SameGreedy(ctx, run.prompt_a, want_a, run.a.token_ids, "cached (other suffix) vs in-process");
 }
 
 absl::Status Metrics(Context& ctx, const PrefixRun& run) {

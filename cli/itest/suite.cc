@@ -23,7 +23,7 @@ void Suite::Run(const std::string& name, const std::function<absl::Status()>& ch
   std::fflush(stdout);
 }
 
-Context::Context(ItestOptions o) : opts(std::move(o)), http(opts.url, opts.api_key) {}
+Context::Context(ItestOptions o) : opts(std::move(o)), http(opts.url, opts.api_key), tolerance(opts.tolerance) {}
 
 absl::StatusOr<std::vector<int32_t>> Context::Reference(const std::vector<int32_t>& prompt, int64_t n) const {
   if (reference == nullptr) return Skip("needs --model (the in-process reference)");

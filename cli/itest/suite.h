@@ -15,6 +15,7 @@
 #include "cli/itest/metrics_scrape.h"
 #include "cli/itest/openai_api.h"
 #include "cli/itest/reference_engine.h"
+#include "cli/itest/token_match.h"
 
 namespace moeshard::itest {
 
@@ -26,6 +27,7 @@ struct ItestOptions {
   std::string goldens;               // goldens.safetensors
   std::string api_key;
   double ready_timeout_s = 60;
+  Tolerance tolerance = Tolerance::kExact;  // how tokens and logprobs are compared (token_match.h)
 };
 
 absl::Status Skip(const std::string& why);
@@ -55,6 +57,7 @@ struct Context {
   std::unique_ptr<ReferenceEngine> reference;   // with --model
   std::optional<MetricsView> metrics_at_start;  // with --metrics
   std::unique_ptr<OpenAiApi> api;
+  Tolerance tolerance = Tolerance::kExact;
 
   // The greedy reference for a prompt: the in-process engine, or Skip without --model.
   absl::StatusOr<std::vector<int32_t>> Reference(const std::vector<int32_t>& prompt, int64_t n) const;

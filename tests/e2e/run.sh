@@ -8,7 +8,10 @@
 # Environment: MOESHARD_TESTDATA (default BUILD_DIR/testdata, which the build assembles from
 # tests/testdata; a missing model is a failure),
 # MOESHARD_E2E_NODE=0 to leave out the node clients, MOESHARD_E2E_KEEP=1 to keep the logs,
-# MOESHARD_E2E_UP_ARGS for extra `moeshard up` flags in every configuration.
+# MOESHARD_E2E_UP_ARGS for extra `moeshard up` flags in every configuration,
+# MOESHARD_E2E_ITEST_ARGS for extra `moeshard itest` flags (the GPU lane's bf16 run passes
+# `--tolerance bf16`), MOESHARD_E2E_ONLY="NAME ..." to run only those configurations (each one
+# left out is printed and counted as skipped).
 # Prints one line per check and a last line `N passed, M failed, K skipped` (each skip is listed
 # above it); exits 1 on any failure.
 set -uo pipefail
@@ -68,6 +71,7 @@ trap 'exit 130' INT TERM
 
 pass() { PASSED=$((PASSED + 1)); echo "ok  $1"; }
 fail() { FAILED=$((FAILED + 1)); echo "FAIL $1"; }
+skip() { SKIPPED=$((SKIPPED + 1)); echo "skip $1"; }
 
 # Adds the `N passed, M failed, K skipped` line of a log to the totals (a log without one is a
 # failure).
@@ -135,6 +139,10 @@ run_config() {
   local name=$1 model=$2 key=$3 node=$4
   shift 4
   local t0=$SECONDS args=(--model "$model" "$@")
+  if [[ -n ${MOESHARD_E2E_ONLY:-} && " $MOESHARD_E2E_ONLY " != *" $name "* ]]; then
+    skip "$name: not in MOESHARD_E2E_ONLY"
+    return
+  fi
   # shellcheck disable=SC2206
   args+=(${MOESHARD_E2E_UP_ARGS:-})
   [[ -n $key ]] && args+=(--api-key "$key")
@@ -145,6 +153,8 @@ run_config() {
   [[ -n $METRICS ]] && itest+=(--metrics "$METRICS")
   [[ -f $model/goldens.safetensors ]] && itest+=(--goldens "$model/goldens.safetensors")
   [[ -n $key ]] && itest+=(--api-key "$key")
+  # shellcheck disable=SC2206
+  itest+=(${MOESHARD_E2E_ITEST_ARGS:-})
   "$MOESHARD" itest "${itest[@]}" 2>&1 | tee "$WORK/$name.itest.log" | grep -v '^[0-9]* passed, [0-9]* failed, [0-9]* skipped$' | sed 's/^/  /'
   count_summary "$WORK/$name.itest.log" "$name itest"
   if [[ $node == node ]] && node_clients_ready; then
@@ -182,6 +192,10 @@ run_config() {
 check_refused() {
   local name=$1 model=$2 want=$3
   shift 3
+  if [[ -n ${MOESHARD_E2E_ONLY:-} && " $MOESHARD_E2E_ONLY " != *" $name "* ]]; then
+    skip "$name: not in MOESHARD_E2E_ONLY"
+    return
+  fi
   local out=$WORK/$name.out
   setsid timeout 120 "$MOESHARD" up --model "$model" "$@" >"$out" 2>&1 &
   UP_PID=$!
