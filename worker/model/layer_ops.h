@@ -13,7 +13,8 @@
 // One layer is an attention block then an MLP block:
 //   AttentionInput → Attention → [OutputGate] → OutputProjection → Residual(kAttention)
 //   MlpInput → DenseMlp | (Route → [LatentIn] → Experts → [LatentOut]) → Residual(kMlp)
-// Every op returns a status; ops run in the order called, on the backend's one stream.
+// Every op returns a status; ops run in the order called, on the backend's one stream, from
+// the runner's own RunLayers/LayersDevice (one step at a time; not thread-safe).
 #pragma once
 
 #include <cstdint>
