@@ -1,30 +1,16 @@
 #include "worker/cpu_model_runner.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "kernels/cpu/dequant.h"
 #include "kernels/cpu/ops.h"
+#include "worker/model/model.h"
 
 namespace moeshard {
 namespace {
-
-void Residual(const ModelConfig& c, const std::vector<float>& out_norm, const std::vector<float>& alpha,
-              const std::vector<float>& beta, std::vector<float>& out, std::vector<float>& s, int64_t T) {
-  const int64_t H = c.hidden_size;
-  if (!c.gated_residual) {
-    for (size_t i = 0; i < s.size(); ++i) s[i] += out[i];
-    return;
-  }
-  // s = alpha ⊙ s + beta ⊙ (rmsnorm(out) * out_norm)
-  RmsNorm(out.data(), T, H, out_norm.data(), c.rms_eps, out.data());
-  for (int64_t t = 0; t < T; ++t) {
-    float* st = s.data() + t * H;
-    const float* ot = out.data() + t * H;
-    for (int64_t i = 0; i < H; ++i) st[i] = alpha[i] * st[i] + beta[i] * ot[i];
-  }
-}
 
 void AddBias(std::vector<float>& y, const std::vector<float>& b) {
   if (b.empty()) return;
@@ -32,6 +18,16 @@ void AddBias(std::vector<float>& y, const std::vector<float>& b) {
 }
 
 inline float Silu(float x) { return x / (1.f + std::exp(-x)); }
+
+// out [n, width] = down(silu(gate(in)) ⊙ up(in)).
+void SwiGlu(const ExpertWeights& ew, const float* in, int64_t n, float* out) {
+  const int64_t I = ew.gate.rows;
+  std::vector<float> g(n * I), u(n * I);
+  MatMul(in, n, ew.gate, g.data());
+  MatMul(in, n, ew.up, u.data());
+  for (int64_t i = 0; i < n * I; ++i) g[i] = Silu(g[i]) * u[i];
+  MatMul(g.data(), n, ew.down, out);
+}
 
 }  // namespace
 
@@ -63,135 +59,180 @@ absl::Status CpuModelRunner::AllReduce(std::vector<float>& v) {
   return comm_->AllReduceSum(v.data(), v.size());
 }
 
-absl::Status CpuModelRunner::AttentionBlock(int64_t li, const std::vector<SeqChunk>& batch, const std::vector<int32_t>& pos,
-                                         std::vector<float>& s) {
-  const ModelConfig& c = config_;
-  const LayerWeights& lw = w_->layers[li];
-  const LayerSpec& spec = c.layers[shard_.layer_begin + li];
-  const int64_t T = pos.size(), H = c.hidden_size, hd = c.head_dim;
-  const int64_t nq = w_->num_local_heads, nkv = w_->num_local_kv_heads;
-  std::vector<float> x(T * H), q(T * nq * hd), k(T * nkv * hd), v(T * nkv * hd), o(T * nq * hd), a(T * H);
-  RmsNorm(s.data(), T, H, lw.attn_norm.data(), c.rms_eps, x.data());
-  MatMul(x.data(), T, lw.q, q.data());
-  MatMul(x.data(), T, lw.k, k.data());
-  MatMul(x.data(), T, lw.v, v.data());
-  AddBias(q, lw.q_bias);
-  AddBias(k, lw.k_bias);
-  AddBias(v, lw.v_bias);
-  if (c.qk_norm) {
-    RmsNorm(q.data(), T * nq, hd, lw.q_norm.data(), c.rms_eps, q.data());
-    RmsNorm(k.data(), T * nkv, hd, lw.k_norm.data(), c.rms_eps, k.data());
-  }
-  if (spec.rope) {
-    RopeNeox(q.data(), T, nq, hd, pos.data(), c.rope_theta);
-    RopeNeox(k.data(), T, nkv, hd, pos.data(), c.rope_theta);
-  }
-  int64_t t0 = 0;
-  for (const SeqChunk& ch : batch) {
-    int64_t n = ch.tokens.size();
-    RETURN_IF_ERROR(kv_->Write(li, ch.block_table, ch.start_pos, n, k.data() + t0 * nkv * hd, v.data() + t0 * nkv * hd));
-    PagedKv kv{kv_->k(li), kv_->v(li), kv_->block_size(), ch.block_table.data()};
-    Attention(q.data() + t0 * nq * hd, n, nq, nkv, hd, ch.start_pos, kv, spec.sliding ? c.sliding_window : 0,
-              o.data() + t0 * nq * hd);
-    t0 += n;
-  }
-  if (c.attn_output_gate) {
-    std::vector<float> g(T * nq);
-    MatMul(x.data(), T, lw.head_gate, g.data());
-    for (int64_t t = 0; t < T; ++t) {
-      for (int64_t h = 0; h < nq; ++h) {
-        float gate = 1.f / (1.f + std::exp(-g[t * nq + h]));
-        float* oh = o.data() + (t * nq + h) * hd;
-        for (int64_t d = 0; d < hd; ++d) oh[d] *= gate;
-      }
-    }
-  }
-  MatMul(o.data(), T, lw.o, a.data());
-  AddBias(a, lw.o_bias);
-  RETURN_IF_ERROR(AllReduce(a));
-  Residual(c, lw.attn_out_norm, lw.attn_alpha, lw.attn_beta, a, s, T);
-  return absl::OkStatus();
-}
-
-absl::Status CpuModelRunner::MlpBlock(int64_t li, std::vector<float>& s) {
-  const ModelConfig& c = config_;
-  const LayerWeights& lw = w_->layers[li];
-  const LayerSpec& spec = c.layers[shard_.layer_begin + li];
-  const int64_t H = c.hidden_size, T = s.size() / H;
-  std::vector<float> y(T * H), f(T * H);
-  RmsNorm(s.data(), T, H, lw.moe_norm.data(), c.rms_eps, y.data());
-  auto swiglu = [](const ExpertWeights& ew, const float* in, int64_t n, float* out) {
-    const int64_t I = ew.gate.rows;
-    std::vector<float> g(n * I), u(n * I);
-    MatMul(in, n, ew.gate, g.data());
-    MatMul(in, n, ew.up, u.data());
-    for (int64_t i = 0; i < n * I; ++i) g[i] = Silu(g[i]) * u[i];
-    MatMul(g.data(), n, ew.down, out);
-  };
-  if (!spec.moe) {
-    swiglu(lw.dense, y.data(), T, f.data());
-    RETURN_IF_ERROR(AllReduce(f));
-  } else {
-    const int64_t E = c.num_experts, K = c.top_k, Lw = c.expert_width();
-    std::vector<float> logits(T * E), wts(T * K);
-    std::vector<int32_t> ids(T * K);
-    MatMul(y.data(), T, lw.router, logits.data());  // fp32 router
-    TopKRouting(logits.data(), T, E, K, c.router_softmax_topk_only, c.norm_topk_prob, ids.data(), wts.data());
-    std::vector<float> z;
-    const float* zin = y.data();
-    if (c.latent_size > 0) {
-      z.resize(T * Lw);
-      MatMul(y.data(), T, lw.latent_in, z.data());
-      zin = z.data();
-    }
-    // Group (token, weight) pairs by local expert; each token's sum runs in expert order.
-    std::vector<float> mix(T * Lw, 0.f);
-    std::vector<std::vector<std::pair<int32_t, float>>> routed(w_->num_local_experts);
-    for (int64_t t = 0; t < T; ++t) {
-      for (int64_t j = 0; j < K; ++j) {
-        int64_t e = ids[t * K + j] - w_->expert_begin;
-        if (e >= 0 && e < w_->num_local_experts) routed[e].push_back({static_cast<int32_t>(t), wts[t * K + j]});
-      }
-    }
-    std::vector<float> xin, dout;
-    for (int64_t e = 0; e < w_->num_local_experts; ++e) {
-      const auto& r = routed[e];
-      if (r.empty()) continue;
-      const int64_t n = r.size();
-      xin.resize(n * Lw);
-      dout.resize(n * Lw);
-      for (int64_t i = 0; i < n; ++i) std::copy_n(zin + r[i].first * Lw, Lw, xin.data() + i * Lw);
-      swiglu(lw.experts[e], xin.data(), n, dout.data());
-      if (c.expert_output_norm) RmsNorm(dout.data(), n, Lw, nullptr, c.rms_eps, dout.data());
-      for (int64_t i = 0; i < n; ++i) {
-        float* m = mix.data() + r[i].first * Lw;
-        const float* d = dout.data() + i * Lw;
-        for (int64_t l = 0; l < Lw; ++l) m[l] += r[i].second * d[l];
-      }
-    }
-    RETURN_IF_ERROR(AllReduce(mix));  // one Lw-wide fp32 partial per token
-    if (c.latent_size > 0) {
-      MatMul(mix.data(), T, lw.latent_out, f.data());
-    } else {
-      f.swap(mix);
-    }
-  }
-  Residual(c, lw.moe_out_norm, lw.moe_alpha, lw.moe_beta, f, s, T);
-  return absl::OkStatus();
-}
-
 absl::Status CpuModelRunner::RunLayers(const std::vector<SeqChunk>& batch, std::vector<float>* hidden) {
-  std::vector<int32_t> pos;
+  pos_.clear();
   for (auto& c : batch) {
-    for (size_t i = 0; i < c.tokens.size(); ++i) pos.push_back(static_cast<int32_t>(c.start_pos + i));
+    for (size_t i = 0; i < c.tokens.size(); ++i) pos_.push_back(static_cast<int32_t>(c.start_pos + i));
   }
-  if (hidden->size() != pos.size() * config_.hidden_size) {
+  if (hidden->size() != pos_.size() * config_.hidden_size) {
     return absl::InvalidArgumentError("hidden state size does not match the batch");
   }
-  for (int64_t li = 0; li < shard_.layer_end - shard_.layer_begin; ++li) {
-    RETURN_IF_ERROR(AttentionBlock(li, batch, pos, *hidden));
-    RETURN_IF_ERROR(MlpBlock(li, *hidden));
+  batch_ = &batch;
+  s_ = hidden;
+  absl::Status st = RunLayerSequence(config_, shard_.layer_begin, shard_.layer_end, *this);
+  batch_ = nullptr;
+  s_ = nullptr;
+  return st;
+}
+
+absl::Status CpuModelRunner::AttentionInput(int64_t li, const AttentionInputOpts& opts) {
+  const ModelConfig& c = config_;
+  const LayerWeights& lw = w_->layers[li];
+  const int64_t T = this->T(), H = c.hidden_size, hd = c.head_dim;
+  const int64_t nq = w_->num_local_heads, nkv = w_->num_local_kv_heads;
+  x_.assign(T * H, 0.f);
+  q_.assign(T * nq * hd, 0.f);
+  k_.assign(T * nkv * hd, 0.f);
+  v_.assign(T * nkv * hd, 0.f);
+  RmsNorm(s_->data(), T, H, lw.attn_norm.data(), c.rms_eps, x_.data());
+  MatMul(x_.data(), T, lw.q, q_.data());
+  MatMul(x_.data(), T, lw.k, k_.data());
+  MatMul(x_.data(), T, lw.v, v_.data());
+  AddBias(q_, lw.q_bias);
+  AddBias(k_, lw.k_bias);
+  AddBias(v_, lw.v_bias);
+  if (opts.qk_norm) {
+    RmsNorm(q_.data(), T * nq, hd, lw.q_norm.data(), c.rms_eps, q_.data());
+    RmsNorm(k_.data(), T * nkv, hd, lw.k_norm.data(), c.rms_eps, k_.data());
   }
+  if (opts.rope) {
+    RopeNeox(q_.data(), T, nq, hd, pos_.data(), c.rope_theta);
+    RopeNeox(k_.data(), T, nkv, hd, pos_.data(), c.rope_theta);
+  }
+  return absl::OkStatus();
+}
+
+// Chunk by chunk: its K/V into the cache, then its queries over the cache.
+absl::Status CpuModelRunner::Attention(int64_t li, int64_t window) {
+  const int64_t hd = config_.head_dim, nq = w_->num_local_heads, nkv = w_->num_local_kv_heads;
+  o_.assign(T() * nq * hd, 0.f);
+  int64_t t0 = 0;
+  for (const SeqChunk& ch : *batch_) {
+    int64_t n = ch.tokens.size();
+    RETURN_IF_ERROR(
+        kv_->Write(li, ch.block_table, ch.start_pos, n, k_.data() + t0 * nkv * hd, v_.data() + t0 * nkv * hd));
+    PagedKv kv{kv_->k(li), kv_->v(li), kv_->block_size(), ch.block_table.data()};
+    moeshard::Attention(q_.data() + t0 * nq * hd, n, nq, nkv, hd, ch.start_pos, kv, window, o_.data() + t0 * nq * hd);
+    t0 += n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuModelRunner::OutputGate(int64_t li) {
+  const int64_t T = this->T(), hd = config_.head_dim, nq = w_->num_local_heads;
+  std::vector<float> g(T * nq);
+  MatMul(x_.data(), T, w_->layers[li].head_gate, g.data());
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t h = 0; h < nq; ++h) {
+      float gate = 1.f / (1.f + std::exp(-g[t * nq + h]));
+      float* oh = o_.data() + (t * nq + h) * hd;
+      for (int64_t d = 0; d < hd; ++d) oh[d] *= gate;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuModelRunner::OutputProjection(int64_t li) {
+  const LayerWeights& lw = w_->layers[li];
+  a_.assign(T() * config_.hidden_size, 0.f);
+  MatMul(o_.data(), T(), lw.o, a_.data());
+  AddBias(a_, lw.o_bias);
+  return AllReduce(a_);
+}
+
+// opts.next is a fusion hint: the CPU runs each block's input norm on its own.
+absl::Status CpuModelRunner::Residual(int64_t li, Block block, const ResidualOpts& opts) {
+  const LayerWeights& lw = w_->layers[li];
+  const bool attn = block == Block::kAttention;
+  std::vector<float>& out = attn ? a_ : f_;
+  std::vector<float>& s = *s_;
+  if (!opts.gated) {
+    for (size_t i = 0; i < s.size(); ++i) s[i] += out[i];
+    return absl::OkStatus();
+  }
+  // s = alpha ⊙ s + beta ⊙ (rmsnorm(out) * out_norm)
+  const std::vector<float>& alpha = attn ? lw.attn_alpha : lw.moe_alpha;
+  const std::vector<float>& beta = attn ? lw.attn_beta : lw.moe_beta;
+  const int64_t T = this->T(), H = config_.hidden_size;
+  RmsNorm(out.data(), T, H, (attn ? lw.attn_out_norm : lw.moe_out_norm).data(), config_.rms_eps, out.data());
+  for (int64_t t = 0; t < T; ++t) {
+    float* st = s.data() + t * H;
+    const float* ot = out.data() + t * H;
+    for (int64_t i = 0; i < H; ++i) st[i] = alpha[i] * st[i] + beta[i] * ot[i];
+  }
+  return absl::OkStatus();
+}
+
+// y is float32 already: opts.f32_copy changes nothing here.
+absl::Status CpuModelRunner::MlpInput(int64_t li, const MlpInputOpts& opts) {
+  const int64_t T = this->T(), H = config_.hidden_size;
+  y_.assign(T * H, 0.f);
+  f_.assign(T * H, 0.f);
+  RmsNorm(s_->data(), T, H, w_->layers[li].moe_norm.data(), config_.rms_eps, y_.data());
+  return absl::OkStatus();
+}
+
+absl::Status CpuModelRunner::DenseMlp(int64_t li) {
+  SwiGlu(w_->layers[li].dense, y_.data(), T(), f_.data());
+  return AllReduce(f_);
+}
+
+absl::Status CpuModelRunner::Route(int64_t li, const RouteOpts& opts) {
+  const int64_t T = this->T(), E = config_.num_experts, K = config_.top_k;
+  std::vector<float> logits(T * E);
+  wts_.assign(T * K, 0.f);
+  ids_.assign(T * K, 0);
+  MatMul(y_.data(), T, w_->layers[li].router, logits.data());  // fp32 router
+  TopKRouting(logits.data(), T, E, K, opts.softmax_topk_only, opts.renormalize, ids_.data(), wts_.data());
+  latent_ = opts.latent;
+  return absl::OkStatus();
+}
+
+absl::Status CpuModelRunner::LatentIn(int64_t li) {
+  z_.assign(T() * config_.expert_width(), 0.f);
+  MatMul(y_.data(), T(), w_->layers[li].latent_in, z_.data());
+  return absl::OkStatus();
+}
+
+// Groups (token, weight) pairs by local expert; each token's sum runs in expert order.
+absl::Status CpuModelRunner::Experts(int64_t li, const ExpertsOpts& opts) {
+  const LayerWeights& lw = w_->layers[li];
+  const int64_t T = this->T(), K = config_.top_k, Lw = config_.expert_width();
+  if (latent_ && static_cast<int64_t>(z_.size()) != T * Lw) {
+    return absl::FailedPreconditionError("Experts at latent width without LatentIn");
+  }
+  const float* zin = latent_ ? z_.data() : y_.data();
+  mix_.assign(T * Lw, 0.f);
+  std::vector<std::vector<std::pair<int32_t, float>>> routed(w_->num_local_experts);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t j = 0; j < K; ++j) {
+      int64_t e = ids_[t * K + j] - w_->expert_begin;
+      if (e >= 0 && e < w_->num_local_experts) routed[e].push_back({static_cast<int32_t>(t), wts_[t * K + j]});
+    }
+  }
+  std::vector<float> xin, dout;
+  for (int64_t e = 0; e < w_->num_local_experts; ++e) {
+    const auto& r = routed[e];
+    if (r.empty()) continue;
+    const int64_t n = r.size();
+    xin.resize(n * Lw);
+    dout.resize(n * Lw);
+    for (int64_t i = 0; i < n; ++i) std::copy_n(zin + r[i].first * Lw, Lw, xin.data() + i * Lw);
+    SwiGlu(lw.experts[e], xin.data(), n, dout.data());
+    if (opts.output_norm) RmsNorm(dout.data(), n, Lw, nullptr, config_.rms_eps, dout.data());
+    for (int64_t i = 0; i < n; ++i) {
+      float* m = mix_.data() + r[i].first * Lw;
+      const float* d = dout.data() + i * Lw;
+      for (int64_t l = 0; l < Lw; ++l) m[l] += r[i].second * d[l];
+    }
+  }
+  RETURN_IF_ERROR(AllReduce(mix_));  // one Lw-wide fp32 partial per token
+  if (!latent_) f_.swap(mix_);  // at hidden width, the mix is the block's output
+  return absl::OkStatus();
+}
+
+absl::Status CpuModelRunner::LatentOut(int64_t li) {
+  MatMul(mix_.data(), T(), w_->layers[li].latent_out, f_.data());
   return absl::OkStatus();
 }
 

@@ -1,14 +1,16 @@
-// GpuModelRunner: the forward pass of worker/cpu_model_runner.cc, op for op, on the GPU.
-// A step: the batch's indices (ids, positions, cache slots, block tables, rows that want
-// logits) go to the device in one copy; the residual stream s [T, H] (fp32) lives in the
-// step arena; each layer runs attention then the MLP/MoE block as kernel launches on the
-// runner's stream; the LM head writes fp32 logits in row chunks that are copied back.
+// GpuModelRunner: the forward pass on the GPU. A step: the batch's indices (ids, positions,
+// cache slots, block tables, rows that want logits) go to the device in one copy; the residual
+// stream s [T, H] (fp32) lives in the step arena; the layers are the model file's sequence
+// (worker/model) over this runner's LayerOps, each op kernel launches on the runner's stream,
+// fused where it pays (QKV and gate+up as one Gemv, QkPrep, the next block's input norm in the
+// residual update); the LM head writes fp32 logits in row chunks that are copied back.
 #include "worker/gpu/gpu_model_runner_impl.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "kernels/moe/moe_expert.h"
+#include "worker/model/model.h"
 
 namespace moeshard::gpu_runner {
 
@@ -94,13 +96,13 @@ absl::Status GpuModelRunner::AllReduce(float* dev, int64_t n) {
 }
 
 absl::Status GpuModelRunner::ResidualUpdate(const float* out, const float* norm, const float* alpha,
-                                            const float* beta, const float* next_norm, bool next_f32) {
+                                            const float* beta, bool gated, const float* next_norm, bool next_f32) {
   ResidualParams p;
   p.s = s_;
   p.out = out;
   p.rows = T_;
   p.dim = config_.hidden_size;
-  p.gated = config_.gated_residual;
+  p.gated = gated;
   p.out_norm = norm;
   p.alpha = alpha;
   p.beta = beta;
@@ -115,30 +117,33 @@ absl::Status GpuModelRunner::ResidualUpdate(const float* out, const float* norm,
   return gpu::Residual(p, stream_);
 }
 
+// The model file's layer sequence (worker/model) over this runner's ops, below.
 absl::Status GpuModelRunner::LayersDevice() {
   prenormed_ = false;
-  for (int64_t li = 0; li < shard_.layer_end - shard_.layer_begin; ++li) {
-    RETURN_IF_ERROR(AttentionBlock(li));
-    RETURN_IF_ERROR(MlpBlock(li));
-  }
-  return absl::OkStatus();
+  return RunLayerSequence(config_, shard_.layer_begin, shard_.layer_end, *this);
 }
 
-absl::Status GpuModelRunner::AttentionBlock(int64_t li) {
+// The attention block's scratch comes from the arena released here (the previous block's is
+// dead); its input norm is skipped when the previous residual update already wrote it.
+absl::Status GpuModelRunner::AttentionInput(int64_t li, const AttentionInputOpts& opts) {
   const ModelConfig& c = config_;
   const GpuLayerWeights& lw = w_->layers[li];
-  const LayerSpec& spec = c.layers[shard_.layer_begin + li];
   const int64_t T = T_, H = c.hidden_size, hd = c.head_dim;
-  arena_.Release(step_mark_);  // the previous block's scratch is dead
-  void *x = xn_, *q = Act(T * nq_ * hd), *k = Act(T * nkv_ * hd), *v = Act(T * nkv_ * hd),
-       *o = Act(T * nq_ * hd);
-  float* a = F32(T * H);
+  arena_.Release(step_mark_);
+  void* x = xn_;
+  void* q = q_ = Act(T * nq_ * hd);
+  void* k = k_ = Act(T * nkv_ * hd);
+  void* v = v_ = Act(T * nkv_ * hd);
+  o_ = Act(T * nq_ * hd);
+  a_ = F32(T * H);
   RETURN_IF_ERROR(arena_error_);
   if (!prenormed_) RETURN_IF_ERROR(Norm(s_, ActDType::kF32, T, H, lw.attn_norm, x));
   prenormed_ = false;
   RETURN_IF_ERROR(ProjectMany({{&lw.q, q, lw.q_bias}, {&lw.k, k, lw.k_bias}, {&lw.v, v, lw.v_bias}}, x, act_, T));
-  const bool fused_prep = QkPrepSupports(hd) && qk_prep_enabled_;
-  if (fused_prep) {
+  // One kernel for q/k norm, RoPE and the KV write; else each its own, and the KV write at
+  // the start of Attention.
+  fused_prep_ = QkPrepSupports(hd) && qk_prep_enabled_;
+  if (fused_prep_) {
     QkPrepParams qp;
     qp.q = q;
     qp.k = k;
@@ -146,10 +151,10 @@ absl::Status GpuModelRunner::AttentionBlock(int64_t li) {
     qp.dtype = act_;
     qp.num_tokens = T;
     qp.num_heads = nq_;
-    qp.q_norm = c.qk_norm ? lw.q_norm : nullptr;
-    qp.k_norm = c.qk_norm ? lw.k_norm : nullptr;
+    qp.q_norm = opts.qk_norm ? lw.q_norm : nullptr;
+    qp.k_norm = opts.qk_norm ? lw.k_norm : nullptr;
     qp.eps = c.rms_eps;
-    qp.rope = spec.rope;
+    qp.rope = opts.rope;
     qp.pos = pos_;
     qp.theta = c.rope_theta;
     qp.slots = slots_;
@@ -157,12 +162,12 @@ absl::Status GpuModelRunner::AttentionBlock(int64_t li) {
     auto region = prof_.Region("attention", stream_);
     RETURN_IF_ERROR(gpu::QkPrep(qp, stream_));
   }
-  if (c.qk_norm && !fused_prep) {
+  if (opts.qk_norm && !fused_prep_) {
     for (auto [buf, heads, w] : {std::tuple{q, nq_, lw.q_norm}, std::tuple{k, nkv_, lw.k_norm}}) {
       RETURN_IF_ERROR(Norm(buf, act_, T * heads, hd, w, buf));
     }
   }
-  if (spec.rope && !fused_prep) {
+  if (opts.rope && !fused_prep_) {
     for (auto [buf, heads] : {std::pair{q, nq_}, std::pair{k, nkv_}}) {
       RopeParams rp;
       rp.x = buf;
@@ -175,23 +180,28 @@ absl::Status GpuModelRunner::AttentionBlock(int64_t li) {
       RETURN_IF_ERROR(gpu::Rope(rp, stream_));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status GpuModelRunner::Attention(int64_t li, int64_t window) {
+  const int64_t T = T_, hd = config_.head_dim;
   KvWriteParams kw;
-  kw.k = k;
-  kw.v = v;
+  kw.k = k_;
+  kw.v = v_;
   kw.dtype = act_;
   kw.num_tokens = T;
   kw.slots = slots_;
   kw.cache = kv_[li];
   AttentionParams ap;
-  ap.q = q;
-  ap.out = o;
+  ap.q = q_;
+  ap.out = o_;
   ap.dtype = act_;
   ap.num_tokens = T;
   ap.num_heads = nq_;
   ap.pos = pos_;
   ap.table_offset = toff_;
   ap.block_tables = tables_;
-  ap.window = spec.sliding ? c.sliding_window : 0;
+  ap.window = window;
   ap.scale = 1.0f / std::sqrt(static_cast<float>(hd));
   ap.cache = kv_[li];
   ap.max_tokens_per_seq = max_chunk_tokens_;
@@ -202,72 +212,102 @@ absl::Status GpuModelRunner::AttentionBlock(int64_t li) {
     ap.workspace_bytes = ws;
     RETURN_IF_ERROR(arena_error_);
   }
-  {
-    auto region = prof_.Region("attention", stream_);
-    if (!fused_prep) RETURN_IF_ERROR(gpu::KvWrite(kw, stream_));
-    RETURN_IF_ERROR(gpu::Attention(ap, stream_));
-  }
-  if (c.attn_output_gate) {
-    void* g = Act(T * nq_);
-    RETURN_IF_ERROR(arena_error_);
-    RETURN_IF_ERROR(Project(lw.head_gate, x, g, act_, T));
-    HeadGateParams hg{o, g, act_, T, nq_, hd};
-    RETURN_IF_ERROR(gpu::HeadGate(hg, stream_));
-  }
-  RETURN_IF_ERROR(Project(lw.o, o, a, ActDType::kF32, T, lw.o_bias));
-  RETURN_IF_ERROR(AllReduce(a, T * H));
-  return ResidualUpdate(a, lw.attn_out_norm, lw.attn_alpha, lw.attn_beta, lw.moe_norm, spec.moe);
+  auto region = prof_.Region("attention", stream_);
+  if (!fused_prep_) RETURN_IF_ERROR(gpu::KvWrite(kw, stream_));
+  return gpu::Attention(ap, stream_);
 }
 
-absl::Status GpuModelRunner::MlpBlock(int64_t li) {
-  const ModelConfig& c = config_;
+absl::Status GpuModelRunner::OutputGate(int64_t li) {
+  const int64_t T = T_;
+  void* g = Act(T * nq_);
+  RETURN_IF_ERROR(arena_error_);
+  RETURN_IF_ERROR(Project(w_->layers[li].head_gate, xn_, g, act_, T));
+  HeadGateParams hg{o_, g, act_, T, nq_, config_.head_dim};
+  return gpu::HeadGate(hg, stream_);
+}
+
+absl::Status GpuModelRunner::OutputProjection(int64_t li) {
   const GpuLayerWeights& lw = w_->layers[li];
-  const LayerSpec& spec = c.layers[shard_.layer_begin + li];
-  const int64_t T = T_, H = c.hidden_size;
-  arena_.Release(step_mark_);
-  void* y = xn_;
-  float* f = F32(T * H);
-  float* y32 = spec.moe ? xn32_ : nullptr;
-  RETURN_IF_ERROR(arena_error_);
-  if (!prenormed_) RETURN_IF_ERROR(Norm(s_, ActDType::kF32, T, H, lw.moe_norm, y, y32));
-  prenormed_ = false;
-  // The next layer's input norm rides on this block's residual update.
-  const float* next_norm = li + 1 < static_cast<int64_t>(w_->layers.size()) ? w_->layers[li + 1].attn_norm : nullptr;
-  if (!spec.moe) {
-    const int64_t I = lw.dense.gate.rows;
-    void *g = Act(T * I), *u = Act(T * I);
-    RETURN_IF_ERROR(arena_error_);
-    RETURN_IF_ERROR(ProjectMany({{&lw.dense.gate, g, nullptr}, {&lw.dense.up, u, nullptr}}, y, act_, T));
-    SiluMulParams sm{g, u, g, act_, T * I};
-    RETURN_IF_ERROR(gpu::SiluMul(sm, stream_));
-    RETURN_IF_ERROR(Project(lw.dense.down, g, f, ActDType::kF32, T));
-    RETURN_IF_ERROR(AllReduce(f, T * H));
-    return ResidualUpdate(f, lw.moe_out_norm, lw.moe_alpha, lw.moe_beta, next_norm, false);
+  RETURN_IF_ERROR(Project(lw.o, o_, a_, ActDType::kF32, T_, lw.o_bias));
+  return AllReduce(a_, T_ * config_.hidden_size);
+}
+
+// With a next block (opts.next), its input norm rides on the update.
+absl::Status GpuModelRunner::Residual(int64_t li, Block block, const ResidualOpts& opts) {
+  const GpuLayerWeights& lw = w_->layers[li];
+  const float* next_norm = nullptr;
+  if (opts.next.kind == NextInput::Kind::kMlp) {
+    next_norm = lw.moe_norm;
+  } else if (opts.next.kind == NextInput::Kind::kAttention && li + 1 < static_cast<int64_t>(w_->layers.size())) {
+    next_norm = w_->layers[li + 1].attn_norm;
   }
-  const int64_t E = c.num_experts, K = c.top_k, Lw = c.expert_width();
-  float* logits = F32(T * E);
-  float* wts = F32(T * K);
-  int32_t* ids = static_cast<int32_t*>(Take(T * K * 4));
-  float* mix = c.latent_size > 0 ? F32(T * Lw) : f;
-  void* z = c.latent_size > 0 ? Act(T * Lw) : y;
-  const size_t ws_bytes = MoeExpertWorkspaceBytes(static_cast<int>(host_w_->num_local_experts), Lw,
-                                                  c.expert_intermediate, T, static_cast<int>(K));
-  void* ws = Take(static_cast<int64_t>(ws_bytes));
+  if (block == Block::kAttention) {
+    return ResidualUpdate(a_, lw.attn_out_norm, lw.attn_alpha, lw.attn_beta, opts.gated, next_norm, opts.next.f32_copy);
+  }
+  return ResidualUpdate(f_, lw.moe_out_norm, lw.moe_alpha, lw.moe_beta, opts.gated, next_norm, opts.next.f32_copy);
+}
+
+// The MLP block's scratch from the released arena; the input norm as in AttentionInput.
+absl::Status GpuModelRunner::MlpInput(int64_t li, const MlpInputOpts& opts) {
+  const int64_t T = T_, H = config_.hidden_size;
+  arena_.Release(step_mark_);
+  f_ = F32(T * H);
+  y32_ = opts.f32_copy ? xn32_ : nullptr;
   RETURN_IF_ERROR(arena_error_);
-  RETURN_IF_ERROR(Project(lw.router, y32, logits, ActDType::kF32, T, nullptr, "router"));  // fp32 router
+  if (!prenormed_) RETURN_IF_ERROR(Norm(s_, ActDType::kF32, T, H, w_->layers[li].moe_norm, xn_, y32_));
+  prenormed_ = false;
+  return absl::OkStatus();
+}
+
+absl::Status GpuModelRunner::DenseMlp(int64_t li) {
+  const GpuLayerWeights& lw = w_->layers[li];
+  const int64_t T = T_, I = lw.dense.gate.rows;
+  void *g = Act(T * I), *u = Act(T * I);
+  RETURN_IF_ERROR(arena_error_);
+  RETURN_IF_ERROR(ProjectMany({{&lw.dense.gate, g, nullptr}, {&lw.dense.up, u, nullptr}}, xn_, act_, T));
+  SiluMulParams sm{g, u, g, act_, T * I};
+  RETURN_IF_ERROR(gpu::SiluMul(sm, stream_));
+  RETURN_IF_ERROR(Project(lw.dense.down, g, f_, ActDType::kF32, T));
+  return AllReduce(f_, T * config_.hidden_size);
+}
+
+// Takes the whole MoE block's scratch: without a latent the experts read xn_ and write f_.
+absl::Status GpuModelRunner::Route(int64_t li, const RouteOpts& opts) {
+  const ModelConfig& c = config_;
+  const int64_t T = T_, E = c.num_experts, K = c.top_k, Lw = c.expert_width();
+  if (!y32_) return absl::FailedPreconditionError("Route needs MlpInput's fp32 copy");
+  logits_ = F32(T * E);
+  wts_ = F32(T * K);
+  expert_ids_ = static_cast<int32_t*>(Take(T * K * 4));
+  mix_ = opts.latent ? F32(T * Lw) : f_;
+  z_ = opts.latent ? Act(T * Lw) : xn_;
+  moe_ws_bytes_ = MoeExpertWorkspaceBytes(static_cast<int>(host_w_->num_local_experts), Lw, c.expert_intermediate, T,
+                                          static_cast<int>(K));
+  moe_ws_ = Take(static_cast<int64_t>(moe_ws_bytes_));
+  RETURN_IF_ERROR(arena_error_);
+  RETURN_IF_ERROR(Project(w_->layers[li].router, y32_, logits_, ActDType::kF32, T, nullptr, "router"));  // fp32 router
   RoutingParams rp;
-  rp.logits = logits;
+  rp.logits = logits_;
   rp.num_tokens = T;
   rp.num_experts = E;
   rp.top_k = K;
-  rp.softmax_topk_only = c.router_softmax_topk_only;
-  rp.renormalize = c.norm_topk_prob;
+  rp.softmax_topk_only = opts.softmax_topk_only;
+  rp.renormalize = opts.renormalize;
   rp.expert_begin = host_w_->expert_begin;
   rp.num_local_experts = host_w_->num_local_experts;
-  rp.local_ids = ids;
-  rp.weights = wts;
-  RETURN_IF_ERROR(gpu::Routing(rp, stream_));
-  if (c.latent_size > 0) RETURN_IF_ERROR(Project(lw.latent_in, y, z, act_, T));
+  rp.local_ids = expert_ids_;
+  rp.weights = wts_;
+  return gpu::Routing(rp, stream_);
+}
+
+absl::Status GpuModelRunner::LatentIn(int64_t li) {
+  return Project(w_->layers[li].latent_in, xn_, z_, act_, T_);
+}
+
+absl::Status GpuModelRunner::Experts(int64_t li, const ExpertsOpts& opts) {
+  const ModelConfig& c = config_;
+  const GpuLayerWeights& lw = w_->layers[li];
+  const int64_t T = T_, K = c.top_k, Lw = c.expert_width();
   MoeExpertParams mp;
   mp.experts = lw.experts;
   mp.num_local_experts = static_cast<int>(host_w_->num_local_experts);
@@ -275,32 +315,33 @@ absl::Status GpuModelRunner::MlpBlock(int64_t li) {
   mp.inter = c.expert_intermediate;
   mp.num_tokens = T;
   mp.top_k = static_cast<int>(K);
-  mp.expert_ids = ids;
-  mp.weights = wts;
-  mp.x = z;
+  mp.expert_ids = expert_ids_;
+  mp.weights = wts_;
+  mp.x = z_;
   mp.act_dtype = act_;
-  mp.output_norm = c.expert_output_norm;
+  mp.output_norm = opts.output_norm;
   mp.eps = c.rms_eps;
-  mp.out = mix;
-  mp.workspace = ws;
-  mp.workspace_bytes = ws_bytes;
+  mp.out = mix_;
+  mp.workspace = moe_ws_;
+  mp.workspace_bytes = moe_ws_bytes_;
   mp.expert_formats = lw.expert_formats;
   {
     auto region = prof_.Region("expert step", stream_);
     RETURN_IF_ERROR(MoeExpertStep(mp, stream_));
   }
-  RETURN_IF_ERROR(AllReduce(mix, T * Lw));  // one Lw-wide fp32 partial per token
-  if (c.latent_size > 0) {
-    void* mix_act = mix;
-    if (act_ != ActDType::kF32) {
-      mix_act = Act(T * Lw);
-      RETURN_IF_ERROR(arena_error_);
-      ConvertParams cv{mix, ActDType::kF32, mix_act, act_, T * Lw};
-      RETURN_IF_ERROR(gpu::Convert(cv, stream_));
-    }
-    RETURN_IF_ERROR(Project(lw.latent_out, mix_act, f, ActDType::kF32, T));
+  return AllReduce(mix_, T * Lw);  // one Lw-wide fp32 partial per token
+}
+
+absl::Status GpuModelRunner::LatentOut(int64_t li) {
+  const int64_t T = T_, Lw = config_.expert_width();
+  void* mix_act = mix_;
+  if (act_ != ActDType::kF32) {
+    mix_act = Act(T * Lw);
+    RETURN_IF_ERROR(arena_error_);
+    ConvertParams cv{mix_, ActDType::kF32, mix_act, act_, T * Lw};
+    RETURN_IF_ERROR(gpu::Convert(cv, stream_));
   }
-  return ResidualUpdate(f, lw.moe_out_norm, lw.moe_alpha, lw.moe_beta, next_norm, false);
+  return Project(w_->layers[li].latent_out, mix_act, f_, ActDType::kF32, T);
 }
 
 // Final norm and LM head of rows [r0, r0 + n) into head_logits_ (device).

@@ -21,6 +21,7 @@
 #include "worker/gpu/gpu_model_runner.h"
 #include "worker/gpu/gpu_weights.h"
 #include "worker/gpu/step_profile.h"
+#include "worker/model/layer_ops.h"
 
 namespace moeshard::gpu_runner {
 
@@ -29,7 +30,7 @@ using namespace gpu;  // NOLINT: the GPU backend
 constexpr size_t kLogitChunkBytes = size_t{256} << 20;
 constexpr int64_t kAttentionWorkspaceBytes = int64_t{64} << 20;
 
-class GpuModelRunner : public ModelRunner {
+class GpuModelRunner : public ModelRunner, private LayerOps {
  public:
   GpuModelRunner(const ModelConfig& c, const ShardSpec& s, const RunnerOptions& o, Communicator* comm)
       : ModelRunner(c, s, o), comm_(comm) {
@@ -100,8 +101,25 @@ class GpuModelRunner : public ModelRunner {
   absl::Status HeadDevice(std::vector<float>* logits);
   absl::Status HeadRows(int64_t r0, int64_t n);
   absl::Status ForwardGraph(const std::vector<SeqChunk>& batch, std::vector<float>* logits);
-  absl::Status AttentionBlock(int64_t li);
-  absl::Status MlpBlock(int64_t li);
+  // LayerOps (worker/model/layer_ops.h) on the current block's buffers below; gpu_model_runner.cc.
+  // Releases the arena and takes the attention block's scratch; the input norm unless
+  // prenormed_; Q/K/V in one ProjectMany (one Gemv when all three qualify); QkPrep (q/k norm,
+  // RoPE and the KV write in one kernel) when it supports head_dim, else each its own kernel.
+  absl::Status AttentionInput(int64_t li, const AttentionInputOpts& opts) override;
+  // The KV write (when QkPrep did not do it), then paged attention; the decode workspace.
+  absl::Status Attention(int64_t li, int64_t window) override;
+  absl::Status OutputGate(int64_t li) override;        // gate projection + HeadGate
+  absl::Status OutputProjection(int64_t li) override;  // o-proj (+bias) in fp32, all-reduce
+  // ResidualUpdate; opts.next names the next block's input norm to run in the same kernel.
+  absl::Status Residual(int64_t li, Block block, const ResidualOpts& opts) override;
+  // Releases the arena and takes f_; the input norm (with the fp32 copy) unless prenormed_.
+  absl::Status MlpInput(int64_t li, const MlpInputOpts& opts) override;
+  absl::Status DenseMlp(int64_t li) override;  // gate+up in one ProjectMany, SiluMul, down, all-reduce
+  // Takes the MoE block's scratch (mix, z, expert workspace), the fp32 router and Routing.
+  absl::Status Route(int64_t li, const RouteOpts& opts) override;
+  absl::Status LatentIn(int64_t li) override;
+  absl::Status Experts(int64_t li, const ExpertsOpts& opts) override;  // MoeExpertStep, all-reduce
+  absl::Status LatentOut(int64_t li) override;  // the mix to the activation dtype, latent_out
   absl::Status AllReduce(float* dev, int64_t n);
   // out (activation dtype) = rmsnorm(x rows) ⊙ weight; optional fp32 copy and row gather.
   absl::Status Norm(const void* x, ActDType x_dtype, int64_t rows, int64_t dim, const float* weight, void* out,
@@ -119,9 +137,9 @@ class GpuModelRunner : public ModelRunner {
     p.out_f32 = out_f32;
     return gpu::RmsNorm(p, stream_);
   }
-  // s updated with a block's output; with next_norm (and fusion on), the next block's input
-  // norm too, into xn_ (and xn32_ when next_f32), and prenormed_ set.
-  absl::Status ResidualUpdate(const float* out, const float* norm, const float* alpha, const float* beta,
+  // s updated with a block's output (gated or plain); with next_norm (and fusion on), the next
+  // block's input norm too, into xn_ (and xn32_ when next_f32), and prenormed_ set.
+  absl::Status ResidualUpdate(const float* out, const float* norm, const float* alpha, const float* beta, bool gated,
                               const float* next_norm, bool next_f32);
   absl::Status Project(const DenseWeight& w, const void* x, void* y, ActDType y_dtype, int64_t rows,
                        const float* bias = nullptr, const char* category = "dense projections");
@@ -154,9 +172,9 @@ class GpuModelRunner : public ModelRunner {
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<Gemm> gemm_;
   bool gemv_enabled_ = true;  // MOESHARD_GEMV=0: every projection through cuBLAS
-  bool qk_prep_enabled_ = true;
+  bool qk_prep_enabled_ = true;  // MOESHARD_QK_PREP=0: q/k norm, RoPE and the KV write as separate kernels
   bool fuse_norms_ = true;  // MOESHARD_FUSE_NORMS=0: each block's input norm as its own kernel
-  bool prenormed_ = false;  // xn_ (and xn32_) already hold the next block's normalized input  // MOESHARD_QK_PREP=0: q/k norm, RoPE and the KV write as separate kernels
+  bool prenormed_ = false;  // xn_ (and xn32_) already hold the next block's normalized input
   std::unique_ptr<ModelWeights> host_w_;
   std::unique_ptr<GpuModelWeights> w_;
   DevicePool kv_pool_;
@@ -179,6 +197,18 @@ class GpuModelRunner : public ModelRunner {
   float* s_ = nullptr;
   void* xn_ = nullptr;       // [T, H] activation dtype: the current block's normalized input
   float* xn32_ = nullptr;    // [T, H] its fp32 copy (the MoE router's input)
+  // The current block's scratch (arena, taken by the block's first op).
+  void *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *o_ = nullptr;  // attention: q/k/v, output per head
+  float* a_ = nullptr;        // [T, H] the attention block's output
+  bool fused_prep_ = false;   // AttentionInput's QkPrep wrote the KV cache
+  float* f_ = nullptr;        // [T, H] the MLP block's output
+  float* y32_ = nullptr;      // xn32_ when MlpInput kept the fp32 copy, else null
+  float *logits_ = nullptr, *wts_ = nullptr;  // [T, E] router logits, [T, K] routing weights
+  int32_t* expert_ids_ = nullptr;             // [T, K] local expert ids
+  float* mix_ = nullptr;      // [T, Lw] the experts' mix (f_ without a latent)
+  void* z_ = nullptr;         // [T, Lw] the experts' input (xn_ without a latent)
+  void* moe_ws_ = nullptr;    // the expert step's workspace
+  size_t moe_ws_bytes_ = 0;
 };
 
 }  // namespace moeshard::gpu_runner

@@ -77,7 +77,7 @@ absl::Status GpuModelRunner::InitBuffers() {
   }
   kv_bytes_ = kv_pool_.bytes_in_use();
 
-  // Scratch of the largest step: the buffers AttentionBlock, MlpBlock and HeadDevice take.
+  // Scratch of the largest step: the buffers an attention block, an MLP block and HeadDevice take.
   const int64_t T = options_.max_batch_tokens, H = c.hidden_size, hd = c.head_dim, Lw = c.expert_width();
   const int64_t E = std::max<int64_t>(c.num_experts, 1), K = std::max<int64_t>(c.top_k, 1);
   logit_rows_ = std::max<int64_t>(1, std::min<int64_t>(T, kLogitChunkBytes / (4 * c.vocab_size)));
