@@ -151,7 +151,7 @@ def main():
         binary = f"moeshard-{role}"
         flag = "port" if role == "router" else "metrics-port"
         for path in HTTP_PATHS[(binary, flag)]:
-            code, body = http(f"http://{mu.split('/')[2]}{path}")
+            code, body = http(f"http://{mu.split('/')[2]}{path}", token=TOKEN)
             R.check(code == 200, f"{binary} serves {path} on its --{flag} ({mu.split('/')[2]})", f"HTTP {code} {body[:200]}")
     R.check(len(roles["router"]) == 1 and len(roles["coordinator"]) == 1 and len(roles["worker"]) == 2,
             f"moeshard up printed the metrics URLs of 1 router, 1 coordinator, 2 workers", f"{roles}")
