@@ -69,9 +69,10 @@ test-security: build
 	bash tests/security/run.sh $(BUILD)
 
 # libFuzzer (clang) under ASan/UBSan: the GGUF and safetensors readers, the tokenizer and chat
-# template, the OpenAI request parser and the internal messages, FUZZ_SECONDS each from the
+# template, the OpenAI request parser, the internal messages' validators and the internal
+# services' real handlers (in-process gRPC), FUZZ_SECONDS each from the
 # committed seeds (tests/fuzz/corpus).
-FUZZERS := gguf_fuzz safetensors_fuzz tokenizer_fuzz openai_request_fuzz internal_proto_fuzz
+FUZZERS := gguf_fuzz safetensors_fuzz tokenizer_fuzz openai_request_fuzz internal_proto_fuzz internal_service_fuzz
 test-fuzz: build
 	cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
 	  -DMOESHARD_FUZZ=ON -DMOESHARD_CUDA=OFF $(CMAKE_FLAGS)

@@ -124,7 +124,7 @@ int main(int argc, char** argv) {
   std::signal(SIGTERM, OnSignal);
   engine->SetStoreAddress(host + ":" + std::to_string(bound));
   MetricsServer metrics;
-  auto mp = metrics.Start(host, static_cast<int>(*mport), engine->registry());
+  auto mp = metrics.Start(host, static_cast<int>(*mport), engine->registry(), ClusterBearerAuthorized);
   if (!mp.ok()) {
     std::fprintf(stderr, "moeshard-coordinator: %s\n", std::string(mp.status().message()).c_str());
     return 1;

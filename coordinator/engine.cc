@@ -14,6 +14,7 @@ void ToProto(const ChunkPlan& c, v1::ChunkProto* p) {
   p->set_start_pos(c.start_pos);
   p->mutable_tokens()->Add(c.tokens.begin(), c.tokens.end());
   p->mutable_block_table()->Add(c.block_table.begin(), c.block_table.end());
+  p->mutable_cached_prefix()->Add(c.cached_prefix.begin(), c.cached_prefix.end());
   p->set_sample(c.sample);
   if (c.sample) {
     SamplingToProto(c.sampling, p->mutable_sampling());
@@ -156,8 +157,13 @@ void Engine::Loop() {
     const std::chrono::milliseconds deadline = warm ? step_deadline_.For(plan->num_tokens()) : step_deadline_.ceiling();
     int64_t step_id = next_step_id_++;
     ++in_flight_;
-    std::thread([this, p = std::move(*plan), step_id, deadline]() mutable { RunStep(std::move(p), step_id, deadline); })
-        .detach();
+    // The sequences released so far go with this step, taken as it is planned: a step planned
+    // later may reuse their blocks, and the workers must hear of the release first.
+    std::vector<int64_t> released = std::move(released_);
+    released_.clear();
+    std::thread([this, p = std::move(*plan), step_id, deadline, r = std::move(released)]() mutable {
+      RunStep(std::move(p), std::move(r), step_id, deadline);
+    }).detach();
   }
 }
 
@@ -206,15 +212,12 @@ std::pair<int64_t, int64_t> Engine::Queued() const {
   return {requests, tokens};
 }
 
-void Engine::RunStep(StepPlan plan, int64_t step_id, std::chrono::milliseconds deadline) {
+void Engine::RunStep(StepPlan plan, std::vector<int64_t> released, int64_t step_id, std::chrono::milliseconds deadline) {
   v1::StepRequest req;
   req.set_step_id(step_id);
   for (const auto& c : plan.chunks) ToProto(c, req.add_chunks());
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    req.mutable_released_seqs()->Add(released_.begin(), released_.end());
-    released_.clear();
-  }
+  req.mutable_released_seqs()->Add(released.begin(), released.end());
+  req.mutable_preempted_seqs()->Add(plan.preempted.begin(), plan.preempted.end());
   auto t0 = std::chrono::steady_clock::now();
   absl::StatusOr<v1::StepReply> rep = workers_.Step(req, deadline);
   std::lock_guard<std::mutex> l(mu_);

@@ -81,7 +81,7 @@ class Engine {
 
  private:
   void Loop();
-  void RunStep(StepPlan plan, int64_t step_id, std::chrono::milliseconds deadline);
+  void RunStep(StepPlan plan, std::vector<int64_t> released, int64_t step_id, std::chrono::milliseconds deadline);
   void OnConnectFailed(const absl::Status& status);
   // While idle: pings every worker each kHeartbeatInterval; one that does not answer in twice that
   // makes the group unhealthy (re-formed like after a failed step). Called with mu_ held.

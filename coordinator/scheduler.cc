@@ -150,6 +150,7 @@ std::optional<StepPlan> Scheduler::Schedule() {
     }
     const int64_t n = std::min(static_cast<int64_t>(s.tokens.size()) - s.num_computed, budget);
     step.chunks.push_back(MakeChunk(s, n));
+    step.chunks.back().cached_prefix.assign(s.tokens.begin(), s.tokens.begin() + s.num_computed);
     in_step.insert(id);
     budget -= n;
   }

@@ -65,6 +65,7 @@ struct ChunkPlan {
   int64_t start_pos = 0;              // position of tokens[0]
   std::vector<int32_t> tokens;        // the token ids to run (the first stage embeds them)
   std::vector<int32_t> block_table;   // the sequence's whole table, covering start_pos + size
+  std::vector<int32_t> cached_prefix; // first chunk after a prefix-cache hit: the cached tokens
   bool sample = false;                // last chunk of the prompt, or a decode step
   // For the last stage (meaningful when sample):
   SamplingParams sampling;

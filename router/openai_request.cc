@@ -327,6 +327,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body) 
   ASSIGN_OR_RETURN(Json j, ParseBody(body));
   CompletionRequest r;
   RETURN_IF_ERROR(ParsePrompt(j, &r));
+  RETURN_IF_ERROR(ReadBool(j, "allow_special_tokens", &r.allow_special_tokens));
   ASSIGN_OR_RETURN(r.params, ParseCommon(j, /*chat=*/false));
   return r;
 }

@@ -3,7 +3,8 @@
 // names the parameter (see api_error.h), so the HTTP layer only renders it.
 //
 // Accepted besides OpenAI's parameters: vLLM's top_k, min_p, stop_token_ids, ignore_eos,
-// skip_special_tokens, return_token_ids, chat_template_kwargs.enable_thinking. Fields this
+// skip_special_tokens, return_token_ids, chat_template_kwargs.enable_thinking, and
+// allow_special_tokens (completions: special-token text in the prompt is special). Fields this
 // router does not implement are refused when they would change the output (n != 1,
 // echo, best_of > 1, penalties != 0, tools, non-text response_format) and ignored
 // otherwise (user, metadata, ...).
@@ -53,6 +54,9 @@ struct CompletionRequest {
   bool prompt_is_ids = false;
   std::string prompt_text;
   std::vector<int32_t> prompt_ids;
+  // "allow_special_tokens": special-token text in a text prompt ("<|im_start|>", EOS, ...)
+  // becomes the special tokens. Off by default: it is tokenized as text, like chat content.
+  bool allow_special_tokens = false;
 };
 
 struct ChatRequest {

@@ -43,7 +43,9 @@ absl::StatusOr<std::vector<int32_t>> CompletionPromptIds(const Tokenizer* tokeni
     return InvalidParam("prompt", "this router has no tokenizer (start it with --model): send the prompt as token ids");
   }
   RETURN_IF_ERROR(CheckPromptBytes(static_cast<int64_t>(request.prompt_text.size()), max_prompt_bytes, "prompt"));
-  return Encode(tokenizer, request.prompt_text, "prompt");
+  // Special-token text is text unless the request allows it (no range where it is special).
+  static const Tokenizer::Ranges kNowhere;
+  return Encode(tokenizer, request.prompt_text, "prompt", request.allow_special_tokens ? nullptr : &kNowhere);
 }
 
 absl::StatusOr<std::vector<int32_t>> ChatPromptIds(const Tokenizer* tokenizer, const ChatRequest& request,

@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
   std::string host = a->Get("host", "127.0.0.1");
   auto registry = std::make_shared<prometheus::Registry>();
   MetricsServer metrics;
-  auto mp = metrics.Start(host, static_cast<int>(*mport), registry);
+  auto mp = metrics.Start(host, static_cast<int>(*mport), registry, ClusterBearerAuthorized);
   if (!mp.ok()) {
     std::fprintf(stderr, "moeshard-worker: %s\n", std::string(mp.status().message()).c_str());
     return 1;

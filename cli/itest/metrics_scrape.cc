@@ -77,6 +77,9 @@ absl::StatusOr<MetricsView> MetricsView::Fetch(const std::vector<std::string>& u
     std::string base, path;
     SplitUrl(url, &base, &path);
     HttpResponse r = HttpClient(base, api_key, 30).Get(path, Auth::kDefault);
+    // Coordinators and workers: their /metrics needs the cluster credential, not the API key.
+    const char* token = std::getenv("MOESHARD_CLUSTER_TOKEN");
+    if (r.status == 401 && token != nullptr) r = HttpClient(base, token, 30).Get(path, Auth::kDefault);
     if (r.status != 200) return absl::UnavailableError(absl::StrCat("GET ", url, ": ", r.Describe()));
     Scrape s;
     s.url = url;

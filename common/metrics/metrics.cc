@@ -44,7 +44,8 @@ prometheus::Histogram::BucketBoundaries LatencyBuckets() {
 MetricsServer::MetricsServer() = default;
 MetricsServer::~MetricsServer() { Stop(); }
 
-absl::StatusOr<int> MetricsServer::Start(const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry) {
+absl::StatusOr<int> MetricsServer::Start(const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry,
+                                         Authorizer authorize) {
   registry_ = std::move(registry);
   // Scrapers and probes are few: a small pool, and slow or surplus connections cannot hold it.
   ConnectionLimits limits;
@@ -58,7 +59,13 @@ absl::StatusOr<int> MetricsServer::Start(const std::string& host, int port, std:
   server_->set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
     return RefuseOutsideProbes(req, res) ? httplib::Server::HandlerResponse::Handled : httplib::Server::HandlerResponse::Unhandled;
   });
-  server_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+  server_->Get("/metrics", [this, authorize = std::move(authorize)](const httplib::Request& req, httplib::Response& res) {
+    if (authorize && !authorize(req.get_header_value("Authorization"))) {
+      res.status = 401;
+      res.set_header("WWW-Authenticate", "Bearer");
+      res.set_content("/metrics needs the cluster credential: Authorization: Bearer <token>\n", "text/plain");
+      return;
+    }
     res.set_content(RenderMetrics(*registry_), "text/plain; version=0.0.4; charset=utf-8");
   });
   server_->Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });

@@ -3,8 +3,10 @@
 // small server of its own (coordinator, worker).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "absl/status/status.h"
@@ -42,10 +44,15 @@ prometheus::Histogram::BucketBoundaries LatencyBuckets();
 // Serves GET /metrics (and GET /health, which answers "ok") on host:port in a thread.
 class MetricsServer {
  public:
+  // Whether a request's Authorization header may read /metrics.
+  using Authorizer = std::function<bool(std::string_view authorization)>;
+
   MetricsServer();
   ~MetricsServer();
-  // port 0 picks a free port; returns the port bound.
-  absl::StatusOr<int> Start(const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry);
+  // port 0 picks a free port; returns the port bound. With `authorize`, /metrics answers 401
+  // (WWW-Authenticate: Bearer) to a request it refuses; /health stays open.
+  absl::StatusOr<int> Start(const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry,
+                            Authorizer authorize = nullptr);
   void Stop();
 
  private:

@@ -80,4 +80,10 @@ bool SecretEquals(std::string_view a, std::string_view b) {
   return diff == 0;
 }
 
+bool BearerEquals(std::string_view authorization, std::string_view secret) {
+  constexpr std::string_view kBearer = "Bearer ";
+  if (authorization.substr(0, kBearer.size()) != kBearer) return false;
+  return SecretEquals(authorization.substr(kBearer.size()), secret);
+}
+
 }  // namespace moeshard

@@ -34,4 +34,8 @@ absl::StatusOr<std::string> LoadClusterToken(const std::string& file_flag);
 // Equal strings, in time that depends only on their lengths.
 bool SecretEquals(std::string_view a, std::string_view b);
 
+// True when `authorization` (an HTTP header or gRPC metadata value) is "Bearer <secret>";
+// compared in constant time.
+bool BearerEquals(std::string_view authorization, std::string_view secret);
+
 }  // namespace moeshard

@@ -130,6 +130,11 @@ std::shared_ptr<grpc::Channel> CreateInternalChannel(const std::string& address,
   return grpc::experimental::CreateCustomChannelWithInterceptors(address, creds, args, std::move(interceptors));
 }
 
+bool ClusterBearerAuthorized(std::string_view authorization) {
+  const std::string& token = Installed().token;
+  return token.empty() || BearerEquals(authorization, token);
+}
+
 grpc::Status CheckClusterCredential(const grpc::ServerContext* context) {
   const std::string& token = Installed().token;
   if (token.empty()) return grpc::Status::OK;

@@ -13,6 +13,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include <grpcpp/grpcpp.h>
 
@@ -40,6 +41,10 @@ inline constexpr char kInternalSecurityUsage[] =
 
 // True once a credential is installed.
 bool InternalAuthEnabled();
+
+// For the internal HTTP ports (coordinator and worker /metrics): true when `authorization`
+// (the HTTP header) is "Bearer <cluster credential>", or no credential is installed.
+bool ClusterBearerAuthorized(std::string_view authorization);
 
 // Server-side TLS (no client certificate) from PEM files: the router's public gRPC port.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TlsServerCredentials(const std::string& cert_file,

@@ -319,12 +319,15 @@ TEST(SchedulerTest, PrefixCacheReportedOnFirstSchedule) {
   ASSERT_TRUE(p && p->chunks.size() == 1);
   EXPECT_EQ(p->chunks[0].start_pos, 8);
   EXPECT_EQ(p->chunks[0].tokens, std::vector<int32_t>{108});
+  // The workers check the shared blocks against the cached tokens (worker/service/kv_ownership.h).
+  EXPECT_EQ(p->chunks[0].cached_prefix, (std::vector<int32_t>{100, 101, 102, 103, 104, 105, 106, 107}));
   EXPECT_TRUE(p->chunks[0].sample);
   std::vector<SeqEvent> ev = s.OnStepDone(*p, Sample(*p));
   ASSERT_EQ(ev.size(), 1u);
   EXPECT_EQ(ev[0].num_cached_tokens, 8);
   p = s.Schedule();
   ASSERT_TRUE(p);
+  EXPECT_TRUE(p->chunks[0].cached_prefix.empty());  // only the first chunk after the hit
   ev = s.OnStepDone(*p, Sample(*p));
   ASSERT_EQ(ev.size(), 1u);
   EXPECT_EQ(ev[0].num_cached_tokens, -1);  // only once

@@ -63,8 +63,15 @@ def free_port():
         return s.getsockname()[1]
 
 
-def http(url, data=None, timeout=30):
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
+# The cluster credential this check gives `moeshard up`: coordinators' and workers' /metrics need it.
+TOKEN = os.urandom(32).hex()
+
+
+def http(url, data=None, timeout=30, token=None):
+    headers = {"Content-Type": "application/json"} if data else {}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(url, data=data, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, r.read().decode()
@@ -116,7 +123,8 @@ def main():
     up_log = os.path.join(TMP, "up.log")
     p = start("moeshard up", [os.path.join(BUILD, "moeshard"), "up", "--model", model, "--workers", "2",
                               "--mode", "layer-split", "--max-model-len", "2048"],
-              stdout=subprocess.PIPE, stderr=open(up_log, "w"), text=True)
+              stdout=subprocess.PIPE, stderr=open(up_log, "w"), text=True,
+              env={**os.environ, "MOESHARD_CLUSTER_TOKEN": TOKEN})
     lines = read_until(p, "moeshard up: ready", 240)
     if not R.check(any(l.startswith("moeshard up: ready") for l in lines),
                    "moeshard up starts a router, a coordinator and 2 workers and reports ready",
@@ -129,8 +137,11 @@ def main():
     exported = {"up", "scrape_duration_seconds", "scrape_samples_scraped", "scrape_series_added",
                 "scrape_samples_post_metric_relabeling"}
     for mu in metrics_urls:
-        code, text = http(mu)
+        code, text = http(mu, token=TOKEN)
         R.check(code == 200, f"{mu} answers")
+        if "router_" not in text:
+            R.check(http(mu)[0] == 401 and http(mu, token="wrong-" + TOKEN)[0] == 401,
+                    f"{mu} refuses a scrape without the cluster credential, and with a wrong one")
         role = "router" if "router_" in text else "worker" if "moeshard_worker_" in text else "coordinator"
         roles[role].append(mu.split("/")[2])
         # Default names (moeshard_<name>) are what promtool accepts: no lint at all.
@@ -140,7 +151,7 @@ def main():
         binary = f"moeshard-{role}"
         flag = "port" if role == "router" else "metrics-port"
         for path in HTTP_PATHS[(binary, flag)]:
-            code, body = http(f"http://{mu.split('/')[2]}{path}")
+            code, body = http(f"http://{mu.split('/')[2]}{path}", token=TOKEN)
             R.check(code == 200, f"{binary} serves {path} on its --{flag} ({mu.split('/')[2]})", f"HTTP {code} {body[:200]}")
     R.check(len(roles["router"]) == 1 and len(roles["coordinator"]) == 1 and len(roles["worker"]) == 2,
             f"moeshard up printed the metrics URLs of 1 router, 1 coordinator, 2 workers", f"{roles}")
@@ -149,6 +160,9 @@ def main():
     cfg = yaml.safe_load(open(src))
     cfg["global"].update({"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"})
     cfg["rule_files"] = [os.path.join(os.path.dirname(src), f) for f in cfg.get("rule_files", [])]
+    token_file = os.path.join(TMP, "moeshard-cluster-token")
+    with open(os.open(token_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+        f.write(TOKEN)
     for job in cfg["scrape_configs"]:
         role = next((r for r in roles if r in job["job_name"]), None)
         if not R.check(role is not None, f"scrape job {job['job_name']} is the router's, coordinators' or workers'"):
@@ -156,6 +170,10 @@ def main():
         for k in [k for k in job if k.endswith("_sd_configs") or k == "static_configs"]:
             del job[k]
         job["static_configs"] = [{"targets": roles[role]}]
+        if role != "router":
+            R.check("credentials_file" in job.get("authorization", {}),
+                    f"scrape job {job['job_name']} sends the cluster credential (authorization.credentials_file)")
+            job["authorization"] = {"credentials_file": token_file}
     gen = os.path.join(TMP, "prometheus.yml")
     yaml.safe_dump(cfg, open(gen, "w"), sort_keys=False)
     pc = subprocess.run(["promtool", "check", "config", gen], capture_output=True, text=True)
@@ -223,7 +241,7 @@ def main():
     # What every process exports now.
     raw = set()
     for mu in metrics_urls:
-        raw |= exported_names(http(mu)[1])
+        raw |= exported_names(http(mu, token=TOKEN)[1])
     exported |= raw
     # The recording rules name every exported family again as moeshard:<name> (vLLM's
     # style, what the dashboards query): each must have its rule, and its series must be in

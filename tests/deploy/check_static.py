@@ -191,6 +191,15 @@ def check_rendered(where, docs, complete):
         for ep in m["spec"].get("podMetricsEndpoints", []):
             for own, t in hit:
                 check_scrape(f"{where}: PodMonitor/{m['metadata']['name']}", own, t, ep.get("port"), ep.get("path", "/metrics"))
+                # Coordinators' and workers' /metrics need the cluster credential: the Secret the
+                # pods read it from.
+                envs = [e for c in containers(t)[0] for e in c.get("env", []) if e.get("name") == "MOESHARD_CLUSTER_TOKEN"]
+                ref = [e["valueFrom"]["secretKeyRef"] for e in envs if "secretKeyRef" in e.get("valueFrom", {})]
+                auth = ep.get("authorization", {})
+                R.check(auth.get("type") == "Bearer" and bool(ref) and auth.get("credentials") in
+                        [{"name": r["name"], "key": r["key"]} for r in ref],
+                        f"{where}: PodMonitor/{m['metadata']['name']} sends {own}'s cluster credential as a Bearer token",
+                        f"authorization {auth}, the pods' secret {ref}")
     # Every container: its flags, and each probe on a port the process serves it on.
     for own, t in templates:
         main, init = containers(t)

@@ -40,6 +40,10 @@ for m in muse-spark-tiny muse-spark-tiny-nvfp4 muse-spark-kv4 qwen3moe-tiny qwen
 done
 
 WORK=$(mktemp -d /tmp/moeshard-e2e.XXXXXX)
+# The cluster credential of every cluster here (`moeshard up` takes it from the environment):
+# the itest's scrapes of coordinators' and workers' /metrics need it.
+MOESHARD_CLUSTER_TOKEN=${MOESHARD_CLUSTER_TOKEN:-$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')}
+export MOESHARD_CLUSTER_TOKEN
 PASSED=0
 FAILED=0
 SKIPPED=0

@@ -99,3 +99,21 @@ put("internal_proto_fuzz", "handshake", b"\x00" + handshake)
 chunk = field(1, 0, 7) + field(2, 0, 16) + field(3, 2, b"\x01\x02\x03") + field(4, 2, b"\x00\x01") + field(5, 0, 1)
 put("internal_proto_fuzz", "step", b"\x2e" + field(1, 0, 3) + field(2, 2, chunk) + field(2, 2, chunk) + field(3, 2, b"\x05"))
 put("internal_proto_fuzz", "store", b"\x02" + field(1, 2, b"g1/rank/0") + field(2, 2, b"127.0.0.1:5000"))
+
+# internal_service_fuzz: the first byte picks the method (0 Handshake, 1 Step, 2 Ping,
+# 3 Generate, 4 GetStatus, 5 StoreSet, 6 StoreGet); the harness runs the real handlers.
+put("internal_service_fuzz", "handshake", b"\x00" + handshake)
+own = field(1, 0, 7) + field(2, 0, 0) + field(3, 2, b"\x01\x02\x03") + field(4, 2, b"\x00") + field(5, 0, 1) + field(8, 0, 1)
+put("internal_service_fuzz", "step", b"\x01" + field(1, 0, 1) + field(2, 2, own))
+decode = field(1, 0, 7) + field(2, 0, 3) + field(3, 2, b"\x04") + field(4, 2, b"\x00") + field(5, 0, 1) + field(7, 0, 5)
+put("internal_service_fuzz", "step_two", b"\x01" + field(1, 0, 1) + field(2, 2, own) + field(2, 2, field(1, 0, 8) + field(2, 0, 0) +
+    field(3, 2, b"\x05") + field(4, 2, b"\x01") + field(5, 0, 1)))
+put("internal_service_fuzz", "step_decode", b"\x01" + field(1, 0, 1) + field(2, 2, decode) + field(3, 2, b"\x09"))
+rogue = field(1, 0, 9) + field(2, 0, 16) + field(3, 2, b"\x01") + field(4, 2, b"\x00\x01") + field(5, 0, 1) + field(9, 2, b"\x01" * 16)
+put("internal_service_fuzz", "step_prefix", b"\x01" + field(1, 0, 1) + field(2, 2, rogue) + field(4, 2, b"\x07"))
+put("internal_service_fuzz", "step_stale", b"\x01" + field(1, 0, (1 << 64) - 1))
+put("internal_service_fuzz", "ping", b"\x02")
+put("internal_service_fuzz", "generate", b"\x03" + field(1, 2, b"\x01\x02\x03") + field(2, 0, 4) + field(5, 0, 1) + field(7, 0, 1))
+put("internal_service_fuzz", "status", b"\x04")
+put("internal_service_fuzz", "store_set", b"\x05" + field(1, 2, b"g1/rank/0") + field(2, 2, b"127.0.0.1:5000"))
+put("internal_service_fuzz", "store_get", b"\x06" + field(1, 2, b"g1/rank/0") + field(2, 0, 5))

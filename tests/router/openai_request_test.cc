@@ -31,6 +31,19 @@ TEST(CompletionRequestTest, DefaultsAndTextPrompt) {
   EXPECT_FALSE(p.stream);
   EXPECT_FALSE(p.logprobs);
   EXPECT_TRUE(p.skip_special_tokens);
+  EXPECT_FALSE(r->allow_special_tokens);
+}
+
+TEST(CompletionRequestTest, AllowSpecialTokens) {
+  auto on = ParseCompletionRequest(R"({"prompt": "a<|im_end|>", "allow_special_tokens": true})");
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_TRUE(on->allow_special_tokens);
+  auto off = ParseCompletionRequest(R"({"prompt": "a", "allow_special_tokens": false})");
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE(off->allow_special_tokens);
+  auto bad = ParseCompletionRequest(R"({"prompt": "a", "allow_special_tokens": "yes"})");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("allow_special_tokens"), std::string::npos) << bad.status();
 }
 
 TEST(CompletionRequestTest, AllParameters) {

@@ -1,5 +1,6 @@
 // The router library end to end over HTTP, against a fake coordinator on free ports:
 // completions, chat, streaming, stop strings, logprobs, token ids, OpenAI errors.
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -124,6 +125,21 @@ TEST_F(RouterE2eTest, DefaultMaxTokensFillsTheContext) {
   EXPECT_EQ(h_->fake().last_request().max_tokens(), 15);
   EXPECT_EQ(j["usage"]["completion_tokens"], 15);
   EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+}
+
+TEST_F(RouterE2eTest, SpecialTokenTextInACompletionPromptIsTextUnlessAllowed) {
+  const std::string prompt = "hi<|im_start|>system";
+  auto ids = [&](Json extra) {
+    Json body = {{"prompt", prompt}, {"max_tokens", 1}, {"return_token_ids", true}};
+    body.update(extra);
+    return PostOk("/v1/completions", body)["prompt_token_ids"].get<std::vector<int32_t>>();
+  };
+  const std::vector<int32_t> as_text = ids(Json::object());
+  EXPECT_THAT(as_text, ::testing::Not(::testing::Contains(kImStart)));
+  EXPECT_EQ(ids({{"allow_special_tokens", false}}), as_text);
+  const std::vector<int32_t> special = ids({{"allow_special_tokens", true}});
+  EXPECT_EQ(std::count(special.begin(), special.end(), kImStart), 1);
+  EXPECT_LT(special.size(), as_text.size());  // "<|im_start|>" is one token, not its bytes
 }
 
 TEST_F(RouterE2eTest, ChatUsesTheTemplate) {

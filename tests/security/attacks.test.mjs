@@ -4,7 +4,8 @@
 // key's reach. Each attack must be refused, and the cluster must still serve afterwards.
 //
 // Environment (run.sh): MOESHARD_URL, MOESHARD_GRPC, MOESHARD_API_KEY, MOESHARD_INTERNAL
-// ("coordinator=HOST:PORT worker=HOST:PORT ..."), MOESHARD_ROUTER_PID.
+// ("coordinator=HOST:PORT worker=HOST:PORT ..."), MOESHARD_METRICS (every process's /metrics
+// URL), MOESHARD_ROUTER_PID, MOESHARD_WORKER_PID.
 import assert from 'node:assert/strict';
 import { createRequire } from 'node:module';
 import { readFileSync } from 'node:fs';
@@ -79,6 +80,16 @@ async function stillServes() {
   assert.deepEqual(r.body.choices[0].token_ids, baseline);
 }
 
+// The cluster credential, as a process of the cluster's user can read it: the attacks below
+// that hold it stand for a buggy or compromised coordinator path.
+function clusterToken() {
+  const pid = process.env.MOESHARD_WORKER_PID;
+  const env = readFileSync(`/proc/${pid}/environ`, 'utf8').split('\0');
+  const token = (env.find((e) => e.startsWith('MOESHARD_CLUSTER_TOKEN=')) ?? '').slice(23);
+  assert.ok(token.length >= 16, 'the worker has its cluster credential in its environment');
+  return token;
+}
+
 function rssBytes(pid) {
   const m = readFileSync(`/proc/${pid}/status`, 'utf8').match(/VmRSS:\s+(\d+) kB/);
   return Number(m[1]) * 1024;
@@ -111,6 +122,57 @@ describe('internal gRPC without the cluster credential', () => {
     const r = await call(stub, 'Step', step);
     assert.equal(r.code, grpc.status.UNAUTHENTICATED);
     assert.equal(r.value, undefined);
+  });
+
+  test('with the credential: a Step reading another live request\'s KV blocks is refused; the request completes', async () => {
+    const md = () => {
+      const m = new grpc.Metadata();
+      m.set('x-moeshard-cluster-token', clusterToken());
+      return m;
+    };
+    const stub = client(v1.Worker, workers[0]);
+    const victimBody = { prompt: Array.from({ length: 40 }, (_, i) => 1000 + i), max_tokens: 1500 };
+    const want = (await completion(victimBody)).body.choices[0].token_ids;
+    assert.equal(want.length, 1500);
+    let victimDone = false;
+    const victim = completion(victimBody).then((r) => { victimDone = true; return r; });
+    await new Promise((r) => setTimeout(r, 300));  // its prompt is in the KV cache, it decodes
+    // The cross-user read of issue 15: a new sequence whose table names every block of the
+    // pool (256 blocks of 16), one token at the last position, asking for logprobs. It must run
+    // as the next step: a stale step id is refused at once and says which is next.
+    const table = Array.from({ length: 256 }, (_, i) => i);
+    let refused = null;
+    for (let tries = 0; !refused && !victimDone && tries < 500; tries++) {
+      const probe = await call(stub, 'Step', { step_id: -1 }, md());
+      assert.equal(probe.code, grpc.status.ABORTED, `${probe.code} ${probe.details}`);
+      const next = Number(/next is (\d+)/.exec(probe.details)[1]);
+      const r = await call(stub, 'Step', {
+        step_id: next,
+        chunks: [{ seq_id: 1e12, start_pos: 256 * 16 - 1, tokens: [1], block_table: table, sample: true, logprobs: true, top_logprobs: 20 }],
+      }, md());
+      if (r.code === grpc.status.INVALID_ARGUMENT) refused = r;
+      else assert.equal(r.code, grpc.status.ABORTED, `${r.code} ${r.details}`);  // the coordinator's step went first
+    }
+    assert.ok(refused, 'the rogue step ran its turn while the victim was live');
+    assert.match(refused.details, /live sequence \d+/);
+    assert.equal(refused.value, undefined);
+    const got = await victim;
+    assert.equal(got.status, 200, JSON.stringify(got.body));
+    assert.deepEqual(got.body.choices[0].token_ids, want, 'the victim\'s tokens are what they were without the attack');
+    await stillServes();
+  });
+
+  test('coordinator and worker /metrics need the cluster credential (Authorization: Bearer)', async () => {
+    const urls = (process.env.MOESHARD_METRICS ?? '').split(/\s+/).filter((u) => u && !u.startsWith(url));
+    assert.ok(urls.length >= 1 + workers.length, `internal /metrics URLs: ${urls}`);
+    for (const u of urls) {
+      assert.equal((await fetch(u)).status, 401, u);
+      assert.equal((await fetch(u, { headers: { Authorization: `Bearer ${apiKey}` } })).status, 401, `${u}: the API key is not the cluster credential`);
+      const ok = await fetch(u, { headers: { Authorization: `Bearer ${clusterToken()}` } });
+      assert.equal(ok.status, 200, u);
+      assert.match(await ok.text(), /moeshard_/);
+      assert.equal((await fetch(u.replace(/\/metrics$/, '/health'))).status, 200, `${u}: /health stays open`);
+    }
   });
 
   test('a Handshake with a wrong fingerprint or 40000 KV blocks is refused before the live group is touched', async () => {

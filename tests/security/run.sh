@@ -55,6 +55,7 @@ fi
 URL=$(sed -n 's/^moeshard up: \(https\?:\/\/[^ ]*\) grpc .*/\1/p' "$WORK/up.out")
 GRPC=$(sed -n 's/^moeshard up: https\?:\/\/[^ ]* grpc \(.*\)$/\1/p' "$WORK/up.out")
 INTERNAL=$(sed -n 's/^moeshard up: internal //p' "$WORK/up.out")
+METRICS=$(sed -n 's/^moeshard up: metrics //p' "$WORK/up.out" | head -1)
 children=$(pgrep -P "$UP_PID")
 pid_of() { for p in $children; do [[ $(cat "/proc/$p/comm" 2>/dev/null) == "$1" ]] && { echo "$p"; return; }; done; }
 ROUTER_PID=$(pid_of moeshard-router)
@@ -71,7 +72,7 @@ else
 fi
 
 (cd "$ROOT/tests/security" &&
-  MOESHARD_URL=$URL MOESHARD_GRPC=$GRPC MOESHARD_API_KEY=$KEY MOESHARD_INTERNAL=$INTERNAL \
+  MOESHARD_URL=$URL MOESHARD_GRPC=$GRPC MOESHARD_API_KEY=$KEY MOESHARD_INTERNAL=$INTERNAL MOESHARD_METRICS=$METRICS \
     MOESHARD_ROUTER_PID=$ROUTER_PID MOESHARD_WORKER_PID=$WORKER_PID MOESHARD_COORDINATOR_PID=$COORD_PID \
     MOESHARD_CLUSTER_PIDS="$UP_PID $children" \
     node --test --test-reporter=tap --test-concurrency=1 attacks.test.mjs) >"$WORK/attacks.log" 2>&1

@@ -133,6 +133,7 @@ absl::Status WorkerServiceImpl::DoHandshake(const v1::HandshakeRequest& req, v1:
   gpu_runner_ = ro.device == Device::kCuda;
   shard_ = sp;
   block_size_ = req.block_size();
+  kv_owners_.Reset(req.block_size(), req.num_kv_blocks());
   next_step_ = 0;
   ready_ = true;
   kv_bytes_->Set(static_cast<double>(runner_->kv_bytes()));
@@ -147,10 +148,26 @@ grpc::Status WorkerServiceImpl::Step(grpc::ServerContext* ctx, const v1::StepReq
   if (grpc::Status auth = CheckClusterCredential(ctx); !auth.ok()) return auth;
   std::unique_lock<std::mutex> l(mu_);
   if (!ready_) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "worker has no plan: handshake first");
-  // Steps run in step_id order on every worker, so that the communicator calls match.
-  bool turn = cv_.wait_for(l, std::chrono::seconds(600), [&] { return next_step_ == req->step_id() || !ready_ || ctx->IsCancelled(); });
+  // Steps run in step_id order on every worker, so that the communicator calls match (a step
+  // whose turn has passed is refused at once).
+  bool turn = cv_.wait_for(l, std::chrono::seconds(600), [&] {
+    return next_step_ >= req->step_id() || !ready_ || ctx->IsCancelled();
+  });
   if (!turn || !ready_ || next_step_ != req->step_id()) {
     return grpc::Status(grpc::StatusCode::ABORTED, absl::StrCat("step ", req->step_id(), " out of order (next is ", next_step_, ")"));
+  }
+  if (broken_.empty()) {
+    // Checked before it acts: a refused step changes nothing (its step id stays free, the
+    // group stays up), so a rogue step cannot stall or break the coordinator's.
+    absl::Status valid = ValidateStep(*req, block_size_, limits_);
+    if (valid.ok()) valid = kv_owners_.Check(*req);
+    if (!valid.ok()) {
+      steps_failed_->Increment();
+      std::fprintf(stderr, "moeshard-worker: step %ld refused: %s\n", static_cast<long>(req->step_id()),
+                   std::string(valid.message()).c_str());
+      return ToGrpc(valid);
+    }
+    kv_owners_.Commit(*req);
   }
   absl::Status st = broken_.empty() ? DoStep(*req, rep) : absl::AbortedError(broken_);
   if (!st.ok() && broken_.empty()) {
@@ -169,7 +186,6 @@ absl::Status WorkerServiceImpl::DoStep(const v1::StepRequest& req, v1::StepReply
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
     step_seconds_->Add({{"phase", name}}, LatencyBuckets()).Observe(s);
   };
-  RETURN_IF_ERROR(ValidateStep(req, block_size_, limits_));
   for (int64_t id : req.released_seqs()) samplers_.erase(id);
   if (req.chunks().empty()) return absl::OkStatus();
   std::vector<SeqChunk> batch;

@@ -20,6 +20,7 @@
 #include "worker/model_runner.h"
 #include "worker/sampler.h"
 #include "common/security/internal_grpc.h"
+#include "worker/service/kv_ownership.h"
 #include "worker/service/request_limits.h"
 
 namespace moeshard {
@@ -73,6 +74,7 @@ class WorkerServiceImpl final : public v1::Worker::Service {
   bool gpu_runner_ = false;  // runner_ is the CUDA backend (set with it)
   v1::ShardProto shard_;
   int32_t block_size_ = 0;
+  KvOwnership kv_owners_;  // which KV blocks each live sequence wrote
   std::map<int64_t, Sampler> samplers_;
   prometheus::Family<prometheus::Histogram>* step_seconds_ = nullptr;
   prometheus::Counter* steps_ok_ = nullptr;

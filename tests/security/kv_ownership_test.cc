@@ -1,0 +1,136 @@
+// Block tables against the sequences' own blocks (worker/service/kv_ownership.h): a step may
+// read and write the blocks its sequence wrote, blocks of no live sequence, and full blocks of
+// another live sequence only through the prefix cache (its cached_prefix must hold the tokens
+// the blocks were written with). Block size 4 throughout.
+#include "worker/service/kv_ownership.h"
+
+#include <numeric>
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace moeshard {
+namespace {
+
+constexpr int kBs = 4;
+
+v1::ChunkProto Chunk(int64_t seq, int64_t start, std::vector<int32_t> tokens, std::vector<int32_t> table,
+                     std::vector<int32_t> cached_prefix = {}) {
+  v1::ChunkProto c;
+  c.set_seq_id(seq);
+  c.set_start_pos(start);
+  c.mutable_tokens()->Add(tokens.begin(), tokens.end());
+  c.mutable_block_table()->Add(table.begin(), table.end());
+  c.mutable_cached_prefix()->Add(cached_prefix.begin(), cached_prefix.end());
+  return c;
+}
+
+v1::StepRequest Step(std::vector<v1::ChunkProto> chunks, std::vector<int64_t> released = {},
+                     std::vector<int64_t> preempted = {}) {
+  v1::StepRequest r;
+  for (auto& c : chunks) *r.add_chunks() = std::move(c);
+  r.mutable_released_seqs()->Add(released.begin(), released.end());
+  r.mutable_preempted_seqs()->Add(preempted.begin(), preempted.end());
+  return r;
+}
+
+std::vector<int32_t> Range(int32_t from, int32_t n) {
+  std::vector<int32_t> v(n);
+  std::iota(v.begin(), v.end(), from);
+  return v;
+}
+
+class KvOwnershipTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    kv_.Reset(kBs, 16);
+    // The victim, sequence 1: a 10-token prompt in blocks 0, 1, 2 (two full blocks).
+    Run(Step({Chunk(1, 0, Range(100, 10), {0, 1, 2})}));
+  }
+  void Run(const v1::StepRequest& r) {
+    ASSERT_TRUE(kv_.Check(r).ok()) << kv_.Check(r).message();
+    kv_.Commit(r);
+  }
+  // Expects Check to refuse `r`; returns the refusal's message.
+  std::string Refusal(const v1::StepRequest& r) {
+    absl::Status st = kv_.Check(r);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st.message();
+    return std::string(st.message());
+  }
+  KvOwnership kv_;
+};
+
+TEST_F(KvOwnershipTest, ASequenceContinuesInItsOwnBlocks) {
+  Run(Step({Chunk(1, 10, {7}, {0, 1, 2})}));
+  Run(Step({Chunk(1, 11, {8}, {0, 1, 2})}));
+  Run(Step({Chunk(1, 12, {9}, {0, 1, 2, 3})}));  // the table grew
+  Run(Step({Chunk(1, 12, {9}, {0, 1, 2, 3})}));  // a sampled position runs again
+  EXPECT_EQ(kv_.num_live(), 1);
+}
+
+TEST_F(KvOwnershipTest, ReadingAnotherLiveSequencesBlocksIsRefused) {
+  // A new sequence whose table starts with the victim's blocks, without their tokens: the
+  // cross-user read of issue 15 (one token, reading the victim's KV for its logprobs).
+  std::string st = Refusal(Step({Chunk(2, 8, {5}, {0, 1, 3})}));
+  EXPECT_NE(st.find("live sequence 1"), std::string::npos) << st;
+  EXPECT_NE(st.find("KV block 0"), std::string::npos) << st;
+  // A wrong guess of the tokens, and the right tokens of block 0 with a wrong block 1.
+  Refusal(Step({Chunk(2, 8, {5}, {0, 1, 3}, Range(0, 8))}));
+  std::vector<int32_t> half = Range(100, 8);
+  half[7] = 0;
+  Refusal(Step({Chunk(2, 8, {5}, {0, 1, 3}, half)}));
+  // The victim's last, partly written block, read or written by another sequence.
+  Refusal(Step({Chunk(2, 0, {5}, {2})}));
+  Refusal(Step({Chunk(2, 8, {5}, {7, 8, 2}, Range(0, 8))}));
+  // A chain: block 1's tokens match but block 0's do not, so block 1 holds other KV.
+  std::vector<int32_t> other = Range(100, 8);
+  other[0] = 1;
+  Refusal(Step({Chunk(2, 8, {5}, {9, 1, 3}, other)}));
+}
+
+TEST_F(KvOwnershipTest, WritingAnotherLiveSequencesBlocksIsRefused) {
+  std::string st = Refusal(Step({Chunk(2, 0, Range(0, 6), {5, 1})}));
+  EXPECT_NE(st.find("KV block 1"), std::string::npos) << st;
+  EXPECT_NE(st.find("live sequence 1"), std::string::npos) << st;
+  // With the victim's own sequence id, a different table.
+  Refusal(Step({Chunk(1, 10, {7}, {0, 4, 2})}));
+}
+
+TEST_F(KvOwnershipTest, PrefixCacheSharingPasses) {
+  // Sequence 2's prompt starts with the victim's 8 tokens: the coordinator's prefix cache gives
+  // it blocks 0 and 1, read-only, with their tokens.
+  Run(Step({Chunk(2, 8, {50, 51}, {0, 1, 5}, Range(100, 8))}));
+  Run(Step({Chunk(2, 10, {52}, {0, 1, 5})}));
+  // Both sequences go on; a third shares sequence 2's own full block chain too.
+  Run(Step({Chunk(1, 10, {7}, {0, 1, 2}), Chunk(2, 11, {53}, {0, 1, 5})}));
+  std::vector<int32_t> prefix = Range(100, 8);
+  prefix.insert(prefix.end(), {50, 51, 52, 53});
+  Run(Step({Chunk(3, 12, {1}, {0, 1, 5, 6}, prefix)}));
+  // But a shared block is not written by the sequence sharing it.
+  Refusal(Step({Chunk(2, 4, {9}, {0, 1, 5})}));
+}
+
+TEST_F(KvOwnershipTest, ReleasedAndPreemptedBlocksMayBeReused) {
+  Refusal(Step({Chunk(2, 0, Range(0, 5), {1, 0})}));
+  // The coordinator preempted sequence 1 while it planned this step, and gave its blocks away.
+  Run(Step({Chunk(2, 0, Range(0, 5), {1, 0})}, {}, {1}));
+  // Sequence 1 restarts in new blocks (its old ones belong to sequence 2 now).
+  Run(Step({Chunk(1, 0, Range(100, 10), {3, 4, 5})}));
+  Refusal(Step({Chunk(3, 0, {1}, {4})}));
+  // Released: sequence 1 finished; its blocks may be written by another.
+  Run(Step({Chunk(3, 0, {1}, {4})}, {1}));
+  EXPECT_EQ(kv_.num_live(), 2);
+}
+
+TEST_F(KvOwnershipTest, ARefusalChangesNothing) {
+  // A good chunk beside a bad one: neither is recorded.
+  Refusal(Step({Chunk(5, 0, {1}, {6}), Chunk(2, 0, {5}, {0})}));
+  EXPECT_EQ(kv_.num_live(), 1);
+  Run(Step({Chunk(5, 0, {1}, {7})}));  // had the table {6} been recorded, this would change it
+  Refusal(Step({Chunk(2, 0, {5}, {16})}, {1}));     // outside the pool of 16
+  Refusal(Step({Chunk(2, 0, Range(0, 5), {6})}));   // a short table
+  Refusal(Step({Chunk(2, 0, {5}, {-1})}));
+}
+
+}  // namespace
+}  // namespace moeshard

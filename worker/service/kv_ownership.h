@@ -1,0 +1,76 @@
+// Which KV blocks each live sequence may touch, as the worker saw the steps that wrote them.
+// The coordinator owns the block ids; a step whose block table names KV blocks of another
+// live sequence is refused, so that a buggy or compromised coordinator path cannot read
+// (or overwrite) another request's KV.
+//
+// The bookkeeping:
+//   writer   every block remembers the sequence that last wrote it; a sequence is live from
+//            its first chunk until a step lists it in released_seqs or preempted_seqs.
+//   own      a chunk may read and write blocks it wrote itself, and blocks whose writer is
+//            not live (free or prefix-cached blocks of finished sequences).
+//   shared   a new sequence (one the worker does not know, or one preempted since) that starts
+//            at start_pos > 0 reads the first start_pos / block_size blocks of its table
+//            without writing them: the prefix cache's hit. Those blocks may belong to another
+//            live sequence only when the chunk's cached_prefix holds the tokens they were
+//            written with: every full block keeps a digest of all tokens from position 0 to
+//            its end (chained block by block), and the prefix's digests must match. A caller
+//            who can name a block but does not know its tokens learns nothing.
+//   stable   a known sequence's table only grows: an earlier entry that changes is refused.
+// A refusal is INVALID_ARGUMENT naming the sequence and block; Check changes nothing.
+// Not thread-safe: the worker calls it under its step lock.
+#pragma once
+
+#include <cstdint>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "proto/moeshard.pb.h"
+
+namespace moeshard {
+
+class KvOwnership {
+ public:
+  // Live sequences a worker tracks at most (the coordinator runs far fewer at once).
+  static constexpr int64_t kMaxLiveSequences = 1 << 16;
+
+  // Forgets everything: a new pool of num_blocks blocks of block_size positions.
+  void Reset(int32_t block_size, int64_t num_blocks);
+
+  // Whether `req` may run: its released and preempted sequences count as gone, then every
+  // chunk is checked against the blocks the live sequences wrote.
+  absl::Status Check(const v1::StepRequest& req) const;
+  // Records a checked step: forgets its released and preempted sequences, then records the
+  // blocks and tokens each chunk writes.
+  void Commit(const v1::StepRequest& req);
+
+  int64_t num_live() const { return static_cast<int64_t>(seqs_.size()); }
+
+ private:
+  static constexpr int64_t kNobody = INT64_MIN;
+  struct Block {
+    int64_t writer = kNobody;
+    bool full = false;     // every position written: digest is valid
+    uint64_t digest = 0;   // chained digest of the tokens from position 0 to the block's end
+  };
+  struct Seq {
+    std::vector<int32_t> table;    // as far as the chunks seen read it
+    std::vector<int32_t> tokens;   // positions 0.. (valid while chain_known)
+    std::vector<uint64_t> chain;   // digest of each full block of tokens
+    int64_t shared_blocks = 0;     // leading blocks read through the prefix cache
+    bool chain_known = true;
+  };
+
+  absl::Status CheckChunk(const v1::ChunkProto& c, const std::unordered_set<int64_t>& gone) const;
+  void CommitChunk(const v1::ChunkProto& c);
+  // Digests of the full blocks of tokens[0, n).
+  std::vector<uint64_t> Chain(const int32_t* tokens, int64_t n) const;
+  void ExtendChain(Seq& s) const;
+
+  int32_t block_size_ = 1;
+  std::vector<Block> blocks_;
+  std::unordered_map<int64_t, Seq> seqs_;
+};
+
+}  // namespace moeshard
