@@ -13,6 +13,7 @@
 #include "common/status.h"
 #include "local/local_engine.h"
 #include "worker/inprocess_group.h"
+#include "worker/kv_cache.h"
 #include "worker/model_runner.h"
 
 namespace moeshard {
