@@ -1,6 +1,7 @@
 // `moeshard generate`: loads a model folder or .gguf file in this process, streams the
 // continuation of a prompt (optionally chat-formatted), then prints prompt and generation
-// speed.
+// speed. It runs the cluster's Engine over an in-process worker pool (local/local_engine.h),
+// so scheduling, sampling and stop strings are the served ones.
 #include <algorithm>
 #include <cstdio>
 
@@ -11,27 +12,11 @@
 #include "cli/commands.h"
 #include "common/status.h"
 #include "common/tokenizer/chat_template.h"
-#include "worker/generation.h"
+#include "local/local_engine.h"
 #include "worker/model_loader.h"
 
 namespace moeshard {
 namespace {
-
-// Length of the longest prefix of s that does not end inside a UTF-8 sequence.
-size_t CompleteUtf8Prefix(const std::string& s) {
-  size_t n = s.size(), i = n;
-  int back = 0;
-  while (i > 0 && back < 4) {
-    unsigned char c = s[i - 1];
-    if ((c & 0xC0) != 0x80) {
-      int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
-      return (n - (i - 1) >= static_cast<size_t>(len)) ? n : i - 1;
-    }
-    --i;
-    ++back;
-  }
-  return n;
-}
 
 absl::Status Run(const Args& a) {
   ASSIGN_OR_RETURN(std::string path, a.Required("model"));
@@ -65,39 +50,45 @@ absl::Status Run(const Args& a) {
   ro.max_batch_tokens = std::max<int64_t>(ro.max_batch_tokens, static_cast<int64_t>(prompt.size()));
   ShardSpec shard{0, m.config.num_layers, 0, 1, true, true};
   ASSIGN_OR_RETURN(auto runner, ModelRunner::Create(m.config, *m.source, shard, ro));
-  BlockAllocator blocks(ro.num_kv_blocks);
-  GenerateOptions go;
-  go.max_new_tokens = n;
-  go.sampling.temperature = static_cast<float>(temp);
-  go.sampling.top_k = static_cast<int32_t>(top_k);
-  go.sampling.top_p = static_cast<float>(top_p);
-  go.sampling.min_p = static_cast<float>(min_p);
-  go.sampling.has_seed = seed >= 0;
-  go.sampling.seed = static_cast<uint64_t>(seed);
-  go.eos_ids = m.config.eos_token_ids;
-  go.tokenizer = m.tokenizer.get();
-  if (a.Has("stop")) go.stop.push_back(a.Get("stop"));
-  std::string pending;
+  EngineRequest req;
+  req.prompt_ids = prompt;
+  req.max_tokens = n;
+  req.sampling.temperature = static_cast<float>(temp);
+  req.sampling.top_k = static_cast<int32_t>(top_k);
+  req.sampling.top_p = static_cast<float>(top_p);
+  req.sampling.min_p = static_cast<float>(min_p);
+  req.sampling.has_seed = seed >= 0;
+  req.sampling.seed = static_cast<uint64_t>(seed);
+  RETURN_IF_ERROR(req.sampling.Validate());
+  TextOptions text;
+  text.tokenizer = m.tokenizer.get();
+  if (a.Has("stop")) text.stop.push_back(a.Get("stop"));
   if (m.tokenizer) {
     auto shown = m.tokenizer->Decode(prompt);
     if (shown.ok()) std::fputs(shown->c_str(), stdout);
   }
-  ASSIGN_OR_RETURN(GenerateResult r, Generate(*runner, blocks, prompt, go, [&](int32_t tok) {
-    if (!m.tokenizer) {
-      std::printf("%d ", tok);
-    } else if (auto b = m.tokenizer->TokenBytes(tok); b.ok()) {
-      pending += *b;
-      size_t k = CompleteUtf8Prefix(pending);
-      std::fwrite(pending.data(), 1, k, stdout);
-      pending.erase(0, k);
-    }
-    std::fflush(stdout);
-  }));
-  std::fwrite(pending.data(), 1, pending.size(), stdout);
+  LocalResult r;
+  if (n > 0) {
+    LocalEngineOptions eo;
+    eo.max_model_len = static_cast<int64_t>(prompt.size()) + n + 1;
+    eo.max_num_seqs = 1;
+    eo.max_tokens_per_step = ro.max_batch_tokens;
+    ASSIGN_OR_RETURN(auto engine, StartLocalEngine(std::move(runner), eo));
+    ASSIGN_OR_RETURN(r, RunRequest(*engine, req, text, [&](int32_t tok, const std::string& piece) {
+      if (!m.tokenizer) {
+        if (tok >= 0) std::printf("%d ", tok);
+      } else {
+        std::fwrite(piece.data(), 1, piece.size(), stdout);
+      }
+      std::fflush(stdout);
+    }));
+  }
   std::printf("\n");
+  const double prefill = r.first_token_seconds, decode = r.seconds - r.first_token_seconds;
+  const size_t decoded = r.tokens.empty() ? 0 : r.tokens.size() - 1;
   std::fprintf(stderr, "prompt: %zu tokens, %.1f tok/s | generation: %zu tokens, %.1f tok/s | finish: %s\n",
-               prompt.size(), r.prefill_seconds > 0 ? prompt.size() / r.prefill_seconds : 0.0, r.tokens.size(),
-               r.decode_seconds > 0 ? r.tokens.size() / r.decode_seconds : 0.0, r.finish_reason.c_str());
+               prompt.size(), prefill > 0 ? prompt.size() / prefill : 0.0, r.tokens.size(),
+               decode > 0 ? decoded / decode : 0.0, r.finish_reason.empty() ? "length" : r.finish_reason.c_str());
   return absl::OkStatus();
 }
 

@@ -11,8 +11,9 @@
 #include "cli/kl_stats.h"
 #include "common/formats/safetensors.h"
 #include "common/status.h"
-#include "worker/generation.h"
+#include "local/local_engine.h"
 #include "worker/inprocess_group.h"
+#include "worker/kv_cache.h"
 #include "worker/model_runner.h"
 
 namespace moeshard {
@@ -310,10 +311,18 @@ absl::StatusOr<CheckReport> CheckModel(const LoadedModel& model, const std::stri
     RETURN_IF_ERROR(st);
     rep.seqs.push_back(Compare(absl::StrCat("seq", k, " decode"), seqs[k], l, V, tol));
   }
+  // Greedy generations through the serving engine, over this runner in-process.
+  LocalEngineOptions eo;
+  eo.max_model_len = ro.num_kv_blocks * ro.block_size;
+  eo.max_tokens_per_step = ro.max_batch_tokens;
+  ASSIGN_OR_RETURN(auto engine, StartLocalEngine(runner.get(), eo));
   GreedyFn greedy = [&](const std::vector<int32_t>& prompt, int64_t n) -> absl::StatusOr<std::vector<int32_t>> {
-    GenerateOptions go;
-    go.max_new_tokens = n;
-    ASSIGN_OR_RETURN(auto r, Generate(*runner, blocks, prompt, go));
+    if (n == 0) return std::vector<int32_t>{};
+    EngineRequest req;
+    req.prompt_ids = prompt;
+    req.max_tokens = n;
+    req.ignore_eos = true;  // the goldens' greedy runs are n tokens, EOS or not
+    ASSIGN_OR_RETURN(LocalResult r, RunRequest(*engine, req));
     return r.tokens;
   };
   RETURN_IF_ERROR(RunGens(*gf, greedy, tol.kind, rep));

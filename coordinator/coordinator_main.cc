@@ -14,6 +14,7 @@
 #include "common/status.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/engine.h"
+#include "coordinator/grpc_worker_pool.h"
 #include "worker/model_loader.h"
 
 namespace {
@@ -33,13 +34,13 @@ absl::StatusOr<moeshard::EngineOptions> Options(const moeshard::Args& a, const s
   ASSIGN_OR_RETURN(std::string workers, a.Required("workers"));
   ASSIGN_OR_RETURN(LoadedModel m, LoadModel(model, /*load_tokenizer=*/false));
   o.config = m.config;
-  o.workers = absl::StrSplit(workers, ',', absl::SkipEmpty());
+  const std::vector<std::string> addresses = absl::StrSplit(workers, ',', absl::SkipEmpty());
   ASSIGN_OR_RETURN(ParallelMode mode, ParseMode(a.Get("mode", "layer-split")));
   std::vector<double> weights;
   if (a.Has("layer-split")) {
     ASSIGN_OR_RETURN(weights, ParseLayerWeights(a.Get("layer-split")));
   }
-  ASSIGN_OR_RETURN(o.plan, MakePlan(o.config, mode, static_cast<int>(o.workers.size()), weights));
+  ASSIGN_OR_RETURN(o.plan, MakePlan(o.config, mode, static_cast<int>(addresses.size()), weights));
   ASSIGN_OR_RETURN(o.num_kv_blocks, a.GetInt("num-kv-blocks", 1024));
   ASSIGN_OR_RETURN(int64_t bs, a.GetInt("block-size", 16));
   o.block_size = static_cast<int32_t>(bs);
@@ -111,7 +112,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "moeshard-coordinator: %s\n", std::string(opts.status().message()).c_str());
     return 1;
   }
-  engine = std::make_unique<Engine>(*opts);
+  engine = std::make_unique<Engine>(*opts, std::make_unique<GrpcWorkerPool>(absl::StrSplit(a->Get("workers"), ',', absl::SkipEmpty())));
   service = std::make_unique<CoordinatorServiceImpl>(engine.get(), &store);
   builder.RegisterService(service.get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

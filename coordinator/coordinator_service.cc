@@ -5,13 +5,14 @@
 #include <cstdio>
 
 #include "common/security/internal_grpc.h"
+#include "coordinator/wire.h"
 
 namespace moeshard {
 
 grpc::Status CoordinatorServiceImpl::Generate(grpc::ServerContext* ctx, const v1::SeqRequest* req,
                                               grpc::ServerWriter<v1::SeqUpdate>* writer) {
   if (grpc::Status auth = CheckClusterCredential(ctx); !auth.ok()) return auth;
-  auto s = engine_->Submit(*req);
+  auto s = engine_->Submit(FromProto(*req));
   if (!s.ok()) {
     auto code = s.status().code() == absl::StatusCode::kUnavailable         ? grpc::StatusCode::UNAVAILABLE
                 : s.status().code() == absl::StatusCode::kResourceExhausted ? grpc::StatusCode::RESOURCE_EXHAUSTED
@@ -20,7 +21,7 @@ grpc::Status CoordinatorServiceImpl::Generate(grpc::ServerContext* ctx, const v1
   }
   std::shared_ptr<SeqStream> stream = *s;
   for (;;) {
-    std::deque<v1::SeqUpdate> batch;
+    std::deque<SeqUpdate> batch;
     bool done = false;
     {
       std::unique_lock<std::mutex> l(stream->mu);
@@ -35,8 +36,10 @@ grpc::Status CoordinatorServiceImpl::Generate(grpc::ServerContext* ctx, const v1
       engine_->Cancel(stream->seq_id);
       return grpc::Status::CANCELLED;
     }
-    for (auto& u : batch) {
-      if (!writer->Write(u)) {
+    for (const SeqUpdate& u : batch) {
+      v1::SeqUpdate m;
+      ToProto(u, &m);
+      if (!writer->Write(m)) {
         engine_->Cancel(stream->seq_id);
         return grpc::Status::CANCELLED;
       }
@@ -51,7 +54,7 @@ grpc::Status CoordinatorServiceImpl::Generate(grpc::ServerContext* ctx, const v1
 
 grpc::Status CoordinatorServiceImpl::GetStatus(grpc::ServerContext* ctx, const v1::StatusRequest*, v1::StatusReply* rep) {
   if (grpc::Status auth = CheckClusterCredential(ctx); !auth.ok()) return auth;
-  *rep = engine_->GetStatus();
+  ToProto(engine_->GetStatus(), rep);
   return grpc::Status::OK;
 }
 

@@ -4,27 +4,8 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
-#include "worker/service/proto_convert.h"
 
 namespace moeshard {
-namespace {
-
-void ToProto(const ChunkPlan& c, v1::ChunkProto* p) {
-  p->set_seq_id(c.seq_id);
-  p->set_start_pos(c.start_pos);
-  p->mutable_tokens()->Add(c.tokens.begin(), c.tokens.end());
-  p->mutable_block_table()->Add(c.block_table.begin(), c.block_table.end());
-  p->mutable_cached_prefix()->Add(c.cached_prefix.begin(), c.cached_prefix.end());
-  p->set_sample(c.sample);
-  if (c.sample) {
-    SamplingToProto(c.sampling, p->mutable_sampling());
-    p->set_logprobs(c.logprobs);
-    p->set_top_logprobs(c.top_logprobs);
-  }
-}
-
-}  // namespace
-
 namespace {
 
 StepDeadlineConfig WithCeiling(StepDeadlineConfig c, int64_t comm_timeout_ms) {
@@ -50,9 +31,9 @@ bool IsPermanentRefusal(const absl::Status& st) {
 
 }  // namespace
 
-Engine::Engine(EngineOptions options)
+Engine::Engine(EngineOptions options, std::unique_ptr<WorkerPool> workers)
     : o_(std::move(options)),
-      workers_(o_.workers),
+      workers_(std::move(workers)),
       admission_(o_.admission),
       step_deadline_(WithCeiling(o_.step_deadline, o_.comm_timeout_ms)) {}
 
@@ -79,8 +60,8 @@ absl::Status Engine::Connect() {
   ho.num_kv_blocks = o_.num_kv_blocks;
   ho.block_size = o_.block_size;
   ho.timeout_ms = o_.comm_timeout_ms;
-  RETURN_IF_ERROR(workers_.Ping(std::chrono::milliseconds(2000)));
-  absl::Status st = workers_.Handshake(o_.plan, ho);
+  RETURN_IF_ERROR(workers_->Ping(std::chrono::milliseconds(2000)));
+  absl::Status st = workers_->Handshake(o_.plan, ho);
   if (!st.ok()) return st;
   std::lock_guard<std::mutex> l(mu_);
   blocks_ = std::make_unique<BlockManager>(o_.num_kv_blocks, o_.block_size, o_.prefix_caching);
@@ -121,7 +102,7 @@ void Engine::Loop() {
       if (!st.ok()) {
         OnConnectFailed(st);
       } else {
-        std::fprintf(stderr, "moeshard-coordinator: %d workers handshaken\n", workers_.size());
+        std::fprintf(stderr, "moeshard-coordinator: %d workers handshaken\n", workers_->size());
       }
       continue;
     }
@@ -175,7 +156,7 @@ void Engine::Heartbeat(std::unique_lock<std::mutex>& l) {
   }
   last_heartbeat_ = now;
   l.unlock();
-  absl::Status st = workers_.Ping(2 * kHeartbeatInterval);
+  absl::Status st = workers_->Ping(2 * kHeartbeatInterval);
   l.lock();
   if (st.ok() || !connected_) return;
   std::fprintf(stderr, "moeshard-coordinator: heartbeat failed: %s\n", std::string(st.message()).c_str());
@@ -213,13 +194,13 @@ std::pair<int64_t, int64_t> Engine::Queued() const {
 }
 
 void Engine::RunStep(StepPlan plan, std::vector<int64_t> released, int64_t step_id, std::chrono::milliseconds deadline) {
-  v1::StepRequest req;
-  req.set_step_id(step_id);
-  for (const auto& c : plan.chunks) ToProto(c, req.add_chunks());
-  req.mutable_released_seqs()->Add(released.begin(), released.end());
-  req.mutable_preempted_seqs()->Add(plan.preempted.begin(), plan.preempted.end());
+  StepRequest req;
+  req.step_id = step_id;
+  req.chunks = plan.chunks;  // the plan itself goes back to the scheduler below
+  req.released_seqs = std::move(released);
+  req.preempted_seqs = plan.preempted;
   auto t0 = std::chrono::steady_clock::now();
-  absl::StatusOr<v1::StepReply> rep = workers_.Step(req, deadline);
+  absl::StatusOr<StepResult> rep = workers_->Step(req, deadline);
   std::lock_guard<std::mutex> l(mu_);
   --in_flight_;
   cv_.notify_all();
@@ -241,10 +222,10 @@ void Engine::RunStep(StepPlan plan, std::vector<int64_t> released, int64_t step_
   step_deadline_.Observe(plan.num_tokens(), took);
   last_ok_step_ = std::chrono::steady_clock::now();
   std::vector<std::pair<int64_t, int32_t>> sampled;
-  std::map<int64_t, const v1::TokenOutput*> outputs;
-  for (int i = 0; i < rep->seq_ids_size() && i < rep->tokens_size(); ++i) {
-    sampled.push_back({rep->seq_ids(i), rep->tokens(i).token_id()});
-    outputs[rep->seq_ids(i)] = &rep->tokens(i);
+  std::map<int64_t, const TokenOutput*> outputs;
+  for (const auto& [seq_id, out] : rep->tokens) {
+    sampled.push_back({seq_id, out.token_id});
+    outputs[seq_id] = &out;
   }
   std::vector<SeqEvent> events = scheduler_->OnStepDone(plan, sampled);
   auto now = std::chrono::steady_clock::now();
@@ -257,19 +238,19 @@ void Engine::RunStep(StepPlan plan, std::vector<int64_t> released, int64_t step_
     }
     SeqStream& s = *sit->second;
     SeqTiming& t = timing_[e.seq_id];
-    v1::SeqUpdate u;
+    SeqUpdate u;
     if (e.num_cached_tokens >= 0) {
-      u.set_cached_tokens(static_cast<int32_t>(e.num_cached_tokens));
-      u.set_prompt_tokens(static_cast<int32_t>(t.prompt_tokens));
+      u.cached_tokens = static_cast<int32_t>(e.num_cached_tokens);
+      u.prompt_tokens = static_cast<int32_t>(t.prompt_tokens);
       metrics_.prefix_queries->Increment(static_cast<double>(t.prompt_tokens));
       metrics_.prefix_hits->Increment(static_cast<double>(e.num_cached_tokens));
       metrics_.prompt_tokens->Increment(static_cast<double>(t.prompt_tokens - e.num_cached_tokens));
     }
     if (e.token && !e.is_stop_token) {
       auto o = outputs.find(e.seq_id);
-      v1::TokenOutput* out = u.add_tokens();
-      if (o != outputs.end()) *out = *o->second;
-      out->set_token_id(*e.token);
+      TokenOutput out = o != outputs.end() ? *o->second : TokenOutput{};
+      out.token_id = *e.token;
+      u.tokens.push_back(std::move(out));
       metrics_.generation_tokens->Increment();
       if (!t.has_token) {
         t.has_token = true;
@@ -282,13 +263,13 @@ void Engine::RunStep(StepPlan plan, std::vector<int64_t> released, int64_t step_
       ++t.generated;
     }
     if (e.finished) {
-      u.set_finish_reason(e.finish_reason);
+      u.finish_reason = e.finish_reason;
       metrics_.Finished(t, e.finish_reason);
       released_.push_back(e.seq_id);
     }
     {
       std::lock_guard<std::mutex> sl(s.mu);
-      if (u.tokens_size() > 0 || !u.finish_reason().empty() || e.num_cached_tokens >= 0) s.updates.push_back(std::move(u));
+      if (!u.tokens.empty() || !u.finish_reason.empty() || e.num_cached_tokens >= 0) s.updates.push_back(std::move(u));
       if (e.finished) s.done = true;
     }
     s.cv.notify_all();
@@ -303,8 +284,9 @@ void Engine::RunStep(StepPlan plan, std::vector<int64_t> released, int64_t step_
 
 void Engine::FailAll(const std::string& why) {
   for (auto& [id, s] : streams_) {
-    v1::SeqUpdate u;
-    u.set_finish_reason("abort");
+    SeqUpdate u;
+    u.finish_reason = "abort";
+    u.error = why;
     metrics_.Finished(timing_[id], "abort");
     {
       std::lock_guard<std::mutex> sl(s->mu);
@@ -318,27 +300,27 @@ void Engine::FailAll(const std::string& why) {
   remaining_.clear();
 }
 
-absl::StatusOr<std::shared_ptr<SeqStream>> Engine::Submit(const v1::SeqRequest& r) {
-  if (r.prompt_ids().empty()) return absl::InvalidArgumentError("the prompt is empty");
-  for (int32_t id : r.prompt_ids()) {
+absl::StatusOr<std::shared_ptr<SeqStream>> Engine::Submit(const EngineRequest& r) {
+  if (r.prompt_ids.empty()) return absl::InvalidArgumentError("the prompt is empty");
+  for (int32_t id : r.prompt_ids) {
     if (id < 0 || id >= o_.config.vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat("token id ", id, " is outside the vocabulary of ", o_.config.vocab_size));
     }
   }
-  const int64_t n = r.prompt_ids_size();
+  const int64_t n = static_cast<int64_t>(r.prompt_ids.size());
   if (n >= o_.max_model_len) {
     return absl::InvalidArgumentError(absl::StrCat("the prompt has ", n, " tokens; this model serves at most ", o_.max_model_len, " in all"));
   }
-  if (r.max_tokens() < 0) return absl::InvalidArgumentError("max_tokens must not be negative");
+  if (r.max_tokens < 0) return absl::InvalidArgumentError("max_tokens must not be negative");
   SeqRequest sr;
-  sr.prompt.assign(r.prompt_ids().begin(), r.prompt_ids().end());
-  sr.max_new_tokens = r.max_tokens() == 0 ? o_.max_model_len - n : std::min<int64_t>(r.max_tokens(), o_.max_model_len - n);
-  sr.stop_token_ids.assign(r.stop_token_ids().begin(), r.stop_token_ids().end());
+  sr.prompt = r.prompt_ids;
+  sr.max_new_tokens = r.max_tokens == 0 ? o_.max_model_len - n : std::min<int64_t>(r.max_tokens, o_.max_model_len - n);
+  sr.stop_token_ids = r.stop_token_ids;
   sr.eos_token_ids = o_.config.eos_token_ids;
-  sr.ignore_eos = r.ignore_eos();
-  sr.sampling = SamplingFromProto(r.sampling());
-  sr.logprobs = r.logprobs();
-  sr.top_logprobs = std::min(r.top_logprobs(), 20);
+  sr.ignore_eos = r.ignore_eos;
+  sr.sampling = r.sampling;
+  sr.logprobs = r.logprobs;
+  sr.top_logprobs = std::min(r.top_logprobs, 20);
   std::lock_guard<std::mutex> l(mu_);
   if (!connected_) return absl::UnavailableError(absl::StrCat("workers are not ready: ", error_));
   const auto [queued_requests, queued_tokens] = Queued();
@@ -351,7 +333,7 @@ absl::StatusOr<std::shared_ptr<SeqStream>> Engine::Submit(const v1::SeqRequest& 
   RETURN_IF_ERROR(scheduler_->Add(sr));
   auto s = std::make_shared<SeqStream>();
   s->seq_id = sr.seq_id;
-  s->request_id = r.request_id();
+  s->request_id = r.request_id;
   streams_[sr.seq_id] = s;
   SeqTiming& t = timing_[sr.seq_id];
   t.arrival = std::chrono::steady_clock::now();
@@ -380,29 +362,34 @@ void Engine::Cancel(int64_t seq_id) {
   cv_.notify_all();
 }
 
-v1::StatusReply Engine::GetStatus() {
+EngineStatus Engine::GetStatus() {
   std::lock_guard<std::mutex> l(mu_);
-  v1::StatusReply r;
+  EngineStatus r;
   bool stepped = last_ok_step_ != std::chrono::steady_clock::time_point{};
-  r.set_ready(connected_ && stepped);
-  int64_t outstanding = 0;
+  r.ready = connected_ && stepped;
   for (auto& [id, t] : timing_) {
     auto it = remaining_.find(id);
-    if (it != remaining_.end()) outstanding += std::max<int64_t>(0, it->second - t.generated);
+    if (it != remaining_.end()) r.outstanding_tokens += std::max<int64_t>(0, it->second - t.generated);
   }
-  r.set_outstanding_tokens(outstanding);
   if (scheduler_) {
-    r.set_num_running(static_cast<int32_t>(scheduler_->num_running()));
-    r.set_num_waiting(static_cast<int32_t>(scheduler_->num_waiting()));
+    r.num_running = static_cast<int32_t>(scheduler_->num_running());
+    r.num_waiting = static_cast<int32_t>(scheduler_->num_waiting());
   }
-  r.set_max_model_len(o_.max_model_len);
-  r.set_model(o_.model_name);
-  r.set_vocab_size(static_cast<int32_t>(o_.config.vocab_size));
-  if (blocks_) r.set_kv_usage(blocks_->Usage());
+  r.max_model_len = o_.max_model_len;
+  r.model = o_.model_name;
+  r.vocab_size = o_.config.vocab_size;
+  if (blocks_) r.kv_usage = blocks_->Usage();
   const auto [queued_requests, queued_tokens] = Queued();
-  r.set_queue_full(!admission_.HasRoom(queued_requests, queued_tokens));
-  r.set_error(error_);
+  r.queue_full = !admission_.HasRoom(queued_requests, queued_tokens);
+  r.error = error_;
   return r;
+}
+
+bool Engine::WaitReady(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> l(mu_);
+  return cv_.wait_for(l, timeout, [&] {
+    return (connected_ && last_ok_step_ != std::chrono::steady_clock::time_point{}) || stop_ || !fatal_.empty();
+  }) && connected_ && last_ok_step_ != std::chrono::steady_clock::time_point{};
 }
 
 }  // namespace moeshard

@@ -1,7 +1,9 @@
-// The coordinator's engine: owns the plan, the scheduler and the KV block manager, and
-// drives the workers. A loop thread forms steps (continuous batching, chunked prefill;
+// The engine: owns the plan, the scheduler and the KV block manager, and drives a
+// WorkerPool (worker processes over gRPC in a cluster, model runners in this process for
+// `moeshard generate` / `check`, a fake in tests). A loop thread forms steps (continuous batching, chunked prefill;
 // in layer split up to one micro-batch per stage in flight so that stages overlap), sends
 // each to every worker, and turns the sampled tokens into per-sequence updates.
+// It speaks plain structs; coordinator/wire.h converts them to and from protobuf.
 // Thread-safety: Submit/Cancel/GetStatus may be called from any thread.
 #pragma once
 
@@ -25,14 +27,12 @@
 #include "coordinator/step_deadline.h"
 #include "coordinator/worker_pool.h"
 #include "common/status.h"
-#include "proto/moeshard.pb.h"
 
 namespace moeshard {
 
 struct EngineOptions {
   ModelConfig config;
   Plan plan;
-  std::vector<std::string> workers;
   std::string store_address;
   int64_t num_kv_blocks = 1024;
   int32_t block_size = 16;
@@ -49,19 +49,52 @@ struct EngineOptions {
   int max_handshake_refusals = 3;
 };
 
-// Updates of one sequence, consumed by the gRPC Generate handler.
+// One generation request.
+struct EngineRequest {
+  std::string request_id;  // for logs
+  std::vector<int32_t> prompt_ids;
+  int64_t max_tokens = 0;  // 0: up to max_model_len
+  SamplingParams sampling;
+  std::vector<int32_t> stop_token_ids;  // always stop (besides the model's EOS ids)
+  bool ignore_eos = false;
+  bool logprobs = false;
+  int32_t top_logprobs = 0;  // at most 20
+};
+
+// What one step added to a sequence.
+struct SeqUpdate {
+  std::vector<TokenOutput> tokens;  // never a stop / EOS token
+  std::string finish_reason;        // on the last update: "stop", "length" or "abort"
+  std::string error;                // with "abort": why (a worker failed, the group was lost)
+  int32_t cached_tokens = -1;       // >= 0 on the first scheduled step: prompt tokens from the prefix cache
+  int32_t prompt_tokens = 0;        // set with cached_tokens
+};
+
+// Updates of one sequence, consumed by the gRPC Generate handler or an in-process caller.
 struct SeqStream {
   int64_t seq_id = 0;
   std::string request_id;
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<v1::SeqUpdate> updates;
+  std::deque<SeqUpdate> updates;
   bool done = false;
+};
+
+struct EngineStatus {
+  bool ready = false;  // workers handshaken and a step went through
+  int64_t outstanding_tokens = 0;
+  int32_t num_running = 0, num_waiting = 0;
+  int64_t max_model_len = 0;
+  std::string model;
+  int64_t vocab_size = 0;
+  double kv_usage = 0;
+  bool queue_full = false;  // admission control refuses a request of average size now
+  std::string error;
 };
 
 class Engine {
  public:
-  explicit Engine(EngineOptions options);
+  Engine(EngineOptions options, std::unique_ptr<WorkerPool> workers);
   ~Engine();
   // Handshakes the workers and starts the loop; retries the handshake in the background
   // when it fails (workers still starting).
@@ -72,9 +105,15 @@ class Engine {
   void SetStoreAddress(const std::string& address) { o_.store_address = address; }
   std::shared_ptr<prometheus::Registry> registry() const { return metrics_.registry(); }
 
-  absl::StatusOr<std::shared_ptr<SeqStream>> Submit(const v1::SeqRequest& request);
+  // Errors: InvalidArgument (empty prompt, ids outside the vocabulary, too long, bad
+  // sampling), Unavailable (workers not ready), ResourceExhausted (admission refused).
+  absl::StatusOr<std::shared_ptr<SeqStream>> Submit(const EngineRequest& request);
+  // Frees the sequence; its stream is marked done with no further update.
   void Cancel(int64_t seq_id);
-  v1::StatusReply GetStatus();
+  EngineStatus GetStatus();
+  // Blocks until the workers are handshaken and a step went through (true), or until the
+  // engine gives up (false; WaitFatal's reason) or `timeout` passes (false).
+  bool WaitReady(std::chrono::milliseconds timeout);
   // Blocks until the engine cannot go on (the workers refuse the handshake for good) and returns
   // why, or returns "" once Stop() was called.
   std::string WaitFatal();
@@ -95,7 +134,7 @@ class Engine {
 
   EngineOptions o_;
   CoordinatorMetrics metrics_;
-  WorkerPool workers_;
+  std::unique_ptr<WorkerPool> workers_;
   std::mutex mu_;  // guards everything below
   std::condition_variable cv_;
   std::unique_ptr<BlockManager> blocks_;

@@ -36,7 +36,7 @@
 
 #include "absl/status/status.h"
 #include "coordinator/block_manager.h"
-#include "worker/sampler.h"
+#include "common/sampling/sampling_params.h"
 
 namespace moeshard {
 

@@ -6,7 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "router/api_error.h"
-#include "router/detokenizer.h"
+#include "common/tokenizer/detokenizer.h"
+#include "proto/proto_convert.h"
 #include "router/log.h"
 
 namespace moeshard::router {
@@ -119,12 +120,7 @@ v1::SeqRequest Generation::MakeSeqRequest() const {
   r.mutable_prompt_ids()->Assign(request_.prompt_ids.begin(), request_.prompt_ids.end());
   r.mutable_prompt_ids()->Add(generated_.begin(), generated_.end());
   r.set_max_tokens(static_cast<int32_t>(lease_.max_tokens() - static_cast<int64_t>(generated_.size())));
-  v1::SamplingOptions* s = r.mutable_sampling();
-  s->set_temperature(static_cast<float>(p.sampling.temperature));
-  s->set_top_k(std::max(0, p.sampling.top_k));
-  s->set_top_p(static_cast<float>(p.sampling.top_p));
-  s->set_min_p(static_cast<float>(p.sampling.min_p));
-  if (p.sampling.seed) s->set_seed(*p.sampling.seed);
+  SamplingToProto(p.sampling, r.mutable_sampling());
   r.mutable_stop_token_ids()->Assign(p.stop_token_ids.begin(), p.stop_token_ids.end());
   r.set_ignore_eos(p.ignore_eos);
   r.set_logprobs(p.logprobs);

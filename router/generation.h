@@ -1,6 +1,6 @@
 // One generation request as the router runs it, whichever API it came through: choose a
 // coordinator (cluster.h), stream its tokens, detokenize them with stop strings
-// (detokenizer.h), and hand each update's new text and tokens to the caller.
+// (common/tokenizer/detokenizer.h), and hand each update's new text and tokens to the caller.
 //
 // A coordinator that fails (its group lost a worker and aborted the sequence, the process
 // died, the stream broke) is marked not ready and the request migrates: it waits, within

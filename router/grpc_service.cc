@@ -7,6 +7,7 @@
 #include "common/status.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "proto/proto_convert.h"
 #include "router/api_error.h"
 #include "router/auth.h"
 #include "router/http_server.h"
@@ -51,12 +52,9 @@ absl::StatusOr<CompletionRequest> FromProto(const v1::GenerateRequest& request) 
   GenerationParams& p = r.params;
   p.model = request.model();
   if (request.max_tokens() != 0) p.max_tokens = request.max_tokens();
-  const v1::SamplingOptions& s = request.sampling();
-  p.sampling.temperature = s.temperature();
-  p.sampling.top_k = s.top_k() == 0 ? -1 : s.top_k();
-  p.sampling.top_p = s.top_p() == 0 ? 1.0 : s.top_p();
-  p.sampling.min_p = s.min_p();
-  if (s.has_seed()) p.sampling.seed = s.seed();
+  p.sampling = SamplingFromProto(request.sampling());
+  if (request.sampling().top_p() != 0) p.sampling.top_p = request.sampling().top_p();  // validated below
+  if (p.sampling.top_k == -1) p.sampling.top_k = 0;  // -1: vLLM's "off"
   p.stop.assign(request.stop().begin(), request.stop().end());
   p.stop_token_ids.assign(request.stop_token_ids().begin(), request.stop_token_ids().end());
   p.ignore_eos = request.ignore_eos();

@@ -162,20 +162,27 @@ absl::StatusOr<GenerationParams> ParseCommon(const Json& j, bool chat) {
     if (mct) p.max_tokens = mct;
   }
   SamplingParams& s = p.sampling;
-  RETURN_IF_ERROR(ReadDouble(j, "temperature", &s.temperature));
-  RETURN_IF_ERROR(ReadDouble(j, "top_p", &s.top_p));
-  RETURN_IF_ERROR(ReadDouble(j, "min_p", &s.min_p));
+  double temperature = s.temperature, top_p = s.top_p, min_p = s.min_p;
+  RETURN_IF_ERROR(ReadDouble(j, "temperature", &temperature));
+  RETURN_IF_ERROR(ReadDouble(j, "top_p", &top_p));
+  RETURN_IF_ERROR(ReadDouble(j, "min_p", &min_p));
+  s.temperature = static_cast<float>(temperature);
+  s.top_p = static_cast<float>(top_p);
+  s.min_p = static_cast<float>(min_p);
   std::optional<int64_t> top_k;
   RETURN_IF_ERROR(
       ReadInt(j, "top_k", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), &top_k));
   if (top_k) {
     if (*top_k < -1 || *top_k > kMaxInt32)
       return InvalidParam("top_k", absl::StrCat("'top_k' must be -1 (off) or >= 0, got ", *top_k));
-    s.top_k = static_cast<int32_t>(*top_k);
+    s.top_k = *top_k == -1 ? 0 : static_cast<int32_t>(*top_k);  // -1: vLLM's "off"
   }
   std::optional<int64_t> seed;
   RETURN_IF_ERROR(ReadInt(j, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), &seed));
-  if (seed) s.seed = static_cast<uint64_t>(*seed);
+  if (seed) {
+    s.seed = static_cast<uint64_t>(*seed);
+    s.has_seed = true;
+  }
   RETURN_IF_ERROR(ParseStop(j, &p.stop));
   if (const Json* v = Field(j, "stop_token_ids")) {
     if (!v->is_array()) return WrongType("stop_token_ids", "a list of token ids (integers)");
@@ -294,7 +301,7 @@ absl::Status ValidateGenerationParams(const GenerationParams& p) {
     return InvalidParam("top_p", absl::StrCat("'top_p' must be in (0, 1], got ", s.top_p));
   if (!(s.min_p >= 0 && s.min_p <= 1))
     return InvalidParam("min_p", absl::StrCat("'min_p' must be in [0, 1], got ", s.min_p));
-  if (s.top_k < -1) return InvalidParam("top_k", absl::StrCat("'top_k' must be -1 (off) or >= 0, got ", s.top_k));
+  if (s.top_k < 0) return InvalidParam("top_k", absl::StrCat("'top_k' must be -1 (off) or >= 0, got ", s.top_k));
   if (p.max_tokens && *p.max_tokens < 1) {
     return InvalidParam("max_tokens", absl::StrCat("'max_tokens' must be at least 1, got ", *p.max_tokens));
   }

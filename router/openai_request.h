@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/sampling/sampling_params.h"
 #include "common/tokenizer/chat_template.h"
 
 namespace moeshard::router {
@@ -25,19 +26,11 @@ namespace moeshard::router {
 inline constexpr int kMaxStopStrings = 4;
 inline constexpr int kMaxTopLogprobs = 20;
 
-struct SamplingParams {
-  double temperature = 1.0;  // [0, 2]; 0 = greedy
-  double top_p = 1.0;        // (0, 1]
-  int32_t top_k = -1;        // -1 or 0 = off
-  double min_p = 0.0;        // [0, 1]
-  std::optional<uint64_t> seed;
-};
-
 // What every generation request carries, whichever API it came through.
 struct GenerationParams {
   std::string model;                  // "" = the served model
   std::optional<int64_t> max_tokens;  // none = fill the context
-  SamplingParams sampling;
+  SamplingParams sampling{.temperature = 1.f};  // OpenAI's default temperature; top_k 0 = off
   std::vector<std::string> stop;  // up to kMaxStopStrings, none empty
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;

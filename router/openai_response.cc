@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/tokenizer/tokenizer.h"
-#include "router/detokenizer.h"
+#include "common/tokenizer/detokenizer.h"
 
 namespace moeshard::router {
 

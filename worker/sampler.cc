@@ -5,18 +5,9 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "common/thread_pool.h"
 
 namespace moeshard {
-
-absl::Status SamplingParams::Validate() const {
-  if (!(temperature >= 0.f) || temperature > 100.f || std::isnan(temperature)) {
-    return absl::InvalidArgumentError(absl::StrCat("temperature must be in [0, 100], got ", temperature));
-  }
-  if (top_k < 0) return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 0, got ", top_k));
-  if (!(top_p > 0.f && top_p <= 1.f)) return absl::InvalidArgumentError(absl::StrCat("top_p must be in (0, 1], got ", top_p));
-  if (!(min_p >= 0.f && min_p <= 1.f)) return absl::InvalidArgumentError(absl::StrCat("min_p must be in [0, 1], got ", min_p));
-  return absl::OkStatus();
-}
 
 namespace {
 // The RNG seed of the draw at `position` of a seeded request (splitmix64 of seed and position).
@@ -170,6 +161,26 @@ std::vector<std::pair<int32_t, float>> TopLogProbs(const float* l, int64_t v, in
   double lse = LogSumExp(l, v);
   std::vector<std::pair<int32_t, float>> out;
   for (int i = 0; i < n; ++i) out.push_back({idx[i], static_cast<float>(l[idx[i]] - lse)});
+  return out;
+}
+
+std::vector<RowSample> SamplerSet::Sample(const std::vector<RowDraw>& rows, const float* logits, int64_t vocab) {
+  std::vector<Sampler*> samplers;
+  for (const RowDraw& r : rows) {
+    auto it = samplers_.find(r.seq_id);
+    if (it == samplers_.end()) it = samplers_.emplace(r.seq_id, Sampler(r.sampling)).first;
+    samplers.push_back(&it->second);
+  }
+  std::vector<RowSample> out(rows.size());
+  ThreadPool::Default().ParallelFor(static_cast<int64_t>(rows.size()), 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const RowDraw& r = rows[i];
+      const float* row = logits + r.row * vocab;
+      out[i].token = samplers[i]->Sample(row, vocab, r.position);
+      if (r.logprobs || r.top_logprobs > 0) out[i].logprob = LogProb(row, vocab, out[i].token);
+      if (r.top_logprobs > 0) out[i].top = TopLogProbs(row, vocab, std::min(r.top_logprobs, 20));
+    }
+  });
   return out;
 }
 

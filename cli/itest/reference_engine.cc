@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "common/status.h"
-#include "worker/generation.h"
+#include "local/local_engine.h"
 
 namespace moeshard::itest {
 
@@ -16,6 +16,13 @@ absl::StatusOr<std::unique_ptr<ReferenceEngine>> ReferenceEngine::Load(const std
   ShardSpec shard{0, c.num_layers, 0, 1, true, true};
   ASSIGN_OR_RETURN(e->runner_, ModelRunner::Create(c, *e->model_.source, shard, ro));
   e->blocks_ = std::make_unique<BlockAllocator>(ro.num_kv_blocks);
+  // LogProbs runs on the same KV pool between requests: nothing may stay cached there.
+  LocalEngineOptions eo;
+  eo.max_model_len = kMaxPositions + 1;
+  eo.max_num_seqs = 1;
+  eo.max_tokens_per_step = ro.max_batch_tokens;
+  eo.prefix_caching = false;
+  ASSIGN_OR_RETURN(e->engine_, StartLocalEngine(e->runner_.get(), eo));
   return e;
 }
 
@@ -30,12 +37,22 @@ absl::StatusOr<GenerateResult> ReferenceEngine::Generate(const std::vector<int32
   if (static_cast<int64_t>(prompt.size()) + options.max_new_tokens > kMaxPositions) {
     return absl::InvalidArgumentError("reference engine: sequence longer than it was sized for");
   }
-  if (!options.stop.empty()) {
-    if (model_.tokenizer == nullptr) return absl::FailedPreconditionError("stop strings need the model's tokenizer");
-    options.tokenizer = model_.tokenizer.get();
+  if (!options.stop.empty() && model_.tokenizer == nullptr) {
+    return absl::FailedPreconditionError("stop strings need the model's tokenizer");
   }
+  if (options.max_new_tokens == 0) return GenerateResult{{}, "length"};
+  EngineRequest req;
+  req.prompt_ids = prompt;
+  req.max_tokens = options.max_new_tokens;
+  req.sampling = options.sampling;
+  req.stop_token_ids = options.eos_ids;
+  req.ignore_eos = true;
+  TextOptions text;
+  text.tokenizer = model_.tokenizer.get();
+  text.stop = options.stop;
   std::lock_guard<std::mutex> lock(mu_);
-  return moeshard::Generate(*runner_, *blocks_, prompt, options);
+  ASSIGN_OR_RETURN(LocalResult r, RunRequest(*engine_, req, text));
+  return GenerateResult{std::move(r.tokens), std::move(r.finish_reason)};
 }
 
 absl::StatusOr<std::vector<std::vector<double>>> ReferenceEngine::LogProbs(const std::vector<int32_t>& seq, int64_t n) {

@@ -1,6 +1,6 @@
-// The model run in this process by the single-process engine (worker/generation.h): the
-// reference that a cluster's greedy outputs must equal token for token. Thread-safe (one
-// generation at a time).
+// The model run in this process by the serving Engine over an in-process worker pool
+// (local/local_engine.h): the reference that a cluster's outputs must equal token for token.
+// Thread-safe (one generation at a time).
 #pragma once
 
 #include <memory>
@@ -9,12 +9,24 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "worker/generation.h"
+#include "coordinator/engine.h"
 #include "worker/kv_cache.h"
 #include "worker/model_loader.h"
 #include "worker/model_runner.h"
 
 namespace moeshard::itest {
+
+struct GenerateOptions {
+  SamplingParams sampling;
+  int64_t max_new_tokens = 16;
+  std::vector<int32_t> eos_ids;   // stop on these (the model's own EOS ids are not used)
+  std::vector<std::string> stop;  // stop strings, as the router applies them
+};
+
+struct GenerateResult {
+  std::vector<int32_t> tokens;  // without the stop / EOS token
+  std::string finish_reason;    // "stop" (EOS id or stop string) or "length"
+};
 
 class ReferenceEngine {
  public:
@@ -41,7 +53,8 @@ class ReferenceEngine {
   ReferenceEngine() = default;
   LoadedModel model_;
   std::unique_ptr<ModelRunner> runner_;
-  std::unique_ptr<BlockAllocator> blocks_;
+  std::unique_ptr<BlockAllocator> blocks_;  // LogProbs' blocks; the engine frees all of its own
+  std::unique_ptr<Engine> engine_;          // over runner_, no prefix cache
   std::mutex mu_;
 };
 

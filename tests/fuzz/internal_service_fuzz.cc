@@ -28,6 +28,7 @@
 #include "common/security/internal_grpc.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/engine.h"
+#include "coordinator/grpc_worker_pool.h"
 #include "coordinator/plan.h"
 #include "prometheus/registry.h"
 #include "proto/moeshard.grpc.pb.h"
@@ -172,13 +173,13 @@ class Harness {
     // Bind with a late-bound engine (as coordinator_main does): the engine needs the address.
     service_holder_ = std::make_unique<LateCoordinator>();
     coordinator_server_.Start({service_holder_.get(), engine_worker_.get()});
-    engine_options_.workers = {coordinator_server_.address};
     engine_options_.store_address = coordinator_server_.address;
-    engine_ = std::make_unique<Engine>(engine_options_);
+    engine_ = std::make_unique<Engine>(
+        engine_options_, std::make_unique<GrpcWorkerPool>(std::vector<std::string>{coordinator_server_.address}));
     service_holder_->impl = std::make_unique<CoordinatorServiceImpl>(engine_.get(), &store_);
     engine_->Start();
-    for (int i = 0; i < 600 && !engine_->GetStatus().ready(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    if (!engine_->GetStatus().ready()) Die("the coordinator's engine did not become ready");
+    for (int i = 0; i < 600 && !engine_->GetStatus().ready; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (!engine_->GetStatus().ready) Die("the coordinator's engine did not become ready");
   }
 
   // Forwards to the service made once the engine exists.

@@ -1,6 +1,6 @@
 // Incremental detokenization: text released as tokens arrive, partial UTF-8 held back,
 // stop strings found across token boundaries and truncated, hidden and special tokens.
-#include "router/detokenizer.h"
+#include "common/tokenizer/detokenizer.h"
 
 #include <string>
 #include <vector>

@@ -23,11 +23,11 @@ TEST(CompletionRequestTest, DefaultsAndTextPrompt) {
   const GenerationParams& p = r->params;
   EXPECT_EQ(p.model, "");
   EXPECT_FALSE(p.max_tokens.has_value());
-  EXPECT_EQ(p.sampling.temperature, 1.0);
-  EXPECT_EQ(p.sampling.top_p, 1.0);
-  EXPECT_EQ(p.sampling.top_k, -1);
-  EXPECT_EQ(p.sampling.min_p, 0.0);
-  EXPECT_FALSE(p.sampling.seed.has_value());
+  EXPECT_EQ(p.sampling.temperature, 1.0f);
+  EXPECT_EQ(p.sampling.top_p, 1.0f);
+  EXPECT_EQ(p.sampling.top_k, 0);  // off
+  EXPECT_EQ(p.sampling.min_p, 0.0f);
+  EXPECT_FALSE(p.sampling.has_seed);
   EXPECT_FALSE(p.stream);
   EXPECT_FALSE(p.logprobs);
   EXPECT_TRUE(p.skip_special_tokens);
@@ -58,10 +58,11 @@ TEST(CompletionRequestTest, AllParameters) {
   const GenerationParams& p = r->params;
   EXPECT_EQ(p.model, "m");
   EXPECT_EQ(p.max_tokens, 7);
-  EXPECT_EQ(p.sampling.temperature, 0.5);
-  EXPECT_EQ(p.sampling.top_p, 0.9);
+  EXPECT_FLOAT_EQ(p.sampling.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(p.sampling.top_p, 0.9f);
   EXPECT_EQ(p.sampling.top_k, 40);
-  EXPECT_EQ(p.sampling.min_p, 0.05);
+  EXPECT_FLOAT_EQ(p.sampling.min_p, 0.05f);
+  EXPECT_TRUE(p.sampling.has_seed);
   EXPECT_EQ(p.sampling.seed, static_cast<uint64_t>(-3));
   EXPECT_THAT(p.stop, ElementsAre("a", "bc"));
   EXPECT_THAT(p.stop_token_ids, ElementsAre(9));

@@ -6,8 +6,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/metrics/metrics.h"
-#include "common/thread_pool.h"
-#include "worker/service/proto_convert.h"
 #include "common/comm/gloo_communicator.h"
 #include "common/comm/nccl_communicator.h"
 #include "common/metrics/metrics.h"
@@ -104,7 +102,7 @@ absl::Status WorkerServiceImpl::DoHandshake(const v1::HandshakeRequest& req, v1:
   comm_.reset();
   ready_ = false;
   broken_.clear();
-  samplers_.clear();
+  samplers_.Clear();
   const v1::ShardProto& sp = req.shard();
   ShardSpec shard{sp.layer_begin(), sp.layer_end(), sp.tp_rank(), sp.tp_size(), sp.first_stage(), sp.last_stage()};
   auto timeout = std::chrono::milliseconds(req.timeout_ms() > 0 ? req.timeout_ms() : 60000);
@@ -186,7 +184,7 @@ absl::Status WorkerServiceImpl::DoStep(const v1::StepRequest& req, v1::StepReply
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
     step_seconds_->Add({{"phase", name}}, LatencyBuckets()).Observe(s);
   };
-  for (int64_t id : req.released_seqs()) samplers_.erase(id);
+  for (int64_t id : req.released_seqs()) samplers_.Release(id);
   if (req.chunks().empty()) return absl::OkStatus();
   std::vector<SeqChunk> batch;
   int64_t T = 0;
@@ -235,44 +233,21 @@ absl::Status WorkerServiceImpl::DoStep(const v1::StepRequest& req, v1::StepReply
   }
   if (shard_.last_stage() && shard_.tp_rank() == 0) {
     const int64_t V = runner_->config().vocab_size;
-    // Rows that sample, each with its sequence's sampler (made here, one thread); then the
-    // draws in parallel over the rows (each sampler has its own RNG, so the tokens do not
-    // depend on which thread draws them), appended to the reply in request order.
-    struct Draw {
-      int chunk = 0;
-      Sampler* sampler = nullptr;
-      int32_t token = 0;
-      float logprob = 0;
-      std::vector<std::pair<int32_t, float>> top;
-    };
-    std::vector<Draw> draws;
+    // Rows that sample, drawn by their sequences' samplers, appended in request order.
+    std::vector<RowDraw> rows;
     for (int i = 0; i < req.chunks_size(); ++i) {
       const auto& c = req.chunks(i);
       if (!c.sample()) continue;
-      auto it = samplers_.find(c.seq_id());
-      if (it == samplers_.end()) it = samplers_.emplace(c.seq_id(), Sampler(SamplingFromProto(c.sampling()))).first;
-      Draw d;
-      d.chunk = i;
-      d.sampler = &it->second;
-      draws.push_back(std::move(d));
+      rows.push_back({i, c.seq_id(), SamplingFromProto(c.sampling()), c.start_pos() + c.tokens_size(), c.logprobs(),
+                      c.top_logprobs()});
     }
-    ThreadPool::Default().ParallelFor(static_cast<int64_t>(draws.size()), 1, [&](int64_t b, int64_t e) {
-      for (int64_t d = b; d < e; ++d) {
-        Draw& dr = draws[d];
-        const auto& c = req.chunks(dr.chunk);
-        const float* row = logits.data() + dr.chunk * V;
-        dr.token = dr.sampler->Sample(row, V, c.start_pos() + c.tokens_size());
-        if (c.logprobs() || c.top_logprobs() > 0) dr.logprob = LogProb(row, V, dr.token);
-        if (c.top_logprobs() > 0) dr.top = TopLogProbs(row, V, std::min(c.top_logprobs(), 20));
-      }
-    });
-    for (const Draw& dr : draws) {
-      const auto& c = req.chunks(dr.chunk);
-      rep->add_seq_ids(c.seq_id());
+    const std::vector<RowSample> drawn = samplers_.Sample(rows, logits.data(), runner_->config().vocab_size);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      rep->add_seq_ids(rows[i].seq_id);
       v1::TokenOutput* out = rep->add_tokens();
-      out->set_token_id(dr.token);
-      if (c.logprobs() || c.top_logprobs() > 0) out->set_logprob(dr.logprob);
-      for (const auto& [id, lp] : dr.top) {
+      out->set_token_id(drawn[i].token);
+      if (rows[i].logprobs || rows[i].top_logprobs > 0) out->set_logprob(drawn[i].logprob);
+      for (const auto& [id, lp] : drawn[i].top) {
         auto* t = out->add_top();
         t->set_token_id(id);
         t->set_logprob(lp);

@@ -16,6 +16,7 @@
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "proto/moeshard.grpc.pb.h"
+#include "proto/proto_convert.h"
 #include "worker/model_loader.h"
 #include "worker/model_runner.h"
 #include "worker/sampler.h"
@@ -24,8 +25,6 @@
 #include "worker/service/request_limits.h"
 
 namespace moeshard {
-
-inline constexpr uint32_t kProtocolVersion = 1;
 
 struct WorkerOptions {
   std::string model_path;
@@ -75,7 +74,7 @@ class WorkerServiceImpl final : public v1::Worker::Service {
   v1::ShardProto shard_;
   int32_t block_size_ = 0;
   KvOwnership kv_owners_;  // which KV blocks each live sequence wrote
-  std::map<int64_t, Sampler> samplers_;
+  SamplerSet samplers_;
   prometheus::Family<prometheus::Histogram>* step_seconds_ = nullptr;
   prometheus::Counter* steps_ok_ = nullptr;
   prometheus::Counter* steps_failed_ = nullptr;

@@ -1,4 +1,4 @@
-#include "coordinator/worker_pool.h"
+#include "coordinator/grpc_worker_pool.h"
 
 #include <grpcpp/grpcpp.h>
 
@@ -6,11 +6,47 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/security/internal_grpc.h"
-#include "worker/service/worker_service.h"
+#include "proto/proto_convert.h"
 
 namespace moeshard {
+namespace {
 
-WorkerPool::WorkerPool(std::vector<std::string> addresses) : addresses_(std::move(addresses)) {
+void ToProto(const StepRequest& r, v1::StepRequest* p) {
+  p->set_step_id(r.step_id);
+  for (const ChunkPlan& c : r.chunks) {
+    v1::ChunkProto* cp = p->add_chunks();
+    cp->set_seq_id(c.seq_id);
+    cp->set_start_pos(c.start_pos);
+    cp->mutable_tokens()->Add(c.tokens.begin(), c.tokens.end());
+    cp->mutable_block_table()->Add(c.block_table.begin(), c.block_table.end());
+    cp->mutable_cached_prefix()->Add(c.cached_prefix.begin(), c.cached_prefix.end());
+    cp->set_sample(c.sample);
+    if (c.sample) {
+      SamplingToProto(c.sampling, cp->mutable_sampling());
+      cp->set_logprobs(c.logprobs);
+      cp->set_top_logprobs(c.top_logprobs);
+    }
+  }
+  p->mutable_released_seqs()->Add(r.released_seqs.begin(), r.released_seqs.end());
+  p->mutable_preempted_seqs()->Add(r.preempted_seqs.begin(), r.preempted_seqs.end());
+}
+
+StepResult FromProto(const v1::StepReply& rep) {
+  StepResult r;
+  for (int i = 0; i < rep.seq_ids_size() && i < rep.tokens_size(); ++i) {
+    const v1::TokenOutput& t = rep.tokens(i);
+    TokenOutput o;
+    o.token_id = t.token_id();
+    o.logprob = t.logprob();
+    for (const auto& alt : t.top()) o.top.emplace_back(alt.token_id(), alt.logprob());
+    r.tokens.emplace_back(rep.seq_ids(i), std::move(o));
+  }
+  return r;
+}
+
+}  // namespace
+
+GrpcWorkerPool::GrpcWorkerPool(std::vector<std::string> addresses) : addresses_(std::move(addresses)) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);
   args.SetMaxSendMessageSize(256 << 20);
@@ -21,7 +57,7 @@ WorkerPool::WorkerPool(std::vector<std::string> addresses) : addresses_(std::mov
   }
 }
 
-absl::Status WorkerPool::Ping(std::chrono::milliseconds deadline) {
+absl::Status GrpcWorkerPool::Ping(std::chrono::milliseconds deadline) {
   std::vector<std::future<grpc::Status>> done;
   for (int w = 0; w < size(); ++w) {
     done.push_back(std::async(std::launch::async, [&, w] {
@@ -43,7 +79,7 @@ absl::Status WorkerPool::Ping(std::chrono::milliseconds deadline) {
   return first;
 }
 
-absl::Status WorkerPool::Handshake(const Plan& plan, const HandshakeOptions& o) {
+absl::Status GrpcWorkerPool::Handshake(const Plan& plan, const HandshakeOptions& o) {
   if (plan.num_workers != size()) {
     return absl::InvalidArgumentError(absl::StrCat("plan is for ", plan.num_workers, " workers, ", size(), " given"));
   }
@@ -98,7 +134,9 @@ absl::Status WorkerPool::Handshake(const Plan& plan, const HandshakeOptions& o) 
   return first;
 }
 
-absl::StatusOr<v1::StepReply> WorkerPool::Step(const v1::StepRequest& request, std::chrono::milliseconds deadline) {
+absl::StatusOr<StepResult> GrpcWorkerPool::Step(const StepRequest& step, std::chrono::milliseconds deadline) {
+  v1::StepRequest request;
+  ToProto(step, &request);
   std::vector<v1::StepReply> replies(size());
   std::vector<std::future<grpc::Status>> done;
   for (int w = 0; w < size(); ++w) {
@@ -119,7 +157,7 @@ absl::StatusOr<v1::StepReply> WorkerPool::Step(const v1::StepRequest& request, s
     }
   }
   if (!first.ok()) return first;
-  return replies[sampler_worker_];
+  return FromProto(replies[sampler_worker_]);
 }
 
 }  // namespace moeshard

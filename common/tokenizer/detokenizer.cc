@@ -1,11 +1,11 @@
-#include "router/detokenizer.h"
+#include "common/tokenizer/detokenizer.h"
 
 #include <algorithm>
 #include <utility>
 
 #include "common/tokenizer/tokenizer.h"
 
-namespace moeshard::router {
+namespace moeshard {
 namespace {
 
 enum class Seq { kOk, kIncomplete, kBad };
@@ -125,4 +125,4 @@ std::string IncrementalDetokenizer::Flush() {
   return Release(pending_.size());
 }
 
-}  // namespace moeshard::router
+}  // namespace moeshard

@@ -1,4 +1,5 @@
-// Incremental detokenization with stop strings.
+// Incremental detokenization with stop strings: the one implementation of stop strings,
+// used by the router for served requests and by local/ for single-process commands.
 //
 // Tokens arrive one at a time; their bytes are appended to a pending buffer, and only the
 // part of it that can no longer change is released:
@@ -21,10 +22,8 @@
 #include <vector>
 
 namespace moeshard {
-class Tokenizer;
-}
 
-namespace moeshard::router {
+class Tokenizer;
 
 class IncrementalDetokenizer {
  public:
@@ -63,4 +62,4 @@ size_t IncompleteUtf8Tail(std::string_view bytes);
 // `bytes` with each ill-formed sequence replaced by U+FFFD.
 std::string Utf8Lossy(std::string_view bytes);
 
-}  // namespace moeshard::router
+}  // namespace moeshard

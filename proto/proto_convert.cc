@@ -1,4 +1,4 @@
-#include "worker/service/proto_convert.h"
+#include "proto/proto_convert.h"
 
 namespace moeshard {
 

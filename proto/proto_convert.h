@@ -1,0 +1,17 @@
+// Conversions between the plain structs of common/ and their protobuf messages, and the
+// version of the worker protocol (the handshake refuses any other).
+#pragma once
+
+#include <cstdint>
+
+#include "common/sampling/sampling_params.h"
+#include "proto/moeshard.pb.h"
+
+namespace moeshard {
+
+inline constexpr uint32_t kProtocolVersion = 1;
+
+SamplingParams SamplingFromProto(const v1::SamplingOptions& s);
+void SamplingToProto(const SamplingParams& p, v1::SamplingOptions* s);
+
+}  // namespace moeshard
