@@ -232,7 +232,6 @@ absl::Status WorkerServiceImpl::DoStep(const v1::StepRequest& req, v1::StepReply
     }
   }
   if (shard_.last_stage() && shard_.tp_rank() == 0) {
-    const int64_t V = runner_->config().vocab_size;
     // Rows that sample, drawn by their sequences' samplers, appended in request order.
     std::vector<RowDraw> rows;
     for (int i = 0; i < req.chunks_size(); ++i) {
