@@ -1,12 +1,5 @@
-// Conversions between the engine's plain structs and their protobuf messages.
+// Moved to proto/proto_convert.h. This forward exists only for coordinator/engine.cc, which the
+// `engine` branch rewrites (scripts/layers_allowlist.txt): delete it when that branch merges.
 #pragma once
 
-#include "proto/moeshard.pb.h"
-#include "worker/sampler.h"
-
-namespace moeshard {
-
-SamplingParams SamplingFromProto(const v1::SamplingOptions& s);
-void SamplingToProto(const SamplingParams& p, v1::SamplingOptions* s);
-
-}  // namespace moeshard
+#include "proto/proto_convert.h"

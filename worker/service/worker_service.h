@@ -16,7 +16,7 @@
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "proto/moeshard.grpc.pb.h"
-#include "worker/model_loader.h"
+#include "common/model/model_loader.h"
 #include "worker/model_runner.h"
 #include "worker/sampler.h"
 #include "common/security/internal_grpc.h"
