@@ -2,21 +2,15 @@
 #include <algorithm>
 
 #include "bench/moe_expert_baseline.h"
+#include "common/splitmix64.h"
 #include "kernels/cuda/weight_decode.cuh"
 
 namespace moeshard::bench {
 namespace {
 
-__device__ __forceinline__ uint64_t SplitMix(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 __global__ void FillBytesKernel(uint8_t* p, size_t n, uint64_t seed, bool scale) {
   for (size_t i = (blockIdx.x * size_t{blockDim.x} + threadIdx.x) * 8; i < n; i += size_t{gridDim.x} * blockDim.x * 8) {
-    uint64_t v = SplitMix(seed ^ (i * 0x2545f4914f6cdd1dull));
+    uint64_t v = SplitMix64(seed ^ (i * 0x2545f4914f6cdd1dull));
     for (int j = 0; j < 8 && i + j < n; ++j) {
       uint8_t b = static_cast<uint8_t>(v >> (8 * j));
       p[i + j] = scale ? static_cast<uint8_t>((6 << 3) | (b & 7)) : b;
@@ -42,7 +36,7 @@ __global__ void SaneWeightsKernel(uint8_t* p, size_t bytes, WeightFormat f) {
 
 __global__ void FillBf16Kernel(uint16_t* p, size_t n, uint64_t seed) {
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
-    uint64_t v = SplitMix(seed ^ (i * 0x2545f4914f6cdd1dull));
+    uint64_t v = SplitMix64(seed ^ (i * 0x2545f4914f6cdd1dull));
     float u = static_cast<float>(v >> 40) * 0x1p-24f;  // [0, 1)
     p[i] = gpu::DevF32ToBf16(4.f * u - 2.f);
   }

@@ -15,14 +15,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "bench/serve_bench_client.h"
-#include "cli/args.h"
-#include "cli/itest/http_client.h"
+#include "common/flags/args.h"
+#include "common/openai_client/http_client.h"
 #include "common/status.h"
 
 namespace moeshard {
 namespace bench {
 
-using itest::Json;
+using openai_client::Json;
 
 double Percentile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
@@ -63,7 +63,7 @@ void PrintRow(const char* name, const Stats& s) {
 
 // One concurrency level: `requests` requests by `concurrency` clients; prints the report
 // and returns it as JSON (with every distinct error and how often it happened).
-Json RunLevel(const Config& cfg, const itest::HttpClient& http, int64_t concurrency) {
+Json RunLevel(const Config& cfg, const openai_client::HttpClient& http, int64_t concurrency) {
   const int64_t requests = cfg.requests > 0 ? cfg.requests : std::max<int64_t>(8, 4 * concurrency);
   const RequestConfig& rc = cfg.request;
   std::printf("moeshard bench serve: %s model %s, %ld requests, concurrency %ld, prompt %ld, output %ld tokens, %s\n",
@@ -133,10 +133,10 @@ Json RunLevel(const Config& cfg, const itest::HttpClient& http, int64_t concurre
 }
 
 absl::Status Serve(const Config& c) {
-  itest::HttpClient http(c.url, c.api_key, 600);
+  openai_client::HttpClient http(c.url, c.api_key, 600);
   Config cfg = c;
   if (cfg.request.model.empty()) {
-    itest::HttpResponse r = http.Get("/v1/models");
+    openai_client::HttpResponse r = http.Get("/v1/models");
     auto j = r.JsonBody();
     if (r.status != 200 || !j.ok() || !j->contains("data") || !(*j)["data"].is_array() || (*j)["data"].empty() ||
         !(*j)["data"][0].contains("id") || !(*j)["data"][0]["id"].is_string()) {

@@ -3,13 +3,13 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
-#include "cli/itest/openai_api.h"
+#include "common/openai_client/openai_api.h"
 
 namespace moeshard::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using itest::Json;
+using openai_client::Json;
 
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
@@ -60,10 +60,10 @@ void ReadUsage(const Json& j, Timing* t) {
   }
 }
 
-Timing RunUnstreamed(const itest::HttpClient& http, const Json& body) {
+Timing RunUnstreamed(const openai_client::HttpClient& http, const Json& body) {
   Timing t;
   const auto t0 = Clock::now();
-  itest::HttpResponse r = http.PostJson("/v1/completions", body);
+  openai_client::HttpResponse r = http.PostJson("/v1/completions", body);
   t.e2e_s = t.ttft_s = Seconds(t0, Clock::now());
   if (r.status != 200) {
     t.error = r.status == 0 ? absl::StrCat("no response: ", r.error) : r.Describe();
@@ -104,7 +104,7 @@ std::string Escaped(const std::string& s, size_t max) {
 
 Json RequestBody(const RequestConfig& c, int64_t i) {
   Json body = {{"model", c.model},
-               {"prompt", itest::MakePrompt(c.prompt_len, c.seed * 1000003 + i, c.vocab)},
+               {"prompt", openai_client::MakePrompt(c.prompt_len, c.seed * 1000003 + i, c.vocab)},
                {"max_tokens", c.output_len},
                {"temperature", 0},
                {"ignore_eos", c.ignore_eos},
@@ -114,7 +114,7 @@ Json RequestBody(const RequestConfig& c, int64_t i) {
   return body;
 }
 
-Timing RunRequest(const RequestConfig& c, const itest::HttpClient& http, int64_t i) {
+Timing RunRequest(const RequestConfig& c, const openai_client::HttpClient& http, int64_t i) {
   const Json body = RequestBody(c, i);
   if (!c.stream) return RunUnstreamed(http, body);
   Timing t;
@@ -123,7 +123,7 @@ Timing RunRequest(const RequestConfig& c, const itest::HttpClient& http, int64_t
   std::string failure, last_event;
   const auto t0 = Clock::now();
   Clock::time_point last;
-  itest::HttpResponse r = http.PostStream("/v1/completions", body, [&](const std::string& data) {
+  openai_client::HttpResponse r = http.PostStream("/v1/completions", body, [&](const std::string& data) {
     ++events;
     last_event = data;
     if (data == "[DONE]") {

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "cli/itest/http_client.h"
+#include "common/openai_client/http_client.h"
 
 namespace moeshard::bench {
 
@@ -31,11 +31,11 @@ struct Timing {
 
 // The request body: `prompt_len` random token ids below `vocab` (seeded by seed and i), so
 // every server sees exactly that many prompt tokens, greedy, `output_len` tokens.
-itest::Json RequestBody(const RequestConfig& c, int64_t i);
+openai_client::Json RequestBody(const RequestConfig& c, int64_t i);
 
 // Sends request i and times it. Output tokens: the server's usage.completion_tokens when it
 // reports one, else the token ids or non-empty text pieces the chunks carried.
-Timing RunRequest(const RequestConfig& c, const itest::HttpClient& http, int64_t i);
+Timing RunRequest(const RequestConfig& c, const openai_client::HttpClient& http, int64_t i);
 
 // Bytes shown in an error: printable ASCII as is, others as \xNN, cut at `max` bytes.
 std::string Escaped(const std::string& s, size_t max = 200);

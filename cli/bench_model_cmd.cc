@@ -5,10 +5,10 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "cli/args.h"
+#include "common/flags/args.h"
 #include "cli/commands.h"
-#include "cli/random_model.h"
-#include "cli/runner_flags.h"
+#include "eval/random_model.h"
+#include "worker/runner_flags.h"
 #include "common/status.h"
 #include "worker/model_bench.h"
 

@@ -5,10 +5,10 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
-#include "cli/args.h"
+#include "common/flags/args.h"
 #include "cli/commands.h"
-#include "cli/golden_check.h"
-#include "cli/runner_flags.h"
+#include "eval/golden_check.h"
+#include "worker/runner_flags.h"
 #include "common/status.h"
 
 namespace moeshard {

@@ -1,13 +1,11 @@
 #include "cli/commands.h"
 #include "bench/serve_bench.h"
-#include "cli/itest/itest.h"
 
 namespace moeshard {
 
 const std::vector<ClusterCommand>& ClusterCommands() {
   static const std::vector<ClusterCommand> commands = {
       {"up", "start workers, coordinator(s) and the router on this machine", UpCommand},
-      {"itest", "integration suite against a running cluster (--url URL)", ItestCommand},
       {"bench", "benchmarks against a running cluster: `bench serve --url URL`", BenchCommand},
   };
   return commands;

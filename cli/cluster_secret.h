@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "cli/args.h"
+#include "common/flags/args.h"
 
 namespace moeshard {
 

@@ -7,11 +7,11 @@
 // from stage to stage in this process.
 //
 // --save-logits FILE writes the scored positions' distributions in moeshard's exact MSKL
-// layout or in llama.cpp's --kl-divergence-base layout (cli/kld_file.h); our windows are
+// layout or in llama.cpp's --kl-divergence-base layout (eval/kld_file.h); our windows are
 // llama-perplexity's chunks (non-overlapping, n_ctx tokens, second half scored), so a file
 // of either layout describes the same positions. --compare FILE reads either layout (told
 // apart by its magic) as the base and reports KL(base || this run), top-1 agreement, Δp and
-// both perplexities (cli/kl_stats.h); without --text it evaluates the file's own tokens, as
+// both perplexities (eval/kl_stats.h); without --text it evaluates the file's own tokens, as
 // llama-perplexity --kl-divergence does.
 #include <algorithm>
 #include <cmath>
@@ -22,14 +22,14 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "cli/args.h"
+#include "common/flags/args.h"
 #include "cli/commands.h"
-#include "cli/kl_stats.h"
-#include "cli/kld_file.h"
-#include "cli/runner_flags.h"
+#include "eval/kl_stats.h"
+#include "eval/kld_file.h"
+#include "worker/runner_flags.h"
 #include "common/status.h"
 #include "worker/inprocess_group.h"
-#include "worker/model_loader.h"
+#include "common/model/model_loader.h"
 #include "worker/model_runner.h"
 
 namespace moeshard {

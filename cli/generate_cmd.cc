@@ -7,13 +7,13 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "cli/args.h"
-#include "cli/runner_flags.h"
+#include "common/flags/args.h"
+#include "worker/runner_flags.h"
 #include "cli/commands.h"
 #include "common/status.h"
 #include "common/tokenizer/chat_template.h"
+#include "common/model/model_loader.h"
 #include "local/local_engine.h"
-#include "worker/model_loader.h"
 
 namespace moeshard {
 namespace {

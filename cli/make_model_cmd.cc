@@ -10,10 +10,10 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "cli/args.h"
+#include "common/flags/args.h"
 #include "cli/commands.h"
-#include "cli/random_model.h"
-#include "cli/random_model_gguf.h"
+#include "eval/random_model.h"
+#include "eval/random_model_gguf.h"
 #include "common/status.h"
 
 namespace moeshard {

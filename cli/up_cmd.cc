@@ -18,7 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "cli/args.h"
+#include "common/flags/args.h"
 #include "cli/cluster_secret.h"
 #include "cli/commands.h"
 #include "cli/process.h"

@@ -4,22 +4,14 @@
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
+#include "common/splitmix64.h"
 
 namespace moeshard {
 namespace {
 
-uint64_t Mix(uint64_t x) {  // splitmix64 finalizer
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x;
-}
-
 uint64_t DefaultHash(uint64_t parent_hash, const int32_t* tokens, int64_t num_tokens) {
-  uint64_t h = Mix(parent_hash ^ 0x9e3779b97f4a7c15ULL);
-  for (int64_t i = 0; i < num_tokens; ++i) h = Mix(h + static_cast<uint32_t>(tokens[i]));
+  uint64_t h = SplitMix64Mix(parent_hash ^ kSplitMix64Gamma);
+  for (int64_t i = 0; i < num_tokens; ++i) h = SplitMix64Mix(h + static_cast<uint32_t>(tokens[i]));
   return h;
 }
 

@@ -7,15 +7,15 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_split.h"
-#include "cli/args.h"
+#include "common/flags/args.h"
 #include "common/comm/kv_store.h"
 #include "common/metrics/metrics.h"
 #include "common/security/internal_grpc.h"
 #include "common/status.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/engine.h"
+#include "common/model/model_loader.h"
 #include "coordinator/grpc_worker_pool.h"
-#include "worker/model_loader.h"
 
 namespace {
 std::unique_ptr<grpc::Server>* g_server = nullptr;

@@ -6,6 +6,7 @@
 
 #include "common/security/internal_grpc.h"
 #include "coordinator/wire.h"
+#include "proto/status_convert.h"
 
 namespace moeshard {
 
@@ -13,12 +14,7 @@ grpc::Status CoordinatorServiceImpl::Generate(grpc::ServerContext* ctx, const v1
                                               grpc::ServerWriter<v1::SeqUpdate>* writer) {
   if (grpc::Status auth = CheckClusterCredential(ctx); !auth.ok()) return auth;
   auto s = engine_->Submit(FromProto(*req));
-  if (!s.ok()) {
-    auto code = s.status().code() == absl::StatusCode::kUnavailable         ? grpc::StatusCode::UNAVAILABLE
-                : s.status().code() == absl::StatusCode::kResourceExhausted ? grpc::StatusCode::RESOURCE_EXHAUSTED
-                                                                             : grpc::StatusCode::INVALID_ARGUMENT;
-    return grpc::Status(code, std::string(s.status().message()));
-  }
+  if (!s.ok()) return ToGrpcStatus(s.status());
   std::shared_ptr<SeqStream> stream = *s;
   for (;;) {
     std::deque<SeqUpdate> batch;
@@ -60,21 +56,14 @@ grpc::Status CoordinatorServiceImpl::GetStatus(grpc::ServerContext* ctx, const v
 
 grpc::Status CoordinatorServiceImpl::StoreSet(grpc::ServerContext* ctx, const v1::StoreSetRequest* req, v1::StoreSetReply*) {
   if (grpc::Status auth = CheckClusterCredential(ctx); !auth.ok()) return auth;
-  absl::Status st = store_->Set(req->key(), req->value());
-  if (absl::IsResourceExhausted(st)) return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, std::string(st.message()));
-  if (!st.ok()) return grpc::Status(grpc::StatusCode::INTERNAL, std::string(st.message()));
-  return grpc::Status::OK;
+  return ToGrpcStatus(store_->Set(req->key(), req->value()));
 }
 
 grpc::Status CoordinatorServiceImpl::StoreGet(grpc::ServerContext* ctx, const v1::StoreGetRequest* req, v1::StoreGetReply* rep) {
   if (grpc::Status auth = CheckClusterCredential(ctx); !auth.ok()) return auth;
   auto timeout = std::chrono::milliseconds(std::clamp<int64_t>(req->timeout_ms(), 0, 600000));
   auto v = store_->Get(req->key(), timeout);
-  if (!v.ok()) {
-    auto code = v.status().code() == absl::StatusCode::kDeadlineExceeded ? grpc::StatusCode::DEADLINE_EXCEEDED
-                                                                           : grpc::StatusCode::INTERNAL;
-    return grpc::Status(code, std::string(v.status().message()));
-  }
+  if (!v.ok()) return ToGrpcStatus(v.status());
   rep->set_value(*v);
   return grpc::Status::OK;
 }

@@ -9,10 +9,8 @@
 // offered (layer split: pp = n, tp = 1; tensor parallel: pp = 1, tp = n), but the builder works
 // on the grid so pp x tp can be exposed later without changing the shard arithmetic.
 //
-// Layer ranges are contiguous and proportional to per-stage weights, rounded by the largest-
-// remainder method with a floor of one layer per stage (stages whose share is below one layer
-// are pinned to one layer and the rest is re-divided among the others). Pure functions; no
-// state; safe to call from any thread.
+// Layer ranges come from SplitLayers (common/model/layer_split.h): contiguous, proportional to
+// per-stage weights. Pure functions; no state; safe to call from any thread.
 #pragma once
 
 #include <string>
@@ -20,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/model/layer_split.h"
 #include "common/model/model_config.h"
 #include "common/model/shard.h"
 
@@ -53,11 +52,6 @@ struct Plan {
 // that do).
 absl::StatusOr<Plan> MakePlan(const ModelConfig& config, ParallelMode mode, int num_workers,
                               const std::vector<double>& layer_weights);
-
-// Splits [0, num_layers) into weights.size() contiguous ranges [begin, end), each at least one
-// layer, sizes proportional to the weights (see the top of this file). Exposed for tests.
-absl::StatusOr<std::vector<std::pair<int64_t, int64_t>>> SplitLayers(
-    int64_t num_layers, const std::vector<double>& weights);
 
 // Parses "2,1,1" (spaces allowed) into {2, 1, 1}; "" gives an empty vector (even split).
 // Every value must be a finite number > 0.

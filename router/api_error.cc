@@ -1,6 +1,7 @@
 #include "router/api_error.h"
 
 #include "absl/strings/cord.h"
+#include "proto/status_convert.h"
 
 namespace moeshard::router {
 namespace {
@@ -38,43 +39,24 @@ std::string ErrorCode(const absl::Status& status) { return Payload(status, kCode
 
 HttpError ToHttpError(const absl::Status& status) {
   HttpError e;
-  std::string type = "server_error";
+  e.http_status = HttpStatusCode(status.code());
   std::string code = ErrorCode(status);
-  switch (status.code()) {
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kOutOfRange:
-    case absl::StatusCode::kFailedPrecondition:
-      e.http_status = 400;
-      type = "invalid_request_error";
-      break;
-    case absl::StatusCode::kUnauthenticated:
-      e.http_status = 401;
+  // OpenAI's error type follows the HTTP status.
+  std::string type = "server_error";
+  switch (e.http_status) {
+    case 400:
+    case 403:
+    case 404: type = "invalid_request_error"; break;
+    case 401:
       type = "invalid_request_error";
       if (code.empty()) code = "invalid_api_key";
       break;
-    case absl::StatusCode::kPermissionDenied:
-      e.http_status = 403;
-      type = "invalid_request_error";
-      break;
-    case absl::StatusCode::kNotFound:
-      e.http_status = 404;
-      type = "invalid_request_error";
-      break;
-    case absl::StatusCode::kResourceExhausted:
-      e.http_status = 429;
-      type = "rate_limit_error";
-      break;
-    case absl::StatusCode::kUnavailable:
-      e.http_status = 503;
+    case 429: type = "rate_limit_error"; break;
+    case 503:
       type = "service_unavailable_error";
       if (code.empty()) code = "service_unavailable";
       break;
-    case absl::StatusCode::kDeadlineExceeded:
-      e.http_status = 504;
-      break;
-    default:
-      e.http_status = 500;
-      break;
+    default: break;
   }
   const std::string param = ErrorParam(status);
   nlohmann::json err = {{"message", std::string(status.message())}, {"type", type}};

@@ -4,13 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/security/internal_grpc.h"
+#include "proto/status_convert.h"
 
 namespace moeshard::router {
-
-absl::Status FromGrpc(const grpc::Status& status) {
-  if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
-}
 
 CoordinatorClient::CoordinatorClient(std::string address) : address_(std::move(address)) {
   grpc::ChannelArguments args;
@@ -31,8 +27,7 @@ absl::StatusOr<v1::StatusReply> CoordinatorClient::GetStatus(absl::Duration time
   v1::StatusReply reply;
   grpc::Status st = stub_->GetStatus(&ctx, v1::StatusRequest(), &reply);
   if (!st.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(st.error_code()),
-                        absl::StrCat("coordinator ", address_, ": ", st.error_message()));
+    return absl::Status(FromGrpcStatus(st).code(), absl::StrCat("coordinator ", address_, ": ", st.error_message()));
   }
   return reply;
 }
@@ -74,7 +69,7 @@ absl::Status GenerateCall::Finish() {
   grpc::Status st = reader_->Finish();
   std::lock_guard<std::mutex> lock(mu_);
   finished_ = true;
-  return FromGrpc(st);
+  return FromGrpcStatus(st);
 }
 
 }  // namespace moeshard::router

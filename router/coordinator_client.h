@@ -13,9 +13,6 @@
 
 namespace moeshard::router {
 
-// Converts a gRPC status to absl (the codes share their numbering).
-absl::Status FromGrpc(const grpc::Status& status);
-
 // Thread-safe; the channel connects lazily and reconnects by itself.
 class CoordinatorClient {
  public:

@@ -8,6 +8,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "proto/proto_convert.h"
+#include "proto/status_convert.h"
 #include "router/api_error.h"
 #include "router/auth.h"
 #include "router/http_server.h"
@@ -16,11 +17,6 @@
 
 namespace moeshard::router {
 namespace {
-
-grpc::Status ToGrpc(const absl::Status& st) {
-  if (st.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(st.code()), std::string(st.message()));
-}
 
 void AddTokens(const GenerationDelta& d, v1::GenerateResponse* r) {
   for (const TokenInfo& t : d.tokens) {
@@ -87,7 +83,7 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context, const v1::
   auto reject = [&](const absl::Status& st) {
     s.metrics->RequestRejected(kNoPool, absl::IsNotFound(st) ? "model_not_found" : "bad_request");
     LogLine(request_id, absl::StrCat("grpc: bad request: ", st.message()));
-    return ToGrpc(st);
+    return ToGrpcStatus(st);
   };
   auto parsed = FromProto(*request);
   if (!parsed.ok()) return reject(parsed.status());
@@ -96,7 +92,7 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context, const v1::
   if (!prompt_ids.ok()) return reject(prompt_ids.status());
   const std::vector<int32_t> prompt_copy = *prompt_ids;
   auto gen = Generation::Start(s, PreparedRequest{request_id, *std::move(prompt_ids), parsed->params});
-  if (!gen.ok()) return ToGrpc(gen.status());
+  if (!gen.ok()) return ToGrpcStatus(gen.status());
   LogLine(request_id, "grpc: Generate");
 
   bool first = true;
@@ -113,7 +109,7 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context, const v1::
     AddTokens(d, &r);
     return writer->Write(r);
   });
-  if (!result.ok()) return ToGrpc(result.status());
+  if (!result.ok()) return ToGrpcStatus(result.status());
   v1::GenerateResponse last;
   fill_first(&last);
   last.set_finish_reason(result->finish_reason);

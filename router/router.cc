@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/tokenizer/tokenizer.h"
 #include "router/log.h"
-#include "worker/model_loader.h"
+#include "common/model/model_loader.h"
 
 namespace moeshard::router {
 

@@ -118,7 +118,7 @@ run_lane() {
   fi
   run_step gpu_check "$work/gpu_check.log" bash "$ROOT/scripts/gpu_check.sh" "$bin" "$data"
   run_step gpu_repack_check "$work/repack.log" bash "$ROOT/scripts/gpu_repack_check.sh" "$bin"
-  # bf16 workers, compared with the bf16 tolerance (cli/itest/token_match.h); then float32,
+  # bf16 workers, compared with the bf16 tolerance (tests/itest/token_match.h); then float32,
   # compared exactly. MOESHARD_E2E_ONLY (tests/e2e/run.sh) narrows both to some clusters.
   run_step e2e-bfloat16 "$work/e2e-bfloat16.log" env MOESHARD_E2E_NODE="${MOESHARD_E2E_NODE:-0}" \
     MOESHARD_TESTDATA="$data" MOESHARD_E2E_UP_ARGS="--device cuda --dtype bfloat16" \

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/comm/local_communicator.h"
+#include "common/model/layer_split.h"
 #include "common/status.h"
 
 namespace moeshard {
@@ -89,13 +90,11 @@ class LayerSplitChain : public ModelRunner {
  public:
   LayerSplitChain(const ModelConfig& c, const RunnerOptions& o) : ModelRunner(c, WholeModel(c), o) {}
   absl::Status Init(const TensorSource& src, int stages) {
-    int64_t begin = 0;
+    ASSIGN_OR_RETURN(auto ranges, SplitLayers(config_.num_layers, std::vector<double>(stages, 1.0)));
     for (int s = 0; s < stages; ++s) {
-      const int64_t n = config_.num_layers / stages + (s < config_.num_layers % stages ? 1 : 0);
-      ShardSpec sh{begin, begin + n, 0, 1, s == 0, s == stages - 1};
+      ShardSpec sh{ranges[s].first, ranges[s].second, 0, 1, s == 0, s == stages - 1};
       ASSIGN_OR_RETURN(auto r, ModelRunner::Create(config_, src, sh, options_));
       stages_.push_back(std::move(r));
-      begin += n;
     }
     return absl::OkStatus();
   }

@@ -41,9 +41,7 @@ struct ModelWeights {
   int64_t num_local_heads = 0, num_local_kv_heads = 0, local_dense_intermediate = 0;
 };
 
-// Validates that the shard's slicing divides the model (or names what does not).
-absl::Status ValidateShard(const ModelConfig& c, const ShardSpec& s);
-
+// Validates the shard first (ValidateShard, common/model/shard.h).
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const ModelConfig& c,
                                                                const TensorSource& src,
                                                                const ShardSpec& shard);

@@ -6,8 +6,8 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include "cli/args.h"
-#include "cli/runner_flags.h"
+#include "common/flags/args.h"
+#include "worker/runner_flags.h"
 #include "common/metrics/metrics.h"
 #include "common/security/internal_grpc.h"
 #include "worker/service/worker_service.h"

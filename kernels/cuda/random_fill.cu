@@ -1,23 +1,17 @@
 // Device-side synthetic weights (gpu_params.h FillParams): SplitMix64 of (seed, index).
 #include <algorithm>
 
+#include "common/splitmix64.h"
 #include "kernels/cuda/act.cuh"
 #include "kernels/cuda/launchers.h"
 
 namespace moeshard::gpu {
 namespace {
 
-__device__ __forceinline__ uint64_t Mix(uint64_t z) {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 __global__ void FillKernel(FillParams p) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < p.count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const uint64_t h = Mix(p.seed * 0x100000001B3ull + static_cast<uint64_t>(i));
+    const uint64_t h = SplitMix64(p.seed * 0x100000001B3ull + static_cast<uint64_t>(i));
     const float u = static_cast<float>(h >> 40) * (2.f / 16777216.f) - 1.f;
     switch (p.kind) {
       case FillKind::kRandomBytes: static_cast<uint8_t*>(p.dst)[i] = static_cast<uint8_t>(h); break;

@@ -92,7 +92,7 @@ class FakeServer {
 };
 
 Timing Send(const FakeServer& s, const std::string& model, bool stream = true) {
-  itest::HttpClient http(s.url(), "", 10);
+  openai_client::HttpClient http(s.url(), "", 10);
   RequestConfig c;
   c.model = model;
   c.prompt_len = 16;
@@ -158,7 +158,7 @@ TEST(ServeBenchClient, UnstreamedUsesUsage) {
 }
 
 TEST(ServeBenchClient, NoServerIsATransportError) {
-  itest::HttpClient http("http://127.0.0.1:1", "", 2);
+  openai_client::HttpClient http("http://127.0.0.1:1", "", 2);
   RequestConfig c;
   c.stream = true;
   Timing t = RunRequest(c, http, 0);

@@ -93,6 +93,23 @@ TEST(PlanTest, LayerSplitExhaustive) {
   }
 }
 
+// Equal weights (the coordinator's default and the in-process layer split of `moeshard check`
+// and `eval`): sizes differ by at most one, the first num_layers % stages stages hold the extra.
+TEST(PlanTest, EqualWeightsGiveTheEvenSplit) {
+  for (int64_t layers = 1; layers <= 24; ++layers) {
+    for (int64_t stages = 1; stages <= layers; ++stages) {
+      auto ranges = SplitLayers(layers, std::vector<double>(stages, 1.0));
+      ASSERT_TRUE(ranges.ok()) << ranges.status();
+      int64_t begin = 0;
+      for (int64_t s = 0; s < stages; ++s) {
+        const int64_t want = layers / stages + (s < layers % stages ? 1 : 0);
+        EXPECT_EQ((*ranges)[s], std::make_pair(begin, begin + want)) << layers << " layers, stage " << s << " of " << stages;
+        begin += want;
+      }
+    }
+  }
+}
+
 TEST(PlanTest, HandComputedSplits) {
   auto ranges = SplitLayers(8, {2, 1, 1});
   ASSERT_TRUE(ranges.ok()) << ranges.status();

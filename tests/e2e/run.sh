@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end tests: real clusters on loopback (`moeshard up`, ports chosen at run time),
-# each checked by `moeshard itest` and, in some configurations, by the official openai
-# npm package and a grpc-js client (tests/clients). Builds nothing.
+# each checked by the integration suite (tests/itest, the binary BUILD_DIR/tests/moeshard-itest)
+# and, in some configurations, by the official openai npm package and a grpc-js client
+# (tests/clients). Builds nothing.
 #
 #   tests/e2e/run.sh BUILD_DIR
 #
@@ -29,6 +30,11 @@ for c in "$BUILD/moeshard" "$BUILD/cli/moeshard"; do
 done
 if [[ -z $MOESHARD ]]; then
   echo "e2e: no moeshard binary in $BUILD (build it first)" >&2
+  exit 1
+fi
+ITEST=$BUILD/tests/moeshard-itest
+if [[ ! -x $ITEST ]]; then
+  echo "e2e: no $ITEST (build it first: the integration suite, tests/itest)" >&2
   exit 1
 fi
 for m in muse-spark-tiny muse-spark-tiny-nvfp4 muse-spark-kv4 qwen3moe-tiny qwen3moe-tok; do
@@ -159,7 +165,7 @@ run_config() {
   [[ -n $key ]] && itest+=(--api-key "$key")
   # shellcheck disable=SC2206
   itest+=(${MOESHARD_E2E_ITEST_ARGS:-})
-  "$MOESHARD" itest "${itest[@]}" 2>&1 | tee "$WORK/$name.itest.log" | grep -v '^[0-9]* passed, [0-9]* failed, [0-9]* skipped$' | sed 's/^/  /'
+  "$ITEST" "${itest[@]}" 2>&1 | tee "$WORK/$name.itest.log" | grep -v '^[0-9]* passed, [0-9]* failed, [0-9]* skipped$' | sed 's/^/  /'
   count_summary "$WORK/$name.itest.log" "$name itest"
   if [[ $node == node ]] && node_clients_ready; then
     (cd "$ROOT/tests/clients" &&

@@ -32,7 +32,7 @@
 #include "coordinator/plan.h"
 #include "prometheus/registry.h"
 #include "proto/moeshard.grpc.pb.h"
-#include "worker/model_loader.h"
+#include "common/model/model_loader.h"
 #include "worker/service/worker_service.h"
 
 namespace moeshard {

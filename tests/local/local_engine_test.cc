@@ -13,7 +13,7 @@
 #include "local/inprocess_worker_pool.h"
 #include "tests/testdata/testdata_dir.h"
 #include "worker/kv_cache.h"
-#include "worker/model_loader.h"
+#include "common/model/model_loader.h"
 #include "worker/sampler.h"
 
 namespace moeshard {

@@ -19,10 +19,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "cli/kl_stats.h"
+#include "eval/kl_stats.h"
 #include "common/formats/safetensors.h"
 #include "gtest/gtest.h"
-#include "worker/model_loader.h"
+#include "common/model/model_loader.h"
 #include "worker/model_runner.h"
 
 namespace moeshard {

@@ -18,15 +18,15 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "cli/random_model.h"
-#include "cli/random_model_gguf.h"
+#include "eval/random_model.h"
+#include "eval/random_model_gguf.h"
 #include "common/dtype.h"
 #include "common/formats/gguf.h"
 #include "common/formats/gguf_quant.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/dequant.h"
 #include "tests/worker/gguf_test_util.h"
-#include "worker/model_loader.h"
+#include "common/model/model_loader.h"
 
 namespace moeshard {
 namespace {

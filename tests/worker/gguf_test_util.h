@@ -13,7 +13,7 @@
 #include "common/dtype.h"
 #include "common/formats/safetensors.h"
 #include "tests/formats/format_test_util.h"
-#include "worker/model_loader.h"
+#include "common/model/model_loader.h"
 
 namespace moeshard::test {
 

@@ -5,15 +5,15 @@
 // model-f16.gguf (rebuilt there byte for byte), and every qwen3moe.* key it wrote must be in our
 // file with the same stored type; encodings must equal the `tokenizers` library's
 // (tokenizer-goldens.json).
-#include "cli/gguf_vocab.h"
+#include "eval/gguf_vocab.h"
 
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
-#include "cli/random_model.h"
-#include "cli/random_model_gguf.h"
+#include "eval/random_model.h"
+#include "eval/random_model_gguf.h"
 #include "common/formats/gguf.h"
 #include "common/mapped_file.h"
 #include "common/tokenizer/tokenizer.h"

@@ -5,10 +5,10 @@
 #include <filesystem>
 #include <string>
 
-#include "cli/golden_check.h"
+#include "eval/golden_check.h"
 #include "gtest/gtest.h"
 #include "tests/testdata/testdata_dir.h"
-#include "worker/model_loader.h"
+#include "common/model/model_loader.h"
 
 namespace moeshard {
 namespace {

@@ -1,8 +1,8 @@
-// The logits files of `moeshard eval` (cli/kld_file.h): a llama.cpp --kl-divergence-base
+// The logits files of `moeshard eval` (eval/kld_file.h): a llama.cpp --kl-divergence-base
 // file built here byte by byte from the documented layout must read back as built; both
 // layouts round-trip through our writer with the right header fields and, for llama.cpp's
 // uint16 rows, within the quantization bound; and KlStats on hand-computed distributions.
-#include "cli/kld_file.h"
+#include "eval/kld_file.h"
 
 #include <unistd.h>
 
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "cli/kl_stats.h"
+#include "eval/kl_stats.h"
 #include "gtest/gtest.h"
 
 namespace moeshard {

@@ -10,7 +10,7 @@
 #include "common/comm/local_communicator.h"
 #include "gtest/gtest.h"
 #include "tests/testdata/testdata_dir.h"
-#include "worker/model_loader.h"
+#include "common/model/model_loader.h"
 #include "worker/model_runner.h"
 
 namespace moeshard {

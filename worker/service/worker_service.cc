@@ -6,9 +6,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/metrics/metrics.h"
+#include "common/thread_pool.h"
+#include "proto/proto_convert.h"
+#include "proto/status_convert.h"
 #include "common/comm/gloo_communicator.h"
 #include "common/comm/nccl_communicator.h"
-#include "common/metrics/metrics.h"
 #include "common/status.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
@@ -19,21 +21,6 @@
 
 namespace moeshard {
 namespace {
-
-grpc::Status ToGrpc(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  grpc::StatusCode code = grpc::StatusCode::INTERNAL;
-  switch (s.code()) {
-    case absl::StatusCode::kInvalidArgument: code = grpc::StatusCode::INVALID_ARGUMENT; break;
-    case absl::StatusCode::kFailedPrecondition: code = grpc::StatusCode::FAILED_PRECONDITION; break;
-    case absl::StatusCode::kDeadlineExceeded: code = grpc::StatusCode::DEADLINE_EXCEEDED; break;
-    case absl::StatusCode::kNotFound: code = grpc::StatusCode::NOT_FOUND; break;
-    case absl::StatusCode::kUnavailable: code = grpc::StatusCode::UNAVAILABLE; break;
-    case absl::StatusCode::kAborted: code = grpc::StatusCode::ABORTED; break;
-    default: break;
-  }
-  return grpc::Status(code, std::string(s.message()));
-}
 
 }  // namespace
 
@@ -175,7 +162,7 @@ grpc::Status WorkerServiceImpl::Step(grpc::ServerContext* ctx, const v1::StepReq
   (st.ok() ? steps_ok_ : steps_failed_)->Increment();
   ++next_step_;
   cv_.notify_all();
-  return ToGrpc(st);
+  return ToGrpcStatus(st);
 }
 
 absl::Status WorkerServiceImpl::DoStep(const v1::StepRequest& req, v1::StepReply* rep) {

@@ -1,0 +1,88 @@
+// Compares a model's logits and greedy generations with a goldens.safetensors file
+// (format: ../shared/testdata/README.md): seq{k}.ids with seq{k}.logits, or with
+// seq{k}.topk_ids / topk_logits and seq{k}.lse for large vocabularies; gen{k}.prompt and
+// gen{k}.greedy. Each sequence runs whole, as prefill + one-token decode steps, and all
+// together in one ragged batch; every run must meet the tolerance profile.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model/model_loader.h"
+#include "worker/model_runner.h"
+
+namespace moeshard {
+
+enum class Tolerance { kFp32, kQ8_0, kBf16 };
+absl::StatusOr<Tolerance> ParseTolerance(const std::string& s);
+
+// The acceptance limits: fp32 and Q8_0 as ../shared/testdata/README.md states them; bf16
+// defaults to the loosest row of its table, and each model's row can be given instead.
+struct CheckLimits {
+  Tolerance kind = Tolerance::kFp32;
+  double bf16_mean_kl = 2e-2, bf16_top1 = 0.88;     // goldens with full logits
+  double bf16_topk_top1 = 0.90, bf16_max_lse = 0.5;  // goldens with top-20 logits and lse
+  CheckLimits() = default;
+  CheckLimits(Tolerance k) : kind(k) {}  // NOLINT: a tolerance kind is its default limits
+};
+
+// Where CheckModel runs the model: backend options, and an in-process layout (tensor
+// parallel ranks or layer-split stages, worker/inprocess_group.h).
+struct CheckLayout {
+  RunnerOptions runner;
+  int tp = 1, stages = 1;
+};
+
+struct SeqReport {
+  std::string name;    // e.g. "seq1 decode"
+  double max_err = 0;  // fp32: max |l - g| / max(1, |g|); top-k: max top-20 logit diff
+  double max_lse_err = 0;
+  double mean_kl = 0, max_kl = 0;  // full-logit goldens only
+  double top1 = 0;                 // fraction of positions whose argmax agrees
+  int64_t positions = 0;
+  bool full_logits = false;
+  bool pass = false;
+  bool gating = true;  // false on the bf16 path, where the pooled figures gate
+};
+
+// The bf16 path's acceptance is statistical (the README's table pools every position of a
+// model's sequences), so its figures are pooled over seq0..N of one way of running them.
+struct PooledReport {
+  std::string name;  // "whole", "batched", "decode" or "all"
+  int64_t positions = 0;
+  double mean_kl = 0, top1 = 0, max_lse_err = 0;
+  bool full_logits = false;
+  bool pass = false;
+};
+
+struct GenReport {
+  std::string name;
+  std::vector<int32_t> expected, got;
+  bool pass = false;
+  bool gating = true;  // false on the bf16 path: reported, not required
+};
+
+struct CheckReport {
+  std::vector<SeqReport> seqs;
+  std::vector<PooledReport> pooled;  // bf16 only
+  std::vector<GenReport> gens;
+  std::string backend;  // the runner that produced it, e.g. "cuda:0 bfloat16, tensor parallel 2"
+  bool pass() const;
+  std::string Format() const;
+};
+
+// Logits [T, V] for a whole sequence fed from position 0: the seam through which a
+// cluster (or any engine) is checked with the same goldens.
+using LogitsFn = std::function<absl::StatusOr<std::vector<float>>(const std::vector<int32_t>& ids)>;
+using GreedyFn = std::function<absl::StatusOr<std::vector<int32_t>>(const std::vector<int32_t>& prompt, int64_t n)>;
+
+// Runs the goldens on a loaded model, in-process (whole, decode and batch modes).
+absl::StatusOr<CheckReport> CheckModel(const LoadedModel& model, const std::string& goldens_path,
+                                       const CheckLimits& tol, const CheckLayout& layout = {});
+// Runs only whole-sequence logits and greedy generation through the given functions.
+absl::StatusOr<CheckReport> CheckWith(const LogitsFn& logits, const GreedyFn& greedy, int64_t vocab,
+                                      const std::string& goldens_path, const CheckLimits& tol);
+
+}  // namespace moeshard

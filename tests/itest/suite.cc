@@ -1,0 +1,33 @@
+#include "tests/itest/suite.h"
+
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+
+namespace moeshard::itest {
+
+absl::Status Skip(const std::string& why) { return absl::UnimplementedError(why); }
+
+void Suite::Run(const std::string& name, const std::function<absl::Status()>& check) {
+  absl::Status st = check();
+  if (st.ok()) {
+    ++passed_;
+    std::printf("ok  %s\n", name.c_str());
+  } else if (st.code() == absl::StatusCode::kUnimplemented) {
+    ++skipped_;
+    std::printf("skip %s: %s\n", name.c_str(), std::string(st.message()).c_str());
+  } else {
+    ++failed_;
+    std::printf("FAIL %s: %s\n", name.c_str(), std::string(st.message()).c_str());
+  }
+  std::fflush(stdout);
+}
+
+Context::Context(ItestOptions o) : opts(std::move(o)), http(opts.url, opts.api_key), tolerance(opts.tolerance) {}
+
+absl::StatusOr<std::vector<int32_t>> Context::Reference(const std::vector<int32_t>& prompt, int64_t n) const {
+  if (reference == nullptr) return Skip("needs --model (the in-process reference)");
+  return reference->Greedy(prompt, n);
+}
+
+}  // namespace moeshard::itest

@@ -1,0 +1,28 @@
+#include "worker/runner_flags.h"
+
+#include "common/status.h"
+
+namespace moeshard {
+
+absl::StatusOr<RunnerOptions> ParseRunnerFlags(const Args& a, RunnerOptions ro) {
+  if (a.Has("device")) {
+    ASSIGN_OR_RETURN(ro.device, ParseDevice(a.Get("device")));
+  }
+  ASSIGN_OR_RETURN(int64_t gpu, a.GetInt("gpu", ro.gpu_index));
+  if (gpu < 0) return absl::InvalidArgumentError("--gpu must be >= 0");
+  ro.gpu_index = static_cast<int>(gpu);
+  if (a.Has("dtype")) {
+    ASSIGN_OR_RETURN(ro.precision, ParsePrecision(a.Get("dtype")));
+    if (ro.device == Device::kCpu && ro.precision != ActPrecision::kFloat32) {
+      return absl::InvalidArgumentError("the CPU backend computes in float32 only (--dtype float32 or --device cuda)");
+    }
+  }
+  if (a.Has("kv-dtype")) {
+    ASSIGN_OR_RETURN(ro.kv_dtype, ParseKvDType(a.Get("kv-dtype")));
+  }
+  ASSIGN_OR_RETURN(ro.max_batch_tokens, a.GetInt("max-batch-tokens", ro.max_batch_tokens));
+  if (ro.max_batch_tokens <= 0) return absl::InvalidArgumentError("--max-batch-tokens must be positive");
+  return ro;
+}
+
+}  // namespace moeshard
