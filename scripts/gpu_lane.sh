@@ -31,9 +31,14 @@ bundle() {
   local build=${1:?usage: gpu_lane.sh bundle BUILD_DIR}
   local tests
   tests=$(cd "$build" && ctest -L gpu -N | sed -n 's/^ *Test *#[0-9]*: \([A-Za-z0-9_]*\)$/\1/p')
-  local progs=("$build/moeshard" "$build/tests/testdata_gguf")
-  for p in router/moeshard-router coordinator/moeshard-coordinator worker/moeshard-worker; do
-    [[ -x $build/$p ]] && progs+=("$build/$p")
+  local progs=("$build/moeshard" "$build/tests/testdata_gguf" "$build/tests/moeshard-itest")
+  for p in moeshard-router moeshard-coordinator moeshard-worker; do
+    if [[ -x $build/$p ]]; then
+      progs+=("$build/$p")
+    else
+      echo "gpu lane: no $build/$p (build every target first)" >&2
+      return 1
+    fi
   done
   mkdir -p "$DEVICE"
   : >"$DEVICE/gpu_tests.txt.tmp"

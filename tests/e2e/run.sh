@@ -33,6 +33,7 @@ if [[ -z $MOESHARD ]]; then
   exit 1
 fi
 ITEST=$BUILD/tests/moeshard-itest
+[[ -x $ITEST ]] || ITEST=$BUILD/moeshard-itest  # a flat bundle (the GPU lane's)
 if [[ ! -x $ITEST ]]; then
   echo "e2e: no $ITEST (build it first: the integration suite, tests/itest)" >&2
   exit 1

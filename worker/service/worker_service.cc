@@ -150,7 +150,7 @@ grpc::Status WorkerServiceImpl::Step(grpc::ServerContext* ctx, const v1::StepReq
       steps_failed_->Increment();
       std::fprintf(stderr, "moeshard-worker: step %ld refused: %s\n", static_cast<long>(req->step_id()),
                    std::string(valid.message()).c_str());
-      return ToGrpc(valid);
+      return ToGrpcStatus(valid);
     }
     kv_owners_.Commit(*req);
   }
