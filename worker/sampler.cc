@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "common/splitmix64.h"
 #include "common/thread_pool.h"
 
 namespace moeshard {
@@ -12,10 +13,7 @@ namespace moeshard {
 namespace {
 // The RNG seed of the draw at `position` of a seeded request (splitmix64 of seed and position).
 uint64_t PositionSeed(uint64_t seed, int64_t position) {
-  uint64_t z = seed + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(position + 1);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
+  return SplitMix64Mix(seed + kSplitMix64Gamma * static_cast<uint64_t>(position + 1));
 }
 }  // namespace
 

@@ -71,7 +71,7 @@ absl::Status SameGreedy(const Context& ctx, const std::vector<int32_t>& prompt, 
 absl::Status SameSampled(const Context& ctx, const std::vector<int32_t>& prompt, const std::vector<int32_t>& want,
                          const std::vector<int32_t>& got, absl::string_view what) {
   return Compare(ctx, prompt, want, got, what, "sampling bound",
-                 [](double, double b) { return b >= std::log(kBf16MinSampledProb); });
+                 [](double a, double b) { return b >= std::min(std::log(kBf16MinSampledProb), a - kBf16GreedyMargin); });
 }
 
 bool LogprobClose(const Context& ctx, double served, double want) {

@@ -105,6 +105,7 @@ TEST_F(TokenMatchTest, Bf16RefusesALengthDifferenceAndUnlikelySamples) {
   const auto& lp = rows->back();
   const int32_t unlikely = static_cast<int32_t>(std::min_element(lp.begin(), lp.end()) - lp.begin());
   ASSERT_LT(lp[unlikely], std::log(kBf16MinSampledProb));
+  ASSERT_LT(lp[unlikely], lp[(*want)[0]] - kBf16GreedyMargin);
   std::vector<int32_t> got = *want;
   got[0] = unlikely;
   EXPECT_FALSE(SameSampled(*ctx_, prompt, *want, got, "sampled").ok());

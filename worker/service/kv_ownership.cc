@@ -3,17 +3,13 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/splitmix64.h"
 #include "common/status.h"
 
 namespace moeshard {
 namespace {
 
-uint64_t Mix(uint64_t x) {  // splitmix64's finalizer
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+uint64_t Mix(uint64_t x) { return SplitMix64(x); }
 
 int64_t BlocksFor(int64_t positions, int32_t block_size) { return (positions + block_size - 1) / block_size; }
 
