@@ -10,7 +10,7 @@
 # tests/testdata; a missing model is a failure),
 # MOESHARD_E2E_NODE=0 to leave out the node clients, MOESHARD_E2E_KEEP=1 to keep the logs,
 # MOESHARD_E2E_UP_ARGS for extra `moeshard up` flags in every configuration,
-# MOESHARD_E2E_ITEST_ARGS for extra `moeshard itest` flags (the GPU lane's bf16 run passes
+# MOESHARD_E2E_ITEST_ARGS for extra `moeshard-itest` flags (the GPU lane's bf16 run passes
 # `--tolerance bf16`), MOESHARD_E2E_ONLY="NAME ..." to run only those configurations (each one
 # left out is printed and counted as skipped).
 # Prints one line per check and a last line `N passed, M failed, K skipped` (each skip is listed
