@@ -54,12 +54,11 @@ HttpClient::HttpClient(std::string url, std::string api_key, double timeout_s)
   while (!url_.empty() && url_.back() == '/') url_.pop_back();
 }
 
-HttpResponse HttpClient::Get(const std::string& path, Auth auth) const {
-  auto c = Connect(url_, timeout_s_);
-  httplib::Headers h;
-  AddAuth(h, auth, api_key_);
+namespace {
+
+// The response of one request, or the transport error when none came.
+HttpResponse ToResponse(const httplib::Result& res) {
   HttpResponse out;
-  auto res = c->Get(path.c_str(), h);
   if (!res) {
     out.error = httplib::to_string(res.error());
     return out;
@@ -69,19 +68,20 @@ HttpResponse HttpClient::Get(const std::string& path, Auth auth) const {
   return out;
 }
 
+}  // namespace
+
+HttpResponse HttpClient::Get(const std::string& path, Auth auth) const {
+  auto c = Connect(url_, timeout_s_);
+  httplib::Headers h;
+  AddAuth(h, auth, api_key_);
+  return ToResponse(c->Get(path.c_str(), h));
+}
+
 HttpResponse HttpClient::Post(const std::string& path, const std::string& body, Auth auth) const {
   auto c = Connect(url_, timeout_s_);
   httplib::Headers h;
   AddAuth(h, auth, api_key_);
-  HttpResponse out;
-  auto res = c->Post(path.c_str(), h, body, "application/json");
-  if (!res) {
-    out.error = httplib::to_string(res.error());
-    return out;
-  }
-  Fill(out, *res);
-  out.body = res->body;
-  return out;
+  return ToResponse(c->Post(path.c_str(), h, body, "application/json"));
 }
 
 HttpResponse HttpClient::PostStream(const std::string& path, const Json& body,
