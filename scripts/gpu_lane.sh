@@ -17,6 +17,8 @@
 #            comparing with the bf16 tolerance (`itest --tolerance bf16`: tokens equal up to a
 #            near tie of the float32 engine, logprobs within 0.5 nats);
 #         5. the same in float32, compared exactly (MOESHARD_LANE_FLOAT32_E2E=0 leaves it out).
+#       Steps 4 and 5 start first and run in the background beside 1-3, each with its own clusters
+#       (MOESHARD_LANE_SERIAL=1: everything one after another).
 #       The test models are assembled from tests/testdata first (tests/testdata/assemble.sh).
 #       A step that exits 77 (no GPU) is a failure here: the lane runs on a GPU machine. A gtest
 #       that reports SKIPPED (a multi-GPU case on one GPU, say nccl_communicator_test) fails the
@@ -117,6 +119,27 @@ run_lane() {
   if ! bash "$ROOT/tests/testdata/assemble.sh" "$bin/testdata_gguf" "$data" >"$work/assemble.log" 2>&1; then
     record FAIL testdata "assemble.sh failed; see $work/assemble.log"
   fi
+  # The e2e runs (bf16 workers compared with the bf16 tolerance, tests/itest/token_match.h; then
+  # float32, compared exactly) start first, in the background, each its own clusters on ports
+  # chosen at run time: the GPU and 16 cores hold them beside the gtests and checks above.
+  # MOESHARD_LANE_SERIAL=1 runs everything one after another. MOESHARD_E2E_ONLY
+  # (tests/e2e/run.sh) narrows both to some clusters.
+  local e2e_pids=() e2e_names=()
+  e2e_step() {  # e2e_step NAME DTYPE [EXTRA ITEST ARGS]
+    local name=$1 dtype=$2 itest=${3:-}
+    local cmd=(env MOESHARD_E2E_NODE="${MOESHARD_E2E_NODE:-0}" MOESHARD_TESTDATA="$data"
+      MOESHARD_E2E_UP_ARGS="--device cuda --dtype $dtype" MOESHARD_E2E_ITEST_ARGS="$itest"
+      bash "$ROOT/tests/e2e/run.sh" "$bin")
+    if [[ ${MOESHARD_LANE_SERIAL:-0} == 1 ]]; then
+      run_step "$name" "$work/$name.log" "${cmd[@]}"
+    else
+      ("${cmd[@]}" >"$work/$name.log" 2>&1; echo $? >"$work/$name.rc") &
+      e2e_pids+=($!)
+      e2e_names+=("$name")
+    fi
+  }
+  e2e_step e2e-bfloat16 bfloat16 "--tolerance bf16"
+  [[ ${MOESHARD_LANE_FLOAT32_E2E:-1} == 1 ]] && e2e_step e2e-float32 float32
   local list=$DEVICE/gpu_tests.txt
   if [[ ! -s $list ]]; then
     record FAIL gtests "no $list (run scripts/gpu_lane.sh bundle BUILD_DIR here first)"
@@ -128,16 +151,19 @@ run_lane() {
   fi
   run_step gpu_check "$work/gpu_check.log" bash "$ROOT/scripts/gpu_check.sh" "$bin" "$data"
   run_step gpu_repack_check "$work/repack.log" bash "$ROOT/scripts/gpu_repack_check.sh" "$bin"
-  # bf16 workers, compared with the bf16 tolerance (tests/itest/token_match.h); then float32,
-  # compared exactly. MOESHARD_E2E_ONLY (tests/e2e/run.sh) narrows both to some clusters.
-  run_step e2e-bfloat16 "$work/e2e-bfloat16.log" env MOESHARD_E2E_NODE="${MOESHARD_E2E_NODE:-0}" \
-    MOESHARD_TESTDATA="$data" MOESHARD_E2E_UP_ARGS="--device cuda --dtype bfloat16" \
-    MOESHARD_E2E_ITEST_ARGS="--tolerance bf16" bash "$ROOT/tests/e2e/run.sh" "$bin"
-  if [[ ${MOESHARD_LANE_FLOAT32_E2E:-1} == 1 ]]; then
-    run_step e2e-float32 "$work/e2e-float32.log" env MOESHARD_E2E_NODE="${MOESHARD_E2E_NODE:-0}" \
-      MOESHARD_TESTDATA="$data" MOESHARD_E2E_UP_ARGS="--device cuda --dtype float32" \
-      bash "$ROOT/tests/e2e/run.sh" "$bin"
-  fi
+  local i
+  for i in "${!e2e_pids[@]}"; do
+    wait "${e2e_pids[$i]}"
+    local name=${e2e_names[$i]} rc last
+    rc=$(cat "$work/$name.rc" 2>/dev/null || echo "?")
+    last=$(grep -E '[0-9]+ passed, [0-9]+ failed' "$work/$name.log" | tail -1)
+    if [[ $rc == 0 ]]; then
+      record ok "$name" "${last:-exit 0}"
+    else
+      record FAIL "$name" "exit $rc${last:+, $last}; see $work/$name.log"
+      grep -E '^FAIL|^ *FAIL' "$work/$name.log" | head -20 | sed 's/^/    /'
+    fi
+  done
   local commit
   commit=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
   echo "gpu lane: logs in $work"
