@@ -14,6 +14,7 @@
 #include <cstdlib>
 
 #include "kernels/cuda/attention_common.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 namespace moeshard::gpu {
 namespace {
@@ -52,6 +53,8 @@ __global__ void __launch_bounds__(kThreads) SplitDecodeKernel(AttentionParams p,
   float* Ks = Qs + kMaxGroup * HD;
   float* Vs = Ks + kBK * LD;
   int64_t* kidx = reinterpret_cast<int64_t*>(Vs + kBK * LD);
+  PdlWait();
+  PdlTrigger();
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int64_t t = blockIdx.z, g = blockIdx.y, sp = blockIdx.x;
@@ -156,6 +159,8 @@ template <typename Act>
 __global__ void __launch_bounds__(128) CombineKernel(AttentionParams p, int splits, const float* ws) {
   __shared__ float w[kMaxSplits];
   __shared__ float s_l;
+  PdlWait();
+  PdlTrigger();
   const int64_t t = blockIdx.x, h = blockIdx.y, H = p.num_heads, hd = p.cache.head_dim;
   const int64_t total = p.num_tokens * H * splits;
   const int64_t base = (t * H + h) * splits;
@@ -216,12 +221,11 @@ cudaError_t LaunchDecodeHd(const AttentionParams& p, int splits, cudaStream_t st
   } else {
     dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(p.cache.num_kv_heads),
               static_cast<unsigned>(p.num_tokens));
-    k<<<grid, kThreads, smem, st>>>(p, group, splits, ws);
-    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess || splits == 1) return e;
+    if (cudaError_t e = LaunchPdl(k, grid, kThreads, smem, st, p, group, splits, ws); e != cudaSuccess || splits == 1)
+      return e;
   }
   dim3 cgrid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(p.num_heads));
-  CombineKernel<Act><<<cgrid, 128, 0, st>>>(p, splits, ws);
-  return cudaGetLastError();
+  return LaunchPdl(CombineKernel<Act>, cgrid, 128, 0, st, p, splits, static_cast<const float*>(ws));
 }
 
 template <typename Act, KvElem E>

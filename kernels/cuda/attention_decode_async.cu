@@ -11,6 +11,7 @@
 // memory, and lane i accumulates output dims [i * HD / 32, (i + 1) * HD / 32). Keys past
 // the range are zero-filled and masked. fp32 scores, softmax and accumulation.
 #include "kernels/cuda/attention_common.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 namespace moeshard::gpu {
 namespace {
@@ -43,6 +44,8 @@ __global__ void __launch_bounds__(kThreads) DecodeAsyncKernel(AttentionParams p,
   float* Qs = reinterpret_cast<float*>(smem4);
   uint16_t* ring = reinterpret_cast<uint16_t*>(Qs + kMaxGroup * HD);  // [2][K chunk | V chunk]
   float* Ps = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(ring) + 2 * G::kKvBytes);
+  PdlWait();
+  PdlTrigger();
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int64_t t = blockIdx.z, g = blockIdx.y, sp = blockIdx.x;
@@ -162,8 +165,7 @@ cudaError_t LaunchHd(const AttentionParams& p, int splits, cudaStream_t st) {
   float* ws = splits > 1 ? static_cast<float*>(p.workspace) : nullptr;
   dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(p.cache.num_kv_heads),
             static_cast<unsigned>(p.num_tokens));
-  k<<<grid, kThreads, Geo<HD>::kSmem, st>>>(p, group, splits, ws);
-  return cudaGetLastError();
+  return LaunchPdl(k, grid, kThreads, Geo<HD>::kSmem, st, p, group, splits, ws);
 }
 
 }  // namespace

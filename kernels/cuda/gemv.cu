@@ -17,6 +17,7 @@
 
 #include "kernels/cuda/act.cuh"
 #include "kernels/cuda/gemv_launch.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace moeshard::gpu {
 namespace {
@@ -110,8 +111,11 @@ __global__ void __launch_bounds__(kThreads) GemvKernel(GemvLaunch a) {
       }
     }
   };
-  // The first weights are in flight while the block stages x.
+  // The first weights are in flight while the kernel before finishes (pdl.cuh) and while the
+  // block stages x.
   if (active) load(lane);
+  PdlWait();
+  PdlTrigger();
   for (int i = tid; i < TB * nchunks * 4; i += kThreads) {
     const int t = i / (nchunks * 4), rem = i % (nchunks * 4), c = rem / 4, p = rem % 4;
     float4 xv = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -186,8 +190,7 @@ cudaError_t LaunchTB(const GemvLaunch& a, int64_t blocks, cudaStream_t stream) {
   static const cudaError_t attr =
       cudaFuncSetAttribute(GemvKernel<W, TB>, cudaFuncAttributeMaxDynamicSharedMemorySize, kGemvMaxSmemBytes);
   if (attr != cudaSuccess) return attr;
-  GemvKernel<W, TB><<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(a);
-  return cudaGetLastError();
+  return LaunchPdl(GemvKernel<W, TB>, static_cast<unsigned>(blocks), kThreads, smem, stream, a);
 }
 
 template <GemvWeight W>

@@ -4,6 +4,7 @@
 // in fp32 through a block reduction.
 #include "kernels/cuda/act.cuh"
 #include "kernels/cuda/launchers.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace moeshard::gpu {
 namespace {
@@ -11,6 +12,8 @@ namespace {
 constexpr int kRowThreads = 256;
 
 __global__ void EmbedKernel(WeightRef w, const int32_t* ids, float* out) {
+  PdlWait();
+  PdlTrigger();
   const int64_t t = blockIdx.x, H = w.cols;
   const int64_t id = ids[t];
   for (int64_t c = threadIdx.x; c < H; c += blockDim.x) out[t * H + c] = DecodeWeight(w, id, c);
@@ -19,6 +22,8 @@ __global__ void EmbedKernel(WeightRef w, const int32_t* ids, float* out) {
 template <typename In, typename Out>
 __global__ void RmsNormKernel(RmsNormParams p) {
   __shared__ float scratch[32];
+  PdlWait();
+  PdlTrigger();
   const int64_t r = blockIdx.x, D = p.dim;
   const int64_t src = p.row_index ? p.row_index[r] : r;
   const In* x = static_cast<const In*>(p.x) + src * (p.x_stride ? p.x_stride : D);
@@ -42,6 +47,8 @@ __global__ void RmsNormKernel(RmsNormParams p) {
 template <typename Out>
 __global__ void ResidualKernel(ResidualParams p) {
   __shared__ float scratch[32];
+  PdlWait();
+  PdlTrigger();
   const int64_t r = blockIdx.x, D = p.dim;
   float* s = p.s + r * D;
   const float* o = p.out + r * D;
@@ -96,19 +103,14 @@ __global__ void RopeKernel(RopeParams p) {
 
 template <typename In>
 cudaError_t LaunchRmsNormIn(const RmsNormParams& p, cudaStream_t st) {
-  if (p.out_dtype == ActDType::kF32) {
-    RmsNormKernel<In, float><<<p.rows, kRowThreads, 0, st>>>(p);
-  } else {
-    RmsNormKernel<In, uint16_t><<<p.rows, kRowThreads, 0, st>>>(p);
-  }
-  return cudaGetLastError();
+  if (p.out_dtype == ActDType::kF32) return LaunchPdl(RmsNormKernel<In, float>, p.rows, kRowThreads, 0, st, p);
+  return LaunchPdl(RmsNormKernel<In, uint16_t>, p.rows, kRowThreads, 0, st, p);
 }
 
 }  // namespace
 
 cudaError_t LaunchEmbed(const EmbedParams& p, cudaStream_t st) {
-  EmbedKernel<<<p.num_tokens, kRowThreads, 0, st>>>(p.w, p.ids, p.out);
-  return cudaGetLastError();
+  return LaunchPdl(EmbedKernel, p.num_tokens, kRowThreads, 0, st, p.w, p.ids, p.out);
 }
 
 cudaError_t LaunchRmsNorm(const RmsNormParams& p, cudaStream_t st) {
@@ -116,12 +118,8 @@ cudaError_t LaunchRmsNorm(const RmsNormParams& p, cudaStream_t st) {
 }
 
 cudaError_t LaunchResidual(const ResidualParams& p, cudaStream_t st) {
-  if (p.next_dtype == ActDType::kF32) {
-    ResidualKernel<float><<<p.rows, kRowThreads, 0, st>>>(p);
-  } else {
-    ResidualKernel<uint16_t><<<p.rows, kRowThreads, 0, st>>>(p);
-  }
-  return cudaGetLastError();
+  if (p.next_dtype == ActDType::kF32) return LaunchPdl(ResidualKernel<float>, p.rows, kRowThreads, 0, st, p);
+  return LaunchPdl(ResidualKernel<uint16_t>, p.rows, kRowThreads, 0, st, p);
 }
 
 cudaError_t LaunchRope(const RopeParams& p, cudaStream_t st) {

@@ -7,6 +7,7 @@
 
 #include "kernels/cuda/act.cuh"
 #include "kernels/cuda/launchers.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace moeshard::gpu {
 namespace {
@@ -53,6 +54,8 @@ __device__ __forceinline__ void StoreKv(void* base, float* scales, int64_t dst, 
 template <typename Act, KvElem E>
 __global__ void __launch_bounds__(kWarps * 32) QkPrepKernel(QkPrepParams p) {
   extern __shared__ float cs[];  // [half] cos, then [half] sin
+  PdlWait();
+  PdlTrigger();
   const int64_t t = blockIdx.x, hd = p.cache.head_dim, half = hd / 2, nkv = p.cache.num_kv_heads;
   const int per = static_cast<int>(hd / 32), lane = threadIdx.x % 32;
   if (p.rope) {
@@ -114,9 +117,9 @@ cudaError_t LaunchAct(const QkPrepParams& p, cudaStream_t st) {
   dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>((tasks + kWarps - 1) / kWarps));
   const size_t smem = p.rope ? static_cast<size_t>(p.cache.head_dim) * sizeof(float) : 0;
   switch (p.cache.elem) {
-    case KvElem::kF32: QkPrepKernel<Act, KvElem::kF32><<<grid, kWarps * 32, smem, st>>>(p); break;
-    case KvElem::kBF16: QkPrepKernel<Act, KvElem::kBF16><<<grid, kWarps * 32, smem, st>>>(p); break;
-    case KvElem::kFp8E4M3: QkPrepKernel<Act, KvElem::kFp8E4M3><<<grid, kWarps * 32, smem, st>>>(p); break;
+    case KvElem::kF32: return LaunchPdl(QkPrepKernel<Act, KvElem::kF32>, grid, kWarps * 32, smem, st, p);
+    case KvElem::kBF16: return LaunchPdl(QkPrepKernel<Act, KvElem::kBF16>, grid, kWarps * 32, smem, st, p);
+    case KvElem::kFp8E4M3: return LaunchPdl(QkPrepKernel<Act, KvElem::kFp8E4M3>, grid, kWarps * 32, smem, st, p);
   }
   return cudaGetLastError();
 }

@@ -8,6 +8,7 @@
 // thread per token beyond.
 #include "kernels/cuda/act.cuh"
 #include "kernels/cuda/launchers.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace moeshard::gpu {
 namespace {
@@ -15,6 +16,8 @@ namespace {
 constexpr int kMaxTopK = 32;
 
 __global__ void RoutingKernel(RoutingParams p) {
+  PdlWait();
+  PdlTrigger();
   const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (t >= p.num_tokens) return;
   const float* l = p.logits + t * p.num_experts;
@@ -62,6 +65,8 @@ __device__ __forceinline__ bool Better(float v, int e, float bv, int be) {
 }
 
 __global__ void RoutingWarpKernel(RoutingParams p) {
+  PdlWait();
+  PdlTrigger();
   const int lane = threadIdx.x & 31;
   const int64_t t = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5;
   if (t >= p.num_tokens) return;  // whole warps leave together
@@ -175,11 +180,9 @@ int64_t MaxRoutingTopK() { return kMaxTopK; }
 
 cudaError_t LaunchRouting(const RoutingParams& p, cudaStream_t st) {
   if (p.num_experts <= 32 * kWarpPerLane && p.top_k <= 32) {
-    RoutingWarpKernel<<<static_cast<unsigned>((p.num_tokens + 3) / 4), 128, 0, st>>>(p);  // 4 tokens per block
-    return cudaGetLastError();
+    return LaunchPdl(RoutingWarpKernel, static_cast<unsigned>((p.num_tokens + 3) / 4), 128, 0, st, p);  // 4 tokens a block
   }
-  RoutingKernel<<<static_cast<unsigned>((p.num_tokens + 127) / 128), 128, 0, st>>>(p);
-  return cudaGetLastError();
+  return LaunchPdl(RoutingKernel, static_cast<unsigned>((p.num_tokens + 127) / 128), 128, 0, st, p);
 }
 
 cudaError_t LaunchSiluMul(const SiluMulParams& p, cudaStream_t st) {

@@ -35,6 +35,7 @@
 #include <algorithm>
 
 #include "kernels/moe/moe_device.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/moe/moe_launch.h"
 
 namespace moeshard::gpu {
@@ -354,6 +355,8 @@ __global__ void __launch_bounds__(kThreads, Cfg<kSmall>::kMinBlocks) GemvKernel(
   const int E = p.num_local_experts;
   const int64_t R = (kGateUp ? p.inter : p.width) / (kGateUp ? 16 : 32);  // row tiles per expert
   __shared__ int task_expert;
+  PdlWait();
+  PdlTrigger();
   const int64_t item = blockIdx.x;
   if (item >= static_cast<int64_t>(w.gemv_base[E]) * R) return;
   // The one expert whose task range holds `item`: all experts tested in parallel (one round
@@ -398,8 +401,7 @@ cudaError_t LaunchClass(const MoeExpertParams& p, const MoeWork& w, cudaStream_t
   const int64_t pairs = p.num_tokens * p.top_k;
   const int64_t max_groups = std::min<int64_t>(p.num_local_experts, pairs) + pairs / kMoeGemvTokens;
   const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(max_groups * R, 0x7fffffff));
-  GemvKernel<kGateUp, kSmall><<<static_cast<unsigned>(grid), kThreads, kSmem, stream>>>(p, w);
-  return cudaGetLastError();
+  return LaunchPdl(GemvKernel<kGateUp, kSmall>, static_cast<unsigned>(grid), kThreads, kSmem, stream, p, w);
 }
 
 template <bool kGateUp>

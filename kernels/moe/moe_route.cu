@@ -18,6 +18,7 @@
 // first, in one pass), then acc += weight · row. Tokens with no
 // local expert get zeros. No atomics: the result is the same bit for bit on every run.
 #include "kernels/moe/moe_device.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/moe/moe_launch.h"
 
 namespace moeshard::gpu {
@@ -33,6 +34,8 @@ __global__ void __launch_bounds__(kRouteThreads) RouteKernel(MoeExpertParams p, 
   int32_t* fast_flag = hist + p.num_local_experts;
   __shared__ int32_t warp_off[kRouteThreads / 32];
   __shared__ int32_t chunk_total, my_offset;
+  PdlWait();
+  PdlTrigger();
   const int E = p.num_local_experts, e = blockIdx.x, tid = threadIdx.x;
   const int lane = tid & 31, warp = tid >> 5;
   const int64_t num_pairs = p.num_tokens * p.top_k;
@@ -152,6 +155,8 @@ __global__ void __launch_bounds__(kRouteThreads) RouteKernel(MoeExpertParams p, 
 }
 
 __global__ void GatherXKernel(const uint16_t* x, int64_t L, int top_k, MoeWork w, int E) {
+  PdlWait();
+  PdlTrigger();
   const int32_t total = w.offsets[E];
   const int64_t groups = L / 8;
   for (int32_t r = blockIdx.x; r < total; r += gridDim.x) {
@@ -188,6 +193,8 @@ __global__ void __launch_bounds__(kCombineThreads) CombineKernel(MoeExpertParams
   __shared__ int32_t slot_row[kMaxTopK];
   __shared__ float slot_w[kMaxTopK];
   __shared__ float slot_ss[kVec > 0 ? kMaxTopK : 1][kCombineThreads / 32];  // per slot, per warp
+  PdlWait();
+  PdlTrigger();
   const int64_t t = blockIdx.x, L = p.width;
   const int tid = threadIdx.x;
   if (tid < p.top_k) {
@@ -281,30 +288,23 @@ __global__ void __launch_bounds__(kCombineThreads) CombineKernel(MoeExpertParams
 
 cudaError_t LaunchMoeRoute(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
   const size_t smem = sizeof(int32_t) * 2 * p.num_local_experts;
-  RouteKernel<<<p.num_local_experts, kRouteThreads, smem, stream>>>(p, w);
-  return cudaGetLastError();
+  return LaunchPdl(RouteKernel, p.num_local_experts, kRouteThreads, smem, stream, p, w);
 }
 
 cudaError_t LaunchMoeGatherX(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
   const int64_t blocks = std::min<int64_t>(w.capacity, int64_t{8} * w.num_sms);
-  GatherXKernel<<<static_cast<unsigned>(blocks), 128, 0, stream>>>(static_cast<const uint16_t*>(p.x), p.width, p.top_k,
-                                                                   w, p.num_local_experts);
-  return cudaGetLastError();
+  return LaunchPdl(GatherXKernel, static_cast<unsigned>(blocks), 128, 0, stream, static_cast<const uint16_t*>(p.x),
+                   p.width, p.top_k, w, p.num_local_experts);
 }
 
 cudaError_t LaunchMoeCombine(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
   const unsigned grid = static_cast<unsigned>(p.num_tokens);
   const int64_t vec = (p.width / 4 + kCombineThreads - 1) / kCombineThreads;
-  if (p.width % 4 != 0 || vec > 8) {
-    CombineKernel<0><<<grid, kCombineThreads, 0, stream>>>(p, w);
-  } else if (vec <= 1) {
-    CombineKernel<1><<<grid, kCombineThreads, 0, stream>>>(p, w);
-  } else if (vec <= 4) {
-    CombineKernel<4><<<grid, kCombineThreads, 0, stream>>>(p, w);
-  } else {
-    CombineKernel<8><<<grid, kCombineThreads, 0, stream>>>(p, w);
-  }
-  return cudaGetLastError();
+  auto* k = p.width % 4 != 0 || vec > 8 ? &CombineKernel<0>
+            : vec <= 1                    ? &CombineKernel<1>
+            : vec <= 4                    ? &CombineKernel<4>
+                                          : &CombineKernel<8>;
+  return LaunchPdl(k, grid, kCombineThreads, 0, stream, p, w);
 }
 
 }  // namespace moeshard::gpu

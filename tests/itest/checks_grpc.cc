@@ -76,8 +76,9 @@ absl::Status SameAsHttp(Context& ctx, v1::Inference::Stub& stub) {
   h.max_tokens = 12;
   ASSIGN_OR_RETURN(GenResult http, ctx.api->Complete(h));
   ASSIGN_OR_RETURN(GrpcResult g, Generate(ctx, stub, Request(ctx, h.prompt_ids, 12)));
-  if (g.token_ids != http.token_ids)
-    return absl::InternalError(absl::StrCat("gRPC vs HTTP: ", DescribeDiff(http.token_ids, g.token_ids)));
+  // The second request finds the first's prompt in the prefix cache and prefills only the rest:
+  // in bf16 that can flip a near tie (token_match.h), in float32 nothing may differ.
+  RETURN_IF_ERROR(SameGreedy(ctx, h.prompt_ids, http.token_ids, g.token_ids, "gRPC vs HTTP"));
   if (g.finish_reason != "length")
     return absl::InternalError(absl::StrCat("finish_reason '", g.finish_reason, "', want length"));
   if (g.usage.prompt_tokens() != 20 || g.usage.completion_tokens() != 12) {

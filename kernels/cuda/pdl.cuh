@@ -1,0 +1,67 @@
+// Programmatic dependent launch (Hopper): a kernel launched with LaunchPdl may start while the
+// kernel before it on the stream is still running; it does what does not depend on that kernel
+// (its weights are read-only: their first loads can be in flight) and then PdlWait()s, which
+// returns once every earlier kernel has completed and its writes are visible. So the launch
+// latency and the first DRAM round trip of a decode step's ~12 kernels per layer overlap with
+// the kernel before, inside one CUDA graph too (the graph keeps the programmatic edges).
+//
+// The contract for a kernel launched with LaunchPdl — every one of its threads:
+//   1. before PdlWait() reads only memory no kernel of the step writes (weights, params), and
+//      writes nothing at all;
+//   2. calls PdlWait() before anything else, including an early return (a block that exited
+//      without waiting could let the grid complete before its predecessor, and the kernel after
+//      it would then not wait for that predecessor);
+//   3. calls PdlTrigger() after PdlWait(): the next kernel may then be scheduled; it waits in
+//      turn, so kernels run at most one ahead.
+// Kernels launched the ordinary way after one of these are ordinary stream order.
+//
+// MOESHARD_PDL=0 launches the same kernels the ordinary way (the waits return at once), for
+// measuring both in one binary.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <cstring>
+
+namespace moeshard::gpu {
+
+__device__ __forceinline__ void PdlWait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void PdlTrigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+inline bool PdlEnabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("MOESHARD_PDL");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return on;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization allowed;
+// returns the launch's error.
+template <typename... Params, typename... Args>
+cudaError_t LaunchPdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                      Args&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = PdlEnabled() ? 1 : 0;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
+}
+
+}  // namespace moeshard::gpu
