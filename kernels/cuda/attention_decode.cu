@@ -196,9 +196,16 @@ __global__ void __launch_bounds__(128) CombineKernel(AttentionParams p, int spli
   const float L = s_l;
   Act* out = static_cast<Act*>(p.out) + t * (p.out_stride ? p.out_stride : H * hd) + h * hd;
   for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
+    // Eight splits' partials in flight at a time, summed in split order as one at a time.
     float o = 0.f;
-    for (int s = 0; s < splits; ++s) {
-      if (w[s] != 0.f) o = fmaf(ws_acc[(base + s) * hd + d], w[s], o);
+    for (int s0 = 0; s0 < splits; s0 += 8) {
+      float a[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) a[j] = s0 + j < splits && w[s0 + j] != 0.f ? ws_acc[(base + s0 + j) * hd + d] : 0.f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        if (s0 + j < splits && w[s0 + j] != 0.f) o = fmaf(a[j], w[s0 + j], o);
+      }
     }
     StoreF(out + d, L > 0.f ? o / L : 0.f);
   }

@@ -2,6 +2,9 @@
 // rows and writing a second fp32 copy), the residual update (plain, or Muse Spark's gated
 // form with the output norm fused in) and NeoX RoPE. One block per row; sums of squares
 // in fp32 through a block reduction.
+#include <cstdint>
+#include <cstdlib>
+
 #include "kernels/cuda/act.cuh"
 #include "kernels/cuda/launchers.h"
 #include "kernels/cuda/pdl.cuh"
@@ -76,6 +79,95 @@ __global__ void ResidualKernel(ResidualParams p) {
   }
 }
 
+// The same update with the row in registers: each thread owns kVec float4 pieces of s and out
+// (piece tid + 256 v), all loaded in one round trip (the weights before PdlWait: they do not
+// depend on the kernel before), so a decode row costs one memory round trip and the block sums,
+// where the loop above waits on each piece in turn. Same arithmetic per element; the sums of
+// squares add each thread's pieces first.
+__device__ __forceinline__ float4 Ld4(const float* p, int64_t i, bool ok) {
+  return ok ? reinterpret_cast<const float4*>(p)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+}
+__device__ __forceinline__ float Sq4(float4 a) { return a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w; }
+
+template <typename Out, int kVec, bool kGated>
+__global__ void __launch_bounds__(kRowThreads) ResidualRegKernel(ResidualParams p) {
+  __shared__ float scratch[32];
+  const int64_t r = blockIdx.x, D4 = p.dim / 4;
+  const int tid = threadIdx.x;
+  float4 al[kGated ? kVec : 1], be[kGated ? kVec : 1], on[kGated ? kVec : 1], nn[kVec];
+#pragma unroll
+  for (int v = 0; v < kVec; ++v) {
+    const int64_t i = tid + int64_t{v} * kRowThreads;
+    const bool ok = i < D4;
+    if constexpr (kGated) {
+      al[v] = Ld4(p.alpha, i, ok);
+      be[v] = Ld4(p.beta, i, ok);
+      on[v] = Ld4(p.out_norm, i, ok);
+    }
+    nn[v] = p.next_norm ? Ld4(p.next_norm, i, ok) : make_float4(1.f, 1.f, 1.f, 1.f);
+  }
+  PdlWait();
+  PdlTrigger();
+  float* s = p.s + r * p.dim;
+  const float* o = p.out + r * p.dim;
+  float4 sv[kVec], ov[kVec];
+#pragma unroll
+  for (int v = 0; v < kVec; ++v) {
+    const int64_t i = tid + int64_t{v} * kRowThreads;
+    sv[v] = Ld4(s, i, i < D4);
+    ov[v] = Ld4(o, i, i < D4);
+  }
+  if constexpr (!kGated) {
+#pragma unroll
+    for (int v = 0; v < kVec; ++v) {
+      sv[v].x += ov[v].x;
+      sv[v].y += ov[v].y;
+      sv[v].z += ov[v].z;
+      sv[v].w += ov[v].w;
+    }
+  } else {
+    float ss = 0.f;
+#pragma unroll
+    for (int v = 0; v < kVec; ++v) ss += Sq4(ov[v]);
+    ss = BlockSum(ss, scratch);
+    const float inv = rsqrtf(ss / static_cast<float>(p.dim) + p.eps);
+#pragma unroll
+    for (int v = 0; v < kVec; ++v) {
+      sv[v].x = al[v].x * sv[v].x + be[v].x * (ov[v].x * inv * on[v].x);
+      sv[v].y = al[v].y * sv[v].y + be[v].y * (ov[v].y * inv * on[v].y);
+      sv[v].z = al[v].z * sv[v].z + be[v].z * (ov[v].z * inv * on[v].z);
+      sv[v].w = al[v].w * sv[v].w + be[v].w * (ov[v].w * inv * on[v].w);
+    }
+  }
+#pragma unroll
+  for (int v = 0; v < kVec; ++v) {
+    const int64_t i = tid + int64_t{v} * kRowThreads;
+    if (i < D4) reinterpret_cast<float4*>(s)[i] = sv[v];
+  }
+  if (!p.next_out) return;
+  float ss = 0.f;
+#pragma unroll
+  for (int v = 0; v < kVec; ++v) ss += Sq4(sv[v]);
+  ss = BlockSum(ss, scratch);
+  const float inv = rsqrtf(ss / static_cast<float>(p.dim) + p.eps);
+  Out* out = static_cast<Out*>(p.next_out) + r * p.dim;
+#pragma unroll
+  for (int v = 0; v < kVec; ++v) {
+    const int64_t i = tid + int64_t{v} * kRowThreads;
+    if (i >= D4) continue;
+    const float4 y = make_float4(sv[v].x * inv * nn[v].x, sv[v].y * inv * nn[v].y, sv[v].z * inv * nn[v].z,
+                                 sv[v].w * inv * nn[v].w);
+    if (p.next_out_f32) reinterpret_cast<float4*>(p.next_out_f32 + r * p.dim)[i] = y;
+    if constexpr (sizeof(Out) == 4) {
+      reinterpret_cast<float4*>(out)[i] = y;
+    } else {
+      const uint2 b = make_uint2(DevF32ToBf16(y.x) | (static_cast<uint32_t>(DevF32ToBf16(y.y)) << 16),
+                                 DevF32ToBf16(y.z) | (static_cast<uint32_t>(DevF32ToBf16(y.w)) << 16));
+      reinterpret_cast<uint2*>(out)[i] = b;
+    }
+  }
+}
+
 // One block per token; threads over (head, i < head_dim / 2).
 template <typename Act>
 __global__ void RopeKernel(RopeParams p) {
@@ -117,9 +209,35 @@ cudaError_t LaunchRmsNorm(const RmsNormParams& p, cudaStream_t st) {
   return p.x_dtype == ActDType::kF32 ? LaunchRmsNormIn<float>(p, st) : LaunchRmsNormIn<uint16_t>(p, st);
 }
 
+template <typename Out>
+cudaError_t LaunchResidualOut(const ResidualParams& p, cudaStream_t st) {
+  const auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+  const int64_t pieces = (p.dim / 4 + kRowThreads - 1) / kRowThreads;
+  const bool reg = p.dim % 4 == 0 && pieces <= 8 && aligned(p.s) && aligned(p.out) &&
+                   (!p.gated || (aligned(p.alpha) && aligned(p.beta) && aligned(p.out_norm))) &&
+                   (!p.next_norm || aligned(p.next_norm)) && (!p.next_out_f32 || aligned(p.next_out_f32)) &&
+                   (!p.next_out || aligned(p.next_out));
+  // The gated form holds three more weight rows: registers for up to 4 pieces a thread.
+  if (!reg || (p.gated && pieces > 4)) return LaunchPdl(ResidualKernel<Out>, p.rows, kRowThreads, 0, st, p);
+  if (p.gated) {
+    if (pieces <= 2) return LaunchPdl(ResidualRegKernel<Out, 2, true>, p.rows, kRowThreads, 0, st, p);
+    return LaunchPdl(ResidualRegKernel<Out, 4, true>, p.rows, kRowThreads, 0, st, p);
+  }
+  if (pieces <= 2) return LaunchPdl(ResidualRegKernel<Out, 2, false>, p.rows, kRowThreads, 0, st, p);
+  if (pieces <= 4) return LaunchPdl(ResidualRegKernel<Out, 4, false>, p.rows, kRowThreads, 0, st, p);
+  return LaunchPdl(ResidualRegKernel<Out, 8, false>, p.rows, kRowThreads, 0, st, p);
+}
+
 cudaError_t LaunchResidual(const ResidualParams& p, cudaStream_t st) {
-  if (p.next_dtype == ActDType::kF32) return LaunchPdl(ResidualKernel<float>, p.rows, kRowThreads, 0, st, p);
-  return LaunchPdl(ResidualKernel<uint16_t>, p.rows, kRowThreads, 0, st, p);
+  static const bool reg_off = [] {
+    const char* v = std::getenv("MOESHARD_RESIDUAL_REG");
+    return v && v[0] == '0';
+  }();
+  if (reg_off) {
+    if (p.next_dtype == ActDType::kF32) return LaunchPdl(ResidualKernel<float>, p.rows, kRowThreads, 0, st, p);
+    return LaunchPdl(ResidualKernel<uint16_t>, p.rows, kRowThreads, 0, st, p);
+  }
+  return p.next_dtype == ActDType::kF32 ? LaunchResidualOut<float>(p, st) : LaunchResidualOut<uint16_t>(p, st);
 }
 
 cudaError_t LaunchRope(const RopeParams& p, cudaStream_t st) {

@@ -64,6 +64,9 @@ __device__ __forceinline__ bool Better(float v, int e, float bv, int be) {
   return e >= 0 && (be < 0 || v > bv || (v == bv && e < be));
 }
 
+// kPer logits a lane (E <= 32 * kPer); each pick's value is kept from the warp reduction, so
+// nothing is read twice.
+template <int kPer>
 __global__ void RoutingWarpKernel(RoutingParams p) {
   PdlWait();
   PdlTrigger();
@@ -72,17 +75,17 @@ __global__ void RoutingWarpKernel(RoutingParams p) {
   if (t >= p.num_tokens) return;  // whole warps leave together
   const float* l = p.logits + t * p.num_experts;
   const int E = static_cast<int>(p.num_experts), k = static_cast<int>(p.top_k);
-  float v[kWarpPerLane];
+  float v[kPer];
 #pragma unroll
-  for (int i = 0; i < kWarpPerLane; ++i) v[i] = lane + 32 * i < E ? l[lane + 32 * i] : 0.f;
+  for (int i = 0; i < kPer; ++i) v[i] = lane + 32 * i < E ? l[lane + 32 * i] : 0.f;
   unsigned taken = 0;  // bit i: expert lane + 32 i already picked
-  int my_id = -1;      // lane j < k keeps the j-th pick
-  int first = -1;
+  int my_id = -1;      // lane j < k keeps the j-th pick and its logit
+  float my_v = 0.f, first_v = 0.f;
   for (int j = 0; j < k; ++j) {
     float bv = 0.f;
     int be = -1;
 #pragma unroll
-    for (int i = 0; i < kWarpPerLane; ++i) {
+    for (int i = 0; i < kPer; ++i) {
       const int e = lane + 32 * i;
       if (e < E && !((taken >> i) & 1u) && Better(v[i], e, bv, be)) {
         bv = v[i];
@@ -97,27 +100,30 @@ __global__ void RoutingWarpKernel(RoutingParams p) {
         be = oe;
       }
     }
-    be = max(be, 0);  // a candidate always exists (k <= E); the clamp only guards the reads below
+    be = max(be, 0);  // a candidate always exists (k <= E)
     if ((be & 31) == lane) taken |= 1u << (be >> 5);
-    if (lane == j) my_id = be;
-    if (j == 0) first = be;
+    if (lane == j) {
+      my_id = be;
+      my_v = bv;
+    }
+    if (j == 0) first_v = bv;
   }
-  const double m = l[first];
+  const double m = first_v;
   double sum = 0;
   if (p.softmax_topk_only) {
-    double part = lane < k ? exp(static_cast<double>(l[my_id]) - m) : 0.0;
+    double part = lane < k ? exp(static_cast<double>(my_v) - m) : 0.0;
     for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(0xffffffffu, part, off);
     sum = part;
   } else {
     double part = 0;
 #pragma unroll
-    for (int i = 0; i < kWarpPerLane; ++i) {
+    for (int i = 0; i < kPer; ++i) {
       if (lane + 32 * i < E) part += exp(static_cast<double>(v[i]) - m);
     }
     for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(0xffffffffu, part, off);
     sum = part;
   }
-  float w = lane < k ? static_cast<float>(exp(static_cast<double>(l[my_id]) - m) / sum) : 0.f;
+  float w = lane < k ? static_cast<float>(exp(static_cast<double>(my_v) - m) / sum) : 0.f;
   if (!p.softmax_topk_only && p.renormalize) {
     double picked = w;
     for (int off = 16; off > 0; off >>= 1) picked += __shfl_xor_sync(0xffffffffu, picked, off);
@@ -180,7 +186,10 @@ int64_t MaxRoutingTopK() { return kMaxTopK; }
 
 cudaError_t LaunchRouting(const RoutingParams& p, cudaStream_t st) {
   if (p.num_experts <= 32 * kWarpPerLane && p.top_k <= 32) {
-    return LaunchPdl(RoutingWarpKernel, static_cast<unsigned>((p.num_tokens + 3) / 4), 128, 0, st, p);  // 4 tokens a block
+    const unsigned grid = static_cast<unsigned>((p.num_tokens + 3) / 4);  // 4 tokens a block
+    if (p.num_experts <= 32 * 4) return LaunchPdl(RoutingWarpKernel<4>, grid, 128, 0, st, p);
+    if (p.num_experts <= 32 * 8) return LaunchPdl(RoutingWarpKernel<8>, grid, 128, 0, st, p);
+    return LaunchPdl(RoutingWarpKernel<kWarpPerLane>, grid, 128, 0, st, p);
   }
   return LaunchPdl(RoutingKernel, static_cast<unsigned>((p.num_tokens + 127) / 128), 128, 0, st, p);
 }

@@ -34,12 +34,26 @@ __global__ void __launch_bounds__(kRouteThreads) RouteKernel(MoeExpertParams p, 
   int32_t* fast_flag = hist + p.num_local_experts;
   __shared__ int32_t warp_off[kRouteThreads / 32];
   __shared__ int32_t chunk_total, my_offset;
-  PdlWait();
-  PdlTrigger();
   const int E = p.num_local_experts, e = blockIdx.x, tid = threadIdx.x;
   const int lane = tid & 31, warp = tid >> 5;
   const int64_t num_pairs = p.num_tokens * p.top_k;
   for (int i = tid; i < E; i += blockDim.x) hist[i] = 0;
+  // Which experts the tensor-core path takes: one thread per expert (their weight views are
+  // read in parallel). The views are fixed, so this runs before PdlWait (pdl.cuh), beside the
+  // kernel before.
+  const bool any_fast = w.fast_allowed || w.gemv_allowed;
+  for (int i = tid; i < E; i += blockDim.x) {
+    const MoeExpertWeights ew = any_fast ? p.experts[i] : MoeExpertWeights{};  // one round trip
+    int flag = kMoePathGeneric;
+    if (w.fast_allowed && FastEligible(ew, p.width, p.inter)) {
+      flag = kMoePathNvfp4;
+    } else if (w.gemv_allowed && MoeGemvEligible(ew, p.width, p.inter)) {
+      flag = kMoePathGemv;
+    }
+    fast_flag[i] = flag;
+  }
+  PdlWait();
+  PdlTrigger();
   if (e == 0) {  // the streaming kernels' fix-up counters (each last arrival resets its own too)
     for (int i = tid; i < kMoeFixBlocks; i += blockDim.x) w.fix_count[i] = 0;
   }
@@ -58,21 +72,7 @@ __global__ void __launch_bounds__(kRouteThreads) RouteKernel(MoeExpertParams p, 
     }
   }
   __syncthreads();
-  // Which experts the tensor-core path takes: one thread per expert (their weight views are
-  // read in parallel), then block 0's thread 0 writes the offsets and the tile prefix.
-  const bool any_fast = w.fast_allowed || w.gemv_allowed;
-  for (int i = tid; i < E; i += blockDim.x) {
-    const MoeExpertWeights ew = any_fast ? p.experts[i] : MoeExpertWeights{};  // one round trip
-    int flag = kMoePathGeneric;
-    if (w.fast_allowed && FastEligible(ew, p.width, p.inter)) {
-      flag = kMoePathNvfp4;
-    } else if (w.gemv_allowed && MoeGemvEligible(ew, p.width, p.inter)) {
-      flag = kMoePathGemv;
-    }
-    fast_flag[i] = flag;
-  }
-  __syncthreads();
-  if (warp == 0) {  // integer sums: any order gives the same result
+  if (warp == 0) {  // block 0's warp 0 also writes the offsets and the tile prefix  // integer sums: any order gives the same result
     if (lane == 0) w.fast[e] = fast_flag[e];
     int32_t part = 0;
     for (int i = lane; i < e; i += 32) part += hist[i];

@@ -161,21 +161,42 @@ TEST_P(ModelOpsTest, RopeNeoxAtRaggedPositions) {
 }
 
 TEST_P(ModelOpsTest, ResidualPlainAndGated) {
-  const int64_t rows = 5, D = 96;
-  for (bool gated : {false, true}) {
-    auto s = Randn(rows * D, rng_), out = Randn(rows * D, rng_, 2.f), norm = Randn(D, rng_), alpha = Randn(D, rng_),
-         beta = Randn(D, rng_);
-    Dev<float> ds(s), dout(out), dn(norm), da(alpha), db(beta);
-    gpu::ResidualParams p{ds.get(), dout.get(), rows, D, gated, dn.get(), da.get(), db.get(), 1e-6f};
-    STATUS_OK(gpu::Residual(p, nullptr));
-    std::vector<float> ref = s, o = out;
-    if (gated) {
-      RmsNorm(o.data(), rows, D, norm.data(), 1e-6f, o.data());
-      for (int64_t i = 0; i < rows * D; ++i) ref[i] = alpha[i % D] * ref[i] + beta[i % D] * o[i];
-    } else {
-      for (int64_t i = 0; i < rows * D; ++i) ref[i] += o[i];
+  // Widths for each kernel: 98 (not a multiple of 4: the loop kernel), 96 and 2048 (rows in
+  // registers, 1-2 pieces a thread), 4100 (5 pieces: registers when plain, the loop when gated)
+  // and 8192 (8 pieces); each with the next block's fused norm (fp32 copy too) and without.
+  const int64_t rows = 3;
+  for (int64_t D : {int64_t{98}, int64_t{96}, int64_t{2048}, int64_t{4100}, int64_t{8192}}) {
+    for (bool gated : {false, true}) {
+      for (bool next : {false, true}) {
+        SCOPED_TRACE(testing::Message() << "D " << D << " gated " << gated << " next " << next);
+        auto s = Randn(rows * D, rng_), out = Randn(rows * D, rng_, 2.f), norm = Randn(D, rng_),
+             alpha = Randn(D, rng_), beta = Randn(D, rng_), nn = Randn(D, rng_);
+        Dev<float> ds(s), dout(out), dn(norm), da(alpha), db(beta), dnn(nn), d32(rows * D);
+        auto xn = MakeAct(std::vector<float>(rows * D));
+        gpu::ResidualParams p{ds.get(), dout.get(), rows, D, gated, dn.get(), da.get(), db.get(), 1e-6f};
+        if (next) {
+          p.next_norm = dnn.get();
+          p.next_out = xn.get();
+          p.next_dtype = GetParam();
+          p.next_out_f32 = d32.get();
+        }
+        STATUS_OK(gpu::Residual(p, nullptr));
+        std::vector<float> ref = s, o = out;
+        if (gated) {
+          RmsNorm(o.data(), rows, D, norm.data(), 1e-6f, o.data());
+          for (int64_t i = 0; i < rows * D; ++i) ref[i] = alpha[i % D] * ref[i] + beta[i % D] * o[i];
+        } else {
+          for (int64_t i = 0; i < rows * D; ++i) ref[i] += o[i];
+        }
+        EXPECT_LE(RelErr(ds.Host(), ref), 2e-6);
+        if (next) {
+          std::vector<float> want(rows * D);
+          RmsNorm(ref.data(), rows, D, nn.data(), 1e-6f, want.data());
+          EXPECT_LE(RelErr(d32.Host(), want), 2e-6);
+          EXPECT_LE(RelErr(xn.Host(), want), tol());
+        }
+      }
     }
-    EXPECT_LE(RelErr(ds.Host(), ref), 2e-6) << "gated " << gated;
   }
 }
 
@@ -240,12 +261,12 @@ TEST_P(ModelOpsTest, CublasProjectionMatchesCpuMatMul) {
 }
 
 TEST_P(ModelOpsTest, RoutingBothSoftmaxModes) {
-  // E = 24 and 256 take the warp-per-token kernel (one with experts past 32 per lane's first
-  // slot), 600 the thread-per-token fallback; top-k up to 8 and the 32 maximum.
+  // E = 24, 64, 256 and 320 take the warp-per-token kernel (4, 8 and 16 logits a lane), 600 the
+  // thread-per-token fallback; top-k up to 8 and the 32 maximum.
   struct Shape {
     int64_t T, E, k;
   };
-  for (const Shape sh : {Shape{33, 24, 4}, Shape{37, 256, 8}, Shape{5, 64, 32}, Shape{9, 600, 8}}) {
+  for (const Shape sh : {Shape{33, 24, 4}, Shape{37, 256, 8}, Shape{5, 64, 32}, Shape{6, 320, 8}, Shape{9, 600, 8}}) {
     const int64_t T = sh.T, E = sh.E, k = sh.k;
     SCOPED_TRACE(testing::Message() << "T " << T << " E " << E << " k " << k);
     auto logits = Randn(T * E, rng_, 2.f);
