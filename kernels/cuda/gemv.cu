@@ -30,7 +30,7 @@ constexpr int kChunk = 16;  // columns
 template <GemvWeight W>
 struct Fmt {
   static constexpr int kLoads = W == GemvWeight::kQ8 ? 1 : W == GemvWeight::kBF16 ? 2 : 4;  // uint4 per chunk
-  static constexpr int kUnroll = W == GemvWeight::kQ8 ? 4 : W == GemvWeight::kBF16 ? 2 : 1;
+  static constexpr int kUnroll = W == GemvWeight::kQ8 ? 4 : W == GemvWeight::kBF16 ? 2 : 4;
   static constexpr int kChunkBytes = 16 * kLoads;
 };
 

@@ -66,7 +66,11 @@ absl::Status RmsNorm(const RmsNormParams& p, GpuStream stream) {
 
 absl::Status Residual(const ResidualParams& p, GpuStream stream) {
   if (p.rows <= 0) return absl::OkStatus();
-  if (!p.s || !p.out || p.dim <= 0) return absl::InvalidArgumentError("Residual: no stream, output or width");
+  const bool mixed = p.mix_rows != nullptr;
+  if (!p.s || (!p.out && !mixed) || p.dim <= 0) return absl::InvalidArgumentError("Residual: no stream, output or width");
+  if (mixed && (!p.mix_pos || !p.mix_weights || p.mix_k <= 0 || p.mix_k > 64)) {
+    return absl::InvalidArgumentError("Residual: mixed rows need positions, weights and 1..64 slots");
+  }
   if (p.gated && (!p.out_norm || !p.alpha || !p.beta)) {
     return absl::InvalidArgumentError("Residual: the gated form needs out_norm, alpha and beta");
   }

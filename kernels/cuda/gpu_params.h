@@ -94,6 +94,13 @@ struct ResidualParams {
   void* next_out = nullptr;
   ActDType next_dtype = ActDType::kF32;
   float* next_out_f32 = nullptr;
+  // Optional, instead of `out` (the MoE combine fused in): row t's output is
+  // sum_j mix_weights[t * mix_k + j] * mix_rows[mix_pos[t * mix_k + j] * dim ...], in slot order,
+  // a slot with mix_pos < 0 skipped (moe_expert.h MoeExpertStepRows). mix_k <= 64.
+  const float* mix_rows = nullptr;
+  const int32_t* mix_pos = nullptr;
+  const float* mix_weights = nullptr;
+  int mix_k = 0;
 };
 
 // NeoX rotate-half RoPE in place on x[T, heads, head_dim] (rows `row_stride` apart).

@@ -47,23 +47,50 @@ __global__ void RmsNormKernel(RmsNormParams p) {
 
 // Each thread reads back only the elements of s it wrote, so the fused norm needs no barrier
 // beyond the block sum's.
+// The mixed rows of a row's slots (ResidualParams::mix_*) into shared memory: positions and
+// weights of slot j at [j]. Every thread calls it.
+__device__ __forceinline__ void LoadMixSlots(const ResidualParams& p, int64_t r, int32_t* pos, float* wt) {
+  if (p.mix_rows && threadIdx.x < p.mix_k) {
+    pos[threadIdx.x] = p.mix_pos[r * p.mix_k + threadIdx.x];
+    wt[threadIdx.x] = p.mix_weights[r * p.mix_k + threadIdx.x];
+  }
+  __syncthreads();
+}
+
+// Element i of the block's output: out's, or the slots' weighted sum in slot order.
+__device__ __forceinline__ float OutAt(const ResidualParams& p, const float* o, const int32_t* pos, const float* wt,
+                                       int64_t i) {
+  if (!p.mix_rows) return o[i];
+  float acc = 0.f;
+  for (int j = 0; j < p.mix_k; ++j) {
+    if (pos[j] >= 0) acc += wt[j] * p.mix_rows[static_cast<int64_t>(pos[j]) * p.dim + i];
+  }
+  return acc;
+}
+
 template <typename Out>
 __global__ void ResidualKernel(ResidualParams p) {
   __shared__ float scratch[32];
+  __shared__ int32_t mix_pos[64];
+  __shared__ float mix_wt[64];
   PdlWait();
   PdlTrigger();
   const int64_t r = blockIdx.x, D = p.dim;
   float* s = p.s + r * D;
-  const float* o = p.out + r * D;
+  const float* o = p.mix_rows ? nullptr : p.out + r * D;
+  LoadMixSlots(p, r, mix_pos, mix_wt);
   if (!p.gated) {
-    for (int64_t i = threadIdx.x; i < D; i += blockDim.x) s[i] += o[i];
+    for (int64_t i = threadIdx.x; i < D; i += blockDim.x) s[i] += OutAt(p, o, mix_pos, mix_wt, i);
   } else {
     float ss = 0.f;
-    for (int64_t i = threadIdx.x; i < D; i += blockDim.x) ss = fmaf(o[i], o[i], ss);
+    for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
+      const float oi = OutAt(p, o, mix_pos, mix_wt, i);
+      ss = fmaf(oi, oi, ss);
+    }
     ss = BlockSum(ss, scratch);
     const float inv = rsqrtf(ss / static_cast<float>(D) + p.eps);
     for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
-      s[i] = p.alpha[i] * s[i] + p.beta[i] * (o[i] * inv * p.out_norm[i]);
+      s[i] = p.alpha[i] * s[i] + p.beta[i] * (OutAt(p, o, mix_pos, mix_wt, i) * inv * p.out_norm[i]);
     }
   }
   if (!p.next_out) return;
@@ -106,16 +133,40 @@ __global__ void __launch_bounds__(kRowThreads) ResidualRegKernel(ResidualParams 
     }
     nn[v] = p.next_norm ? Ld4(p.next_norm, i, ok) : make_float4(1.f, 1.f, 1.f, 1.f);
   }
+  __shared__ int32_t mix_pos[64];
+  __shared__ float mix_wt[64];
   PdlWait();
   PdlTrigger();
   float* s = p.s + r * p.dim;
-  const float* o = p.out + r * p.dim;
   float4 sv[kVec], ov[kVec];
 #pragma unroll
   for (int v = 0; v < kVec; ++v) {
     const int64_t i = tid + int64_t{v} * kRowThreads;
     sv[v] = Ld4(s, i, i < D4);
-    ov[v] = Ld4(o, i, i < D4);
+    ov[v] = p.mix_rows ? make_float4(0.f, 0.f, 0.f, 0.f) : Ld4(p.out + r * p.dim, i, i < D4);
+  }
+  if (p.mix_rows) {  // the MoE combine: acc += w_j * row_j, slot by slot (as moe_route.cu's)
+    LoadMixSlots(p, r, mix_pos, mix_wt);
+#pragma unroll 4
+    for (int j = 0; j < p.mix_k; ++j) {
+      const int32_t row = mix_pos[j];
+      if (row < 0) continue;
+      const float* y = p.mix_rows + static_cast<int64_t>(row) * p.dim;
+      const float w = mix_wt[j];
+      float4 yv[kVec];
+#pragma unroll
+      for (int v = 0; v < kVec; ++v) {
+        const int64_t i = tid + int64_t{v} * kRowThreads;
+        yv[v] = Ld4(y, i, i < D4);
+      }
+#pragma unroll
+      for (int v = 0; v < kVec; ++v) {
+        ov[v].x += w * yv[v].x;
+        ov[v].y += w * yv[v].y;
+        ov[v].z += w * yv[v].z;
+        ov[v].w += w * yv[v].w;
+      }
+    }
   }
   if constexpr (!kGated) {
 #pragma unroll
@@ -213,7 +264,7 @@ template <typename Out>
 cudaError_t LaunchResidualOut(const ResidualParams& p, cudaStream_t st) {
   const auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
   const int64_t pieces = (p.dim / 4 + kRowThreads - 1) / kRowThreads;
-  const bool reg = p.dim % 4 == 0 && pieces <= 8 && aligned(p.s) && aligned(p.out) &&
+  const bool reg = p.dim % 4 == 0 && pieces <= 8 && aligned(p.s) && (p.mix_rows ? aligned(p.mix_rows) : aligned(p.out)) &&
                    (!p.gated || (aligned(p.alpha) && aligned(p.beta) && aligned(p.out_norm))) &&
                    (!p.next_norm || aligned(p.next_norm)) && (!p.next_out_f32 || aligned(p.next_out_f32)) &&
                    (!p.next_out || aligned(p.next_out));

@@ -218,4 +218,18 @@ absl::Status MoeExpertStep(const MoeExpertParams& p, GpuStream stream) {
   return CudaStatus(MoeExpertStepStages(p, kMoeStageAll, stream), "MoeExpertStep launch");
 }
 
+absl::StatusOr<MoeExpertRows> MoeExpertStepRows(const MoeExpertParams& p, GpuStream stream) {
+  if (absl::Status s = Validate(p); !s.ok()) return s;
+  if (p.output_norm) return absl::InvalidArgumentError("MoeExpertStepRows: the output norm needs the combine");
+  const Layout l = MakeLayout(p.num_local_experts, p.width, p.inter, p.num_tokens, p.top_k);
+  uint8_t* ws = static_cast<uint8_t*>(p.workspace);
+  MoeExpertRows r{reinterpret_cast<const float*>(ws + l.y), reinterpret_cast<const int32_t*>(ws + l.pos)};
+  if (p.num_tokens == 0) return r;
+  if (absl::Status s = CudaStatus(MoeExpertStepStages(p, kMoeStageAll & ~kMoeStageCombine, stream), "MoeExpertStep launch");
+      !s.ok()) {
+    return s;
+  }
+  return r;
+}
+
 }  // namespace moeshard::gpu

@@ -61,4 +61,15 @@ absl::StatusOr<WeightRef> MoeRepackNvfp4(const WeightRef& src, void* dst_data, v
 // failed launch.
 absl::Status MoeExpertStep(const MoeExpertParams& p, GpuStream stream);
 
+// The step without its combine, for a caller that mixes the experts' rows itself (the decode
+// path does it inside the residual update: kernels/cuda/gpu_params.h ResidualParams::mix_*).
+// Token t's slot j output row is rows[pos[t * top_k + j]] (width fp32 values; pos < 0: no
+// local expert), to be weighted by p.weights[t * top_k + j] and summed in slot order. Both
+// point into p.workspace and hold once the stream has run the step. p.output_norm must be off.
+struct MoeExpertRows {
+  const float* rows = nullptr;
+  const int32_t* pos = nullptr;
+};
+absl::StatusOr<MoeExpertRows> MoeExpertStepRows(const MoeExpertParams& p, GpuStream stream);
+
 }  // namespace moeshard::gpu

@@ -200,6 +200,48 @@ TEST_P(ModelOpsTest, ResidualPlainAndGated) {
   }
 }
 
+// The MoE combine inside the update (ResidualParams::mix_*): each row's output is its slots'
+// rows weighted in slot order, a slot at position -1 left out.
+TEST_P(ModelOpsTest, ResidualMixesExpertRows) {
+  const int64_t rows = 3, k = 8, nrows = 20;
+  for (int64_t D : {int64_t{98}, int64_t{2048}}) {
+    for (bool gated : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "D " << D << " gated " << gated);
+      auto s = Randn(rows * D, rng_), y = Randn(nrows * D, rng_, 2.f), wts = Randn(rows * k, rng_),
+           norm = Randn(D, rng_), alpha = Randn(D, rng_), beta = Randn(D, rng_);
+      std::vector<int32_t> pos(rows * k);
+      for (int64_t i = 0; i < rows * k; ++i) pos[i] = i % 5 == 3 ? -1 : static_cast<int32_t>((i * 7) % nrows);
+      Dev<float> ds(s), dy(y), dw(wts), dn(norm), da(alpha), db(beta);
+      Dev<int32_t> dp(pos);
+      gpu::ResidualParams p{ds.get(), nullptr, rows, D, gated, dn.get(), da.get(), db.get(), 1e-6f};
+      p.mix_rows = dy.get();
+      p.mix_pos = dp.get();
+      p.mix_weights = dw.get();
+      p.mix_k = static_cast<int>(k);
+      STATUS_OK(gpu::Residual(p, nullptr));
+      std::vector<float> o(rows * D, 0.f), ref = s;
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t j = 0; j < k; ++j) {
+          const int32_t at = pos[r * k + j];
+          if (at < 0) continue;
+          for (int64_t i = 0; i < D; ++i) o[r * D + i] += wts[r * k + j] * y[at * D + i];
+        }
+      }
+      if (gated) {
+        RmsNorm(o.data(), rows, D, norm.data(), 1e-6f, o.data());
+        for (int64_t i = 0; i < rows * D; ++i) ref[i] = alpha[i % D] * ref[i] + beta[i % D] * o[i];
+      } else {
+        for (int64_t i = 0; i < rows * D; ++i) ref[i] += o[i];
+      }
+      EXPECT_LE(RelErr(ds.Host(), ref), 2e-6);
+    }
+  }
+  gpu::ResidualParams bad{nullptr, nullptr, 1, 8, false};
+  Dev<float> ds(8);
+  bad.s = ds.get();
+  EXPECT_FALSE(gpu::Residual(bad, nullptr).ok());  // neither out nor mixed rows
+}
+
 TEST_P(ModelOpsTest, ElementwiseSiluMulHeadGateBiasConvert) {
   const int64_t T = 6, heads = 4, hd = 32, n = T * heads * hd;
   auto g = MakeAct(Randn(n, rng_, 2.f)), u = MakeAct(Randn(n, rng_));

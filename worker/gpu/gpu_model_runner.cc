@@ -107,6 +107,14 @@ absl::Status GpuModelRunner::ResidualUpdate(const float* out, const float* norm,
   p.alpha = alpha;
   p.beta = beta;
   p.eps = config_.rms_eps;
+  if (moe_mix_pending_) {
+    p.out = nullptr;
+    p.mix_rows = moe_rows_.rows;
+    p.mix_pos = moe_rows_.pos;
+    p.mix_weights = wts_;
+    p.mix_k = static_cast<int>(config_.top_k);
+    moe_mix_pending_ = false;
+  }
   if (next_norm && fuse_norms_) {  // the next block's input norm, from the updated stream
     p.next_norm = next_norm;
     p.next_out = xn_;
@@ -120,6 +128,7 @@ absl::Status GpuModelRunner::ResidualUpdate(const float* out, const float* norm,
 // The model file's layer sequence (worker/model) over this runner's ops, below.
 absl::Status GpuModelRunner::LayersDevice() {
   prenormed_ = false;
+  moe_mix_pending_ = false;
   return RunLayerSequence(config_, shard_.layer_begin, shard_.layer_end, *this);
 }
 
@@ -129,6 +138,7 @@ absl::Status GpuModelRunner::AttentionInput(int64_t li, const AttentionInputOpts
   const ModelConfig& c = config_;
   const GpuLayerWeights& lw = w_->layers[li];
   const int64_t T = T_, H = c.hidden_size, hd = c.head_dim;
+  if (moe_mix_pending_) return absl::InternalError("the experts' rows were left unmixed (no MLP residual update)");
   arena_.Release(step_mark_);
   void* x = xn_;
   void* q = q_ = Act(T * nq_ * hd);
@@ -325,6 +335,13 @@ absl::Status GpuModelRunner::Experts(int64_t li, const ExpertsOpts& opts) {
   mp.workspace = moe_ws_;
   mp.workspace_bytes = moe_ws_bytes_;
   mp.expert_formats = lw.expert_formats;
+  // On one GPU the MLP block's residual update mixes the experts' rows itself (one kernel less).
+  if (fuse_moe_residual_ && shard_.tp_size <= 1 && !opts.output_norm && mix_ == f_ && K <= 64) {
+    auto region = prof_.Region("expert step", stream_);
+    ASSIGN_OR_RETURN(moe_rows_, MoeExpertStepRows(mp, stream_));
+    moe_mix_pending_ = true;
+    return absl::OkStatus();
+  }
   {
     auto region = prof_.Region("expert step", stream_);
     RETURN_IF_ERROR(MoeExpertStep(mp, stream_));

@@ -16,6 +16,7 @@
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/gpu_ops.h"
+#include "kernels/moe/moe_expert.h"
 #include "worker/gpu/decode_graphs.h"
 #include "worker/gpu/device_memory.h"
 #include "worker/gpu/gpu_model_runner.h"
@@ -139,6 +140,8 @@ class GpuModelRunner : public ModelRunner, private LayerOps {
   }
   // s updated with a block's output (gated or plain); with next_norm (and fusion on), the next
   // block's input norm too, into xn_ (and xn32_ when next_f32), and prenormed_ set.
+  // With moe_mix_pending_, the block's output is the experts' rows mixed inside the update
+  // (Experts skipped the MoE combine) and `out` is not read.
   absl::Status ResidualUpdate(const float* out, const float* norm, const float* alpha, const float* beta, bool gated,
                               const float* next_norm, bool next_f32);
   absl::Status Project(const DenseWeight& w, const void* x, void* y, ActDType y_dtype, int64_t rows,
@@ -175,6 +178,12 @@ class GpuModelRunner : public ModelRunner, private LayerOps {
   bool qk_prep_enabled_ = true;  // MOESHARD_QK_PREP=0: q/k norm, RoPE and the KV write as separate kernels
   bool fuse_norms_ = true;  // MOESHARD_FUSE_NORMS=0: each block's input norm as its own kernel
   bool prenormed_ = false;  // xn_ (and xn32_) already hold the next block's normalized input
+  // MOESHARD_FUSE_MOE_RESIDUAL=0: the MoE combine as its own kernel. Else, on one GPU (no
+  // all-reduce between them) without a latent or output norm, Experts leaves the combine to
+  // the MLP block's residual update: moe_rows_ and moe_mix_pending_ until it runs.
+  bool fuse_moe_residual_ = true;
+  bool moe_mix_pending_ = false;
+  MoeExpertRows moe_rows_;
   std::unique_ptr<ModelWeights> host_w_;
   std::unique_ptr<GpuModelWeights> w_;
   DevicePool kv_pool_;

@@ -23,6 +23,8 @@ absl::Status GpuModelRunner::StartDevice() {
   qk_prep_enabled_ = !(prep && std::string(prep) == "0");
   const char* fuse = std::getenv("MOESHARD_FUSE_NORMS");
   fuse_norms_ = !(fuse && std::string(fuse) == "0");
+  const char* moe_res = std::getenv("MOESHARD_FUSE_MOE_RESIDUAL");
+  fuse_moe_residual_ = !(moe_res && std::string(moe_res) == "0");
   if (comm_ && comm_->device_memory()) comm_->set_stream(stream_);
   if (options_.profile) prof_.Enable(64 + 16 * static_cast<int>(shard_.layer_end - shard_.layer_begin));
   return absl::OkStatus();
