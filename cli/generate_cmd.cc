@@ -47,7 +47,6 @@ absl::Status Run(const Args& a) {
   }
   ASSIGN_OR_RETURN(RunnerOptions ro, ParseRunnerFlags(a));
   ro.num_kv_blocks = (static_cast<int64_t>(prompt.size()) + n) / ro.block_size + 2;
-  ro.max_batch_tokens = std::max<int64_t>(ro.max_batch_tokens, static_cast<int64_t>(prompt.size()));
   ShardSpec shard{0, m.config.num_layers, 0, 1, true, true};
   ASSIGN_OR_RETURN(auto runner, ModelRunner::Create(m.config, *m.source, shard, ro));
   EngineRequest req;
