@@ -12,6 +12,7 @@
 
 #include "eval/golden_check.h"
 #include "gtest/gtest.h"
+#include "local/local_engine.h"
 #include "common/model/model_loader.h"
 #include "tests/testdata/testdata_dir.h"
 #include "worker/inprocess_group.h"
@@ -157,6 +158,61 @@ TEST_P(ChunkedForwardTest, CheckPassesTheGoldensInSmallSteps) {
   bool long_seq = false;
   for (const SeqReport& s : rep->seqs) long_seq |= s.positions >= 100;
   EXPECT_TRUE(long_seq) << "the goldens hold no sequence several steps of 16 long";
+}
+
+// A runner that records the largest step it was given, over a real one.
+class StepRecorder : public ModelRunner {
+ public:
+  explicit StepRecorder(std::unique_ptr<ModelRunner> inner)
+      : ModelRunner(inner->config(), inner->shard(), inner->options()), inner_(std::move(inner)) {}
+  absl::Status Embed(const std::vector<SeqChunk>& b, std::vector<float>* h) override { return inner_->Embed(b, h); }
+  absl::Status RunLayers(const std::vector<SeqChunk>& b, std::vector<float>* h) override {
+    return inner_->RunLayers(b, h);
+  }
+  absl::Status Head(const std::vector<SeqChunk>& b, const std::vector<float>& h, std::vector<float>* l) override {
+    return inner_->Head(b, h, l);
+  }
+  absl::Status Forward(const std::vector<SeqChunk>& b, std::vector<float>* l) override {
+    int64_t n = 0;
+    for (const SeqChunk& c : b) n += static_cast<int64_t>(c.tokens.size());
+    *largest_ = std::max(*largest_, n);
+    return inner_->Forward(b, l);
+  }
+  size_t kv_bytes() const override { return inner_->kv_bytes(); }
+  std::string backend() const override { return inner_->backend(); }
+  std::shared_ptr<int64_t> largest() const { return largest_; }
+
+ private:
+  std::unique_ptr<ModelRunner> inner_;
+  std::shared_ptr<int64_t> largest_ = std::make_shared<int64_t>(0);
+};
+
+// `moeshard generate`'s path: the in-process Engine over a runner of max_batch_tokens 8 prefills a
+// 150-token prompt in steps of at most 8 (its step is capped at the runner's) and generates the
+// same greedy tokens as over a runner that takes the prompt in one step.
+TEST_P(ChunkedForwardTest, EngineStepsAreCappedAtTheRunnersBatch) {
+  const int64_t V = model_->config.vocab_size;
+  EngineRequest req;
+  req.prompt_ids = Prompt(150, 11, V);
+  req.max_tokens = 12;
+  req.ignore_eos = true;
+  std::vector<std::vector<int32_t>> got;
+  for (int64_t step : {8, 8192}) {
+    auto runner = CreateInProcessRunner(model_->config, *model_->source, Options(step), GetParam().tp, GetParam().stages);
+    ASSERT_TRUE(runner.ok()) << runner.status();
+    auto recorder = std::make_unique<StepRecorder>(std::move(*runner));
+    std::shared_ptr<int64_t> largest = recorder->largest();
+    LocalEngineOptions eo;  // its own step would be 512
+    auto engine = StartLocalEngine(std::move(recorder), eo);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    auto r = RunRequest(**engine, req);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->tokens.size(), 12u);
+    got.push_back(r->tokens);
+    (*engine)->Stop();
+    EXPECT_EQ(*largest, std::min<int64_t>(step, 150)) << "the largest step over a runner of " << step;
+  }
+  EXPECT_EQ(got[0], got[1]);
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, ChunkedForwardTest,
