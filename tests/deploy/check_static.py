@@ -294,6 +294,11 @@ def check_pools(where, docs, by_kind):
     if not R.check(len(pools_cm) == 1, f"{where}: one ConfigMap holds pools.json"):
         return
     pools = json.loads(pools_cm[0]["data"]["pools.json"])["pools"]
+    if by_kind.get("LeaderWorkerSet"):  # the overlays: pools by length, a LeaderWorkerSet each
+        lens = [p["max_model_len"] for p in pools]
+        R.check(len(pools) >= 2 and len(set(lens)) == len(lens)
+                and len(by_kind["LeaderWorkerSet"]) == len(pools),
+                f"{where}: {len(pools)} pools of different lengths {lens}, one LeaderWorkerSet each")
     # Addresses coordinators get: LWS leaders <lws>-<i>.<lws>, StatefulSet pods <sts>-<i>.<svc>.
     known = {}
     for o in by_kind.get("LeaderWorkerSet", []):
@@ -333,7 +338,8 @@ def check_k8s():
         for d in kustomization_dirs():
             docs = render(d)
             if docs is not None:
-                check_rendered(rel(d), docs, complete=os.path.basename(d) != "base")
+                # The base and its parts (base/engine, base/long-pool) are not deployable alone.
+                check_rendered(rel(d), docs, complete="base" not in rel(d).split(os.sep))
     else:
         R.skip("kubectl is not installed: the kustomizations are not rendered; checking their resources unpatched")
         for d in kustomization_dirs():
