@@ -200,6 +200,7 @@ int EvalCommand(const std::vector<std::string>& argv) {
         "usage: moeshard eval --model PATH (--text FILE | --compare FILE) [--ctx N] [--tp N | --layer-split N]\n"
         "                     [--save-logits FILE [--logits-format llama|mskl]] [--compare FILE] [--max-windows K]\n"
         "                     [--device cpu|cuda] [--gpu N] [--dtype bfloat16|float32] [--kv-dtype ...]\n"
+        "                     [--max-batch-tokens N]  (tokens per step; a longer window runs in chunks)\n"
         "Perplexity in non-overlapping windows of --ctx tokens (default 128, or the --compare file's), each\n"
         "run from position 0 with positions ctx/2 .. ctx-2 scored: llama-perplexity's chunks, so its files\n"
         "and ours describe the same positions. Unlike llama-perplexity no BOS replaces a window's first\n"
