@@ -28,8 +28,12 @@ namespace {
 struct PoolCounts {
   double dispatched = 0, succeeded = 0, prompt_tokens = 0;
 };
+struct Counts {
+  std::vector<PoolCounts> pools;  // in the order of --pools
+  double context_refusals = 0;    // router_rejected_total{pool="none", reason="context_length"}
+};
 
-absl::StatusOr<std::vector<PoolCounts>> CountPools(const Context& ctx) {
+absl::StatusOr<Counts> CountPools(const Context& ctx) {
   ASSIGN_OR_RETURN(MetricsView v, MetricsView::Fetch(ctx.opts.metrics, ctx.opts.api_key));
   const Scrape* router = nullptr;
   std::vector<const Scrape*> coords;
@@ -45,12 +49,14 @@ absl::StatusOr<std::vector<PoolCounts>> CountPools(const Context& ctx) {
     return absl::FailedPreconditionError(absl::StrCat("--metrics lists ", coords.size(), " coordinators for ",
                                                       ctx.opts.pools.size(), " pools (one coordinator per pool)"));
   }
-  std::vector<PoolCounts> out(coords.size());
+  Counts out;
+  out.context_refusals = SumSamples(*router, "router_rejected_total", {{"pool", "none"}, {"reason", "context_length"}});
+  out.pools.resize(coords.size());
   for (size_t i = 0; i < coords.size(); ++i) {
-    out[i].dispatched = SumSamples(*router, "router_requests_total", {{"pool", ctx.opts.pools[i].name}});
-    out[i].succeeded = SumSamples(*coords[i], "request_success_total");
+    out.pools[i].dispatched = SumSamples(*router, "router_requests_total", {{"pool", ctx.opts.pools[i].name}});
+    out.pools[i].succeeded = SumSamples(*coords[i], "request_success_total");
     // Prefilled + found in the prefix cache: the whole prompt, wherever it came from.
-    out[i].prompt_tokens = SumSamples(*coords[i], "prompt_tokens_total") + SumSamples(*coords[i], "prefix_cache_hits_total");
+    out.pools[i].prompt_tokens = SumSamples(*coords[i], "prompt_tokens_total") + SumSamples(*coords[i], "prefix_cache_hits_total");
   }
   return out;
 }
@@ -66,11 +72,11 @@ absl::Status LandsIn(Context& ctx, int64_t prompt_len, int64_t max_tokens, size_
     return absl::InternalError(absl::StrCat(g.token_ids.size(), " tokens generated, want ", max_tokens));
   }
   ASSIGN_OR_RETURN(auto after, CountPools(ctx));
-  for (size_t i = 0; i < after.size(); ++i) {
+  for (size_t i = 0; i < after.pools.size(); ++i) {
     const std::string& name = ctx.opts.pools[i].name;
-    const double dispatched = after[i].dispatched - before[i].dispatched;
-    const double succeeded = after[i].succeeded - before[i].succeeded;
-    const double prompt = after[i].prompt_tokens - before[i].prompt_tokens;
+    const double dispatched = after.pools[i].dispatched - before.pools[i].dispatched;
+    const double succeeded = after.pools[i].succeeded - before.pools[i].succeeded;
+    const double prompt = after.pools[i].prompt_tokens - before.pools[i].prompt_tokens;
     const bool here = i == want;
     if (dispatched != (here ? 1 : 0)) {
       return absl::InternalError(absl::StrCat("router_requests_total{pool=\"", name, "\"} moved by ", dispatched,
@@ -90,7 +96,7 @@ absl::Status LandsIn(Context& ctx, int64_t prompt_len, int64_t max_tokens, size_
 }
 
 // A request no pool holds: 400 context_length_exceeded naming the largest limit and the
-// request's own count; nothing dispatched anywhere.
+// request's own count; nothing dispatched anywhere, one context_length refusal at the router.
 absl::Status RefusedEverywhere(Context& ctx, int64_t prompt_len, std::optional<int64_t> max_tokens) {
   const int64_t largest = ctx.opts.pools.back().max_model_len;
   ASSIGN_OR_RETURN(auto before, CountPools(ctx));
@@ -110,10 +116,15 @@ absl::Status RefusedEverywhere(Context& ctx, int64_t prompt_len, std::optional<i
     }
   }
   ASSIGN_OR_RETURN(auto after, CountPools(ctx));
-  for (size_t i = 0; i < after.size(); ++i) {
-    if (after[i].dispatched != before[i].dispatched || after[i].succeeded != before[i].succeeded) {
+  for (size_t i = 0; i < after.pools.size(); ++i) {
+    if (after.pools[i].dispatched != before.pools[i].dispatched ||
+        after.pools[i].succeeded != before.pools[i].succeeded) {
       return absl::InternalError(absl::StrCat("pool ", ctx.opts.pools[i].name, " counted the refused request"));
     }
+  }
+  if (after.context_refusals != before.context_refusals + 1) {
+    return absl::InternalError(absl::StrCat("router_rejected_total{pool=\"none\",reason=\"context_length\"} moved by ",
+                                            after.context_refusals - before.context_refusals, ", want 1"));
   }
   return absl::OkStatus();
 }
