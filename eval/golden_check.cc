@@ -304,7 +304,8 @@ absl::StatusOr<CheckReport> CheckModel(const LoadedModel& model, const std::stri
     std::vector<int32_t> table;
     RETURN_IF_ERROR(blocks.Reserve(table, T, ro.block_size));
     std::vector<float> l, step;
-    absl::Status st = ForwardChunked(*runner, {SeqChunk{std::vector<int32_t>(ids.begin(), ids.begin() + half), 0, table, true}}, &l);
+    const SeqChunk first_half{std::vector<int32_t>(ids.begin(), ids.begin() + half), 0, table, true};
+    absl::Status st = ForwardChunked(*runner, {first_half}, &l);
     for (int64_t p = half; st.ok() && p < T; ++p) {
       st = runner->Forward({SeqChunk{{ids[p]}, p, table, false}}, &step);
       l.insert(l.end(), step.begin(), step.end());

@@ -61,7 +61,8 @@ absl::Status ForwardChunked(ModelRunner& runner, const std::vector<SeqChunk>& ba
       const int64_t rows = piece.all_logits ? n : 1;
       if (piece.all_logits || left[chunk_idx] == 0) {
         if (static_cast<int64_t>(step_logits.size()) < (row + rows) * V) {
-          return absl::InternalError(absl::StrCat("a step returned ", step_logits.size() / V, " rows, fewer than asked"));
+          return absl::InternalError(
+              absl::StrCat("a step returned ", step_logits.size() / V, " rows, fewer than asked"));
         }
         logits->insert(logits->end(), step_logits.begin() + row * V, step_logits.begin() + (row + rows) * V);
       }

@@ -8,9 +8,8 @@
 // per-pool counter <prefix>router_requests_total{pool=NAME}, and the coordinators' own
 // /metrics (request_success_total and prompt_tokens_total of the coordinator of that pool
 // move by one request and its prompt, prefilled or found in its prefix cache; the other
-// pool's do not move). --metrics lists the
-// coordinators in the order of the pools (as `moeshard up` prints them), and --pools names
-// them in that same order.
+// pool's do not move). --metrics lists the coordinators in the order of the pools (as
+// `moeshard up` prints them), and --pools names them in that same order.
 #include <functional>
 #include <optional>
 
@@ -56,7 +55,8 @@ absl::StatusOr<Counts> CountPools(const Context& ctx) {
     out.pools[i].dispatched = SumSamples(*router, "router_requests_total", {{"pool", ctx.opts.pools[i].name}});
     out.pools[i].succeeded = SumSamples(*coords[i], "request_success_total");
     // Prefilled + found in the prefix cache: the whole prompt, wherever it came from.
-    out.pools[i].prompt_tokens = SumSamples(*coords[i], "prompt_tokens_total") + SumSamples(*coords[i], "prefix_cache_hits_total");
+    out.pools[i].prompt_tokens =
+        SumSamples(*coords[i], "prompt_tokens_total") + SumSamples(*coords[i], "prefix_cache_hits_total");
   }
   return out;
 }
@@ -79,16 +79,17 @@ absl::Status LandsIn(Context& ctx, int64_t prompt_len, int64_t max_tokens, size_
     const double prompt = after.pools[i].prompt_tokens - before.pools[i].prompt_tokens;
     const bool here = i == want;
     if (dispatched != (here ? 1 : 0)) {
-      return absl::InternalError(absl::StrCat("router_requests_total{pool=\"", name, "\"} moved by ", dispatched,
-                                              ", want ", here ? 1 : 0));
+      return absl::InternalError(
+          absl::StrCat("router_requests_total{pool=\"", name, "\"} moved by ", dispatched, ", want ", here ? 1 : 0));
     }
     if (succeeded != (here ? 1 : 0)) {
-      return absl::InternalError(
-          absl::StrCat("pool ", name, "'s coordinator: request_success_total moved by ", succeeded, ", want ", here ? 1 : 0));
+      return absl::InternalError(absl::StrCat("pool ", name, "'s coordinator: request_success_total moved by ",
+                                              succeeded, ", want ", here ? 1 : 0));
     }
     // Every prompt token is either prefilled or a prefix-cache hit on this pool's coordinator.
     if (prompt != (here ? prompt_len : 0)) {
-      return absl::InternalError(absl::StrCat("pool ", name, "'s coordinator: prompt tokens (prefilled + cached) moved by ", prompt,
+      return absl::InternalError(absl::StrCat("pool ", name,
+                                              "'s coordinator: prompt tokens (prefilled + cached) moved by ", prompt,
                                               ", want ", here ? prompt_len : 0));
     }
   }
@@ -156,19 +157,15 @@ void RunPoolChecks(Context& ctx, Suite& suite) {
   auto need_metrics = [&](const std::function<absl::Status()>& f) {
     return ctx.opts.metrics.empty() ? absl::FailedPreconditionError("--pools needs --metrics") : f();
   };
-  suite.Run(absl::StrCat("pools: a short request (40 + 4 tokens) goes to ", s), [&] {
-    return need_metrics([&] { return LandsIn(ctx, 40, 4, 0, 101); });
-  });
-  suite.Run(absl::StrCat("pools: a request past ", s, " (", shortest + 60, " + 4 tokens) goes to ", l), [&] {
-    return need_metrics([&] { return LandsIn(ctx, shortest + 60, 4, 1, 102); });
-  });
+  suite.Run(absl::StrCat("pools: a short request (40 + 4 tokens) goes to ", s),
+            [&] { return need_metrics([&] { return LandsIn(ctx, 40, 4, 0, 101); }); });
+  suite.Run(absl::StrCat("pools: a request past ", s, " (", shortest + 60, " + 4 tokens) goes to ", l),
+            [&] { return need_metrics([&] { return LandsIn(ctx, shortest + 60, 4, 1, 102); }); });
   // The boundary: the router counts prompt + max_tokens, and a pool holds exactly its length.
-  suite.Run(absl::StrCat("pools: prompt + max_tokens = ", shortest, " exactly fits ", s), [&] {
-    return need_metrics([&] { return LandsIn(ctx, shortest - 12, 12, 0, 103); });
-  });
-  suite.Run(absl::StrCat("pools: the same prompt + max_tokens = ", shortest + 1, " goes to ", l), [&] {
-    return need_metrics([&] { return LandsIn(ctx, shortest - 12, 13, 1, 104); });
-  });
+  suite.Run(absl::StrCat("pools: prompt + max_tokens = ", shortest, " exactly fits ", s),
+            [&] { return need_metrics([&] { return LandsIn(ctx, shortest - 12, 12, 0, 103); }); });
+  suite.Run(absl::StrCat("pools: the same prompt + max_tokens = ", shortest + 1, " goes to ", l),
+            [&] { return need_metrics([&] { return LandsIn(ctx, shortest - 12, 13, 1, 104); }); });
   suite.Run(absl::StrCat("pools: prompt + max_tokens = ", longest + 8, " -> 400 naming the ", longest, "-token limit"),
             [&] { return need_metrics([&] { return RefusedEverywhere(ctx, longest - 8, 16); }); });
   suite.Run(absl::StrCat("pools: a prompt of ", longest + 5, " tokens without max_tokens -> 400"),

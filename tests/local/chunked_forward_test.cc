@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
+#include "common/model/model_loader.h"
 #include "eval/golden_check.h"
 #include "gtest/gtest.h"
 #include "local/local_engine.h"
-#include "common/model/model_loader.h"
 #include "tests/testdata/testdata_dir.h"
 #include "worker/inprocess_group.h"
 #include "worker/kv_cache.h"
@@ -90,8 +90,8 @@ class ChunkedForwardTest : public ::testing::TestWithParam<Layout> {
   }
   // Logits of `batch` (block tables filled in here) in steps of `step` tokens (0: one Forward).
   std::vector<float> Run(std::vector<SeqChunk> batch, int64_t step) {
-    auto runner = CreateInProcessRunner(model_->config, *model_->source, Options(step > 0 ? step : 8192),
-                                        GetParam().tp, GetParam().stages);
+    auto runner = CreateInProcessRunner(model_->config, *model_->source, Options(step > 0 ? step : 8192), GetParam().tp,
+                                        GetParam().stages);
     EXPECT_TRUE(runner.ok()) << runner.status();
     if (!runner.ok()) return {};
     BlockAllocator blocks(128);
@@ -128,8 +128,7 @@ TEST_P(ChunkedForwardTest, LongPromptIsBitIdenticalToOneStep) {
 // possible without its KV, so all start at 0) cut across sequence boundaries.
 TEST_P(ChunkedForwardTest, RaggedBatchKeepsItsRowsInOrder) {
   const int64_t V = model_->config.vocab_size;
-  std::vector<SeqChunk> batch = {SeqChunk{Prompt(37, 1, V), 0, {}, true},
-                                 SeqChunk{Prompt(50, 2, V), 0, {}, false},
+  std::vector<SeqChunk> batch = {SeqChunk{Prompt(37, 1, V), 0, {}, true}, SeqChunk{Prompt(50, 2, V), 0, {}, false},
                                  SeqChunk{Prompt(23, 3, V), 0, {}, true}};
   const std::vector<float> whole = Run(batch, 0);
   ASSERT_EQ(static_cast<int64_t>(whole.size()), (37 + 1 + 23) * V);
@@ -198,7 +197,8 @@ TEST_P(ChunkedForwardTest, EngineStepsAreCappedAtTheRunnersBatch) {
   req.ignore_eos = true;
   std::vector<std::vector<int32_t>> got;
   for (int64_t step : {8, 8192}) {
-    auto runner = CreateInProcessRunner(model_->config, *model_->source, Options(step), GetParam().tp, GetParam().stages);
+    auto runner =
+        CreateInProcessRunner(model_->config, *model_->source, Options(step), GetParam().tp, GetParam().stages);
     ASSERT_TRUE(runner.ok()) << runner.status();
     auto recorder = std::make_unique<StepRecorder>(std::move(*runner));
     std::shared_ptr<int64_t> largest = recorder->largest();
@@ -220,7 +220,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ChunkedForwardTest,
                                            Layout{"muse-spark-tiny", 2, 1}, Layout{"qwen3moe-tiny", 1, 2}),
                          [](const ::testing::TestParamInfo<Layout>& i) {
                            std::string n = std::string(i.param.model) + "_tp" + std::to_string(i.param.tp) + "_ls" +
-                                            std::to_string(i.param.stages);
+                                           std::to_string(i.param.stages);
                            for (char& c : n) {
                              if (c == '-') c = '_';
                            }
