@@ -17,7 +17,8 @@ namespace {
 constexpr char kUsage[] =
     "usage: moeshard check --model PATH --goldens FILE [--tolerance fp32|q8_0|bf16]\n"
     "                      [--device cpu|cuda] [--gpu N] [--dtype float32|bfloat16] [--kv-dtype auto|float32|bfloat16|fp8]\n"
-    "                      [--tp N | --layer-split N] [--bf16-mean-kl X] [--bf16-top1 F]\n"
+    "                      [--tp N | --layer-split N] [--bf16-mean-kl X] [--bf16-top1 F] [--max-batch-tokens N]\n"
+    "  --max-batch-tokens: tokens per step (default 8192); longer sequences are prefilled in chunks\n"
     "  --bf16-mean-kl / --bf16-top1: the model's row of the README's bf16 table (default: its loosest row)\n";
 
 absl::StatusOr<std::pair<CheckLimits, CheckLayout>> ParseSetup(const Args& a, const LoadedModel& m) {

@@ -26,6 +26,7 @@
 #include "cli/commands.h"
 #include "eval/kl_stats.h"
 #include "eval/kld_file.h"
+#include "local/chunked_forward.h"
 #include "worker/runner_flags.h"
 #include "common/status.h"
 #include "worker/inprocess_group.h"
@@ -43,13 +44,13 @@ class WindowRunner {
     WindowRunner w;
     const int64_t nb = (ctx + ro.block_size - 1) / ro.block_size;
     ro.num_kv_blocks = nb;
-    ro.max_batch_tokens = std::max(ro.max_batch_tokens, ctx);
     for (int32_t i = 0; i < nb; ++i) w.table_.push_back(i);
     ASSIGN_OR_RETURN(w.runner_, CreateInProcessRunner(m.config, *m.source, ro, tp, split));
     return w;
   }
   absl::Status Run(const std::vector<int32_t>& ids, std::vector<float>* logits) {
-    return runner_->Forward({SeqChunk{ids, 0, table_, true}}, logits);
+    // A window longer than --max-batch-tokens runs in chunks (chunked prefill).
+    return ForwardChunked(*runner_, {SeqChunk{ids, 0, table_, true}}, logits);
   }
   std::string backend() const { return runner_->backend(); }
 
@@ -199,6 +200,7 @@ int EvalCommand(const std::vector<std::string>& argv) {
         "usage: moeshard eval --model PATH (--text FILE | --compare FILE) [--ctx N] [--tp N | --layer-split N]\n"
         "                     [--save-logits FILE [--logits-format llama|mskl]] [--compare FILE] [--max-windows K]\n"
         "                     [--device cpu|cuda] [--gpu N] [--dtype bfloat16|float32] [--kv-dtype ...]\n"
+        "                     [--max-batch-tokens N]  (tokens per step; a longer window runs in chunks)\n"
         "Perplexity in non-overlapping windows of --ctx tokens (default 128, or the --compare file's), each\n"
         "run from position 0 with positions ctx/2 .. ctx-2 scored: llama-perplexity's chunks, so its files\n"
         "and ours describe the same positions. Unlike llama-perplexity no BOS replaces a window's first\n"

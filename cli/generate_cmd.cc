@@ -47,7 +47,6 @@ absl::Status Run(const Args& a) {
   }
   ASSIGN_OR_RETURN(RunnerOptions ro, ParseRunnerFlags(a));
   ro.num_kv_blocks = (static_cast<int64_t>(prompt.size()) + n) / ro.block_size + 2;
-  ro.max_batch_tokens = std::max<int64_t>(ro.max_batch_tokens, static_cast<int64_t>(prompt.size()));
   ShardSpec shard{0, m.config.num_layers, 0, 1, true, true};
   ASSIGN_OR_RETURN(auto runner, ModelRunner::Create(m.config, *m.source, shard, ro));
   EngineRequest req;
@@ -104,7 +103,8 @@ int GenerateCommand(const std::vector<std::string>& argv) {
     std::fprintf(stderr,
                  "usage: moeshard generate --model PATH (--prompt TEXT | --prompt-ids 1,2,3) [-n N] [--chat [--no-think]]\n"
                  "       [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--stop STRING]\n"
-                 "       [--device cpu|cuda] [--gpu N] [--dtype bfloat16|float32] [--kv-dtype auto|float32|bfloat16|fp8]\n%s\n",
+                 "       [--device cpu|cuda] [--gpu N] [--dtype bfloat16|float32] [--kv-dtype auto|float32|bfloat16|fp8]\n"
+                 "       [--max-batch-tokens N]  (tokens per step; a longer prompt is prefilled in chunks)\n%s\n",
                  a.ok() ? "" : std::string(a.status().message()).c_str());
     return a.ok() ? 0 : 2;
   }

@@ -11,6 +11,7 @@
 #include "eval/kl_stats.h"
 #include "common/formats/safetensors.h"
 #include "common/status.h"
+#include "local/chunked_forward.h"
 #include "local/local_engine.h"
 #include "worker/inprocess_group.h"
 #include "worker/kv_cache.h"
@@ -273,7 +274,8 @@ absl::StatusOr<CheckReport> CheckModel(const LoadedModel& model, const std::stri
       RETURN_IF_ERROR(blocks.Reserve(tables[i], batch[i].start_pos + batch[i].tokens.size(), ro.block_size));
       batch[i].block_table = tables[i];
     }
-    absl::Status st = runner->Forward(batch, out);
+    // Chunked prefill: steps of at most the runner's max_batch_tokens (the GPU refuses more).
+    absl::Status st = ForwardChunked(*runner, batch, out);
     for (auto& t : tables) blocks.Free(t);
     return st;
   };
@@ -302,7 +304,8 @@ absl::StatusOr<CheckReport> CheckModel(const LoadedModel& model, const std::stri
     std::vector<int32_t> table;
     RETURN_IF_ERROR(blocks.Reserve(table, T, ro.block_size));
     std::vector<float> l, step;
-    absl::Status st = runner->Forward({SeqChunk{std::vector<int32_t>(ids.begin(), ids.begin() + half), 0, table, true}}, &l);
+    const SeqChunk first_half{std::vector<int32_t>(ids.begin(), ids.begin() + half), 0, table, true};
+    absl::Status st = ForwardChunked(*runner, {first_half}, &l);
     for (int64_t p = half; st.ok() && p < T; ++p) {
       st = runner->Forward({SeqChunk{{ids[p]}, p, table, false}}, &step);
       l.insert(l.end(), step.begin(), step.end());

@@ -1,5 +1,6 @@
 #include "local/local_engine.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -19,7 +20,10 @@ absl::StatusOr<std::unique_ptr<Engine>> StartLocalEngine(const ModelConfig& conf
   o.num_kv_blocks = kv.num_kv_blocks;
   o.block_size = static_cast<int32_t>(kv.block_size);
   o.max_num_seqs = options.max_num_seqs;
-  o.max_tokens_per_step = options.max_tokens_per_step;
+  // Steps no bigger than the runner takes: a longer prompt is prefilled in chunks, and no more
+  // sequences run than one step can decode (the scheduler's budget is at least max_num_seqs).
+  o.max_tokens_per_step = std::min(options.max_tokens_per_step, kv.max_batch_tokens);
+  o.max_num_seqs = std::min(o.max_num_seqs, o.max_tokens_per_step);
   o.max_model_len = options.max_model_len;
   o.prefix_caching = options.prefix_caching;
   o.max_handshake_refusals = 1;  // in one process a refusal cannot pass

@@ -20,7 +20,7 @@ namespace moeshard {
 struct LocalEngineOptions {
   int64_t max_model_len = 4096;        // prompt + generated tokens at most
   int64_t max_num_seqs = 16;
-  int64_t max_tokens_per_step = 512;   // also the prefill chunk
+  int64_t max_tokens_per_step = 512;   // also the prefill chunk; at most the runner's max_batch_tokens
   bool prefix_caching = true;
 };
 

@@ -294,6 +294,11 @@ def check_pools(where, docs, by_kind):
     if not R.check(len(pools_cm) == 1, f"{where}: one ConfigMap holds pools.json"):
         return
     pools = json.loads(pools_cm[0]["data"]["pools.json"])["pools"]
+    if by_kind.get("LeaderWorkerSet"):  # the overlays: pools by length, a LeaderWorkerSet each
+        lens = [p["max_model_len"] for p in pools]
+        R.check(len(pools) >= 2 and len(set(lens)) == len(lens)
+                and len(by_kind["LeaderWorkerSet"]) == len(pools),
+                f"{where}: {len(pools)} pools of different lengths {lens}, one LeaderWorkerSet each")
     # Addresses coordinators get: LWS leaders <lws>-<i>.<lws>, StatefulSet pods <sts>-<i>.<svc>.
     known = {}
     for o in by_kind.get("LeaderWorkerSet", []):
@@ -333,7 +338,8 @@ def check_k8s():
         for d in kustomization_dirs():
             docs = render(d)
             if docs is not None:
-                check_rendered(rel(d), docs, complete=os.path.basename(d) != "base")
+                # The base and its parts (base/engine, base/long-pool) are not deployable alone.
+                check_rendered(rel(d), docs, complete="base" not in rel(d).split(os.sep))
     else:
         R.skip("kubectl is not installed: the kustomizations are not rendered; checking their resources unpatched")
         for d in kustomization_dirs():
@@ -387,6 +393,7 @@ def check_compose():
                     ok = len(peers) == 1 and parse_command(peers[0][1].get("command") or [])[2].get("port") == port
                     R.check(ok, f"{where} {name} worker {addr} is a worker's alias and --port in its profile",
                             f"services {[p[0] for p in peers]}")
+        check_compose_pools(where, services)
         # Every scrape target of prometheus.yml is an alias whose process serves /metrics there.
         for job in prom["scrape_configs"]:
             tgts = [t for sc in job.get("static_configs", []) for t in sc.get("targets", [])]
@@ -409,6 +416,43 @@ def check_compose():
             img = s.get("image", "")
             R.check(re.search(r":[\w.-]*\d[\w.-]*$", img) is not None and not img.endswith(":latest"),
                     f"{where} {name} image {img} is pinned")
+
+
+def check_compose_pools(where, services):
+    """A router started with --pools gets its pools from $MOESHARD_POOLS: each coordinator is an
+    alias and --port of a coordinator in the router's profile, started with the pool's
+    max_model_len; the pools' lengths differ (pools by length)."""
+    for name, s in services.items():
+        cmd = s.get("command") or []
+        binary, _, flags = parse_command(cmd if isinstance(cmd, list) else ["sh", "-c", cmd])
+        if binary != "moeshard-router" or "pools" not in flags:
+            continue
+        env = s.get("environment") or {}
+        text = env.get("MOESHARD_POOLS") if isinstance(env, dict) else None
+        if not R.check(bool(text), f"{where} {name}: --pools comes from $MOESHARD_POOLS"):
+            continue
+        try:
+            pools = json.loads(text)["pools"]
+        except (ValueError, KeyError, TypeError) as e:
+            R.check(False, f"{where} {name}: $MOESHARD_POOLS parses", str(e))
+            continue
+        lens = [p.get("max_model_len") for p in pools]
+        R.check(len(pools) >= 2 and len(set(lens)) == len(lens),
+                f"{where} {name}: {len(pools)} pools of different lengths ({lens})")
+        for pool in pools:
+            for addr in pool.get("coordinators", []):
+                host, _, port = addr.rpartition(":")
+                coords = [(n, parse_command(x.get("command") or [])[2]) for n, x in services.items()
+                          if x.get("profiles") == s.get("profiles")
+                          and parse_command(x.get("command") or [])[0] == "moeshard-coordinator"
+                          and host in [a for net in (x.get("networks") or {}).values() for a in (net or {}).get("aliases", [])]]
+                if not R.check(len(coords) == 1 and coords[0][1].get("port") == port,
+                               f"{where} {name}: pool {pool['name']} coordinator {addr} is a coordinator's alias and --port",
+                               f"services {[c[0] for c in coords]}"):
+                    continue
+                R.check(str(coords[0][1].get("max-model-len")) == str(pool.get("max_model_len")),
+                        f"{where} {name}: pool {pool['name']} max_model_len {pool.get('max_model_len')} is "
+                        f"{coords[0][0]}'s --max-model-len", f"it has {coords[0][1].get('max-model-len')}")
 
 
 # ---------------------------------------------------------------- dashboards

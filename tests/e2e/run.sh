@@ -55,6 +55,7 @@ PASSED=0
 FAILED=0
 SKIPPED=0
 UP_PID=""
+ITEST_POOLS=""  # --pools of moeshard-itest for the next run_config (a cluster of length pools)
 
 stop_cluster() {
   [[ -z $UP_PID ]] && return
@@ -164,6 +165,7 @@ run_config() {
   [[ -n $METRICS ]] && itest+=(--metrics "$METRICS")
   [[ -f $model/goldens.safetensors ]] && itest+=(--goldens "$model/goldens.safetensors")
   [[ -n $key ]] && itest+=(--api-key "$key")
+  [[ -n $ITEST_POOLS ]] && itest+=(--pools "$ITEST_POOLS")
   # shellcheck disable=SC2206
   itest+=(${MOESHARD_E2E_ITEST_ARGS:-})
   "$ITEST" "${itest[@]}" 2>&1 | tee "$WORK/$name.itest.log" | grep -v '^[0-9]* passed, [0-9]* failed, [0-9]* skipped$' | sed 's/^/  /'
@@ -244,6 +246,17 @@ run_config tok-tp2 "$TOK" "$KEY" node --workers 2 --mode tensor-parallel --max-m
 run_config demo-tp2 "$ROOT/models/muse-spark-demo" "$KEY" - --workers 2 --mode tensor-parallel --max-model-len 2048
 # Tensor parallel over 4: muse-spark-kv4 has 4 KV heads (the others 2) and goldens from the reference.
 run_config muse-kv4-tp4 "$TESTDATA/muse-spark-kv4" "" - --workers 4 --mode tensor-parallel --max-model-len 2048
+# Length pools on one machine: a short (512) and a long (2048) pool of one CPU worker each. The
+# suite's pools group (tests/itest/checks_pools.cc) proves from the router's per-pool counters
+# and each coordinator's own /metrics that a request goes to the smallest pool that holds
+# prompt + max_tokens, and that one no pool holds is a 400 naming the 2048-token limit.
+cat >"$WORK/pools.json" <<'JSON'
+{"pools": [{"name": "short", "max_model_len": 512, "workers": 1},
+           {"name": "long", "max_model_len": 2048, "workers": 1}]}
+JSON
+ITEST_POOLS=short:512,long:2048
+run_config muse-pools "$MUSE" "" - --pools "$WORK/pools.json"
+ITEST_POOLS=""
 check_refused muse-tp4-refused "$MUSE" \
   "tensor parallel over 4 workers does not fit this model" --workers 4 --mode tensor-parallel
 check_refused muse-tp4-refused-sizes "$MUSE" \

@@ -23,25 +23,29 @@ const std::map<std::string, void (*)(Context&, Suite&)>& Groups() {
                                                                            {"grpc", RunGrpcChecks},
                                                                            {"errors", RunErrorChecks},
                                                                            {"disconnect", RunDisconnectChecks},
-                                                                           {"metrics", RunMetricsChecks}};
+                                                                           {"metrics", RunMetricsChecks},
+                                                                           {"pools", RunPoolChecks}};
   return groups;
 }
-// The order the groups run in: metrics last, to see everything the others sent.
-const char* const kOrder[] = {"api",  "logprobs", "generation", "behaviour", "prefix",
-                              "grpc", "errors",   "disconnect", "metrics"};
+// The order the groups run in: metrics last, to see everything the others sent. "pools" runs
+// only with --pools (a cluster of length pools).
+const char* const kOrder[] = {"api",    "logprobs",   "generation", "behaviour", "prefix",
+                              "grpc",   "errors",     "pools",      "disconnect", "metrics"};
 
 void Usage(const std::string& why) {
   std::fprintf(stderr,
                "usage: moeshard-itest --url http://HOST:PORT [--grpc HOST:PORT] [--metrics URL,URL,...]\n"
                "       [--model PATH] [--goldens FILE] [--api-key KEY] [--ready-timeout S]\n"
-               "       [--only GROUP,...] [--skip GROUP,...] [--tolerance exact|bf16]\n"
-               "groups: api logprobs generation behaviour prefix grpc errors disconnect metrics\n%s\n",
+               "       [--only GROUP,...] [--skip GROUP,...] [--tolerance exact|bf16] [--pools NAME:LEN,NAME:LEN,...]\n"
+               "groups: api logprobs generation behaviour prefix grpc errors pools disconnect metrics\n"
+               "  --pools: the cluster's length pools, shortest first, in the order of their coordinators in\n"
+               "           --metrics (one coordinator each); adds the pools group\n%s\n",
                why.c_str());
 }
 
 int Main(const std::vector<std::string>& argv) {
   auto a = Args::Parse(argv, {"url", "grpc", "metrics", "model", "goldens", "api-key", "ready-timeout", "only", "skip",
-                              "tolerance"},
+                              "tolerance", "pools"},
                        {"help"});
   if (!a.ok() || a->Flag("help") || !a->Has("url")) {
     Usage(a.ok() ? "" : std::string(a.status().message()));
@@ -65,6 +69,14 @@ int Main(const std::vector<std::string>& argv) {
     Usage(std::string(st.message()));
     return 2;
   }
+  if (a->Has("pools")) {
+    auto pools = ParsePoolSpecs(a->Get("pools"));
+    if (!pools.ok()) {
+      Usage(std::string(pools.status().message()));
+      return 2;
+    }
+    o.pools = *std::move(pools);
+  }
   std::set<std::string> only, skip;
   for (auto g : absl::StrSplit(a->Get("only"), ',', absl::SkipWhitespace())) only.emplace(g);
   for (auto g : absl::StrSplit(a->Get("skip"), ',', absl::SkipWhitespace())) skip.emplace(g);
@@ -82,6 +94,7 @@ int Main(const std::vector<std::string>& argv) {
   RunSetupChecks(ctx, suite);
   for (const char* g : kOrder) {
     if ((!only.empty() && !only.count(g)) || skip.count(g)) continue;
+    if (std::string(g) == "pools" && o.pools.empty()) continue;
     Groups().at(g)(ctx, suite);
   }
   std::printf("%d passed, %d failed, %d skipped\n", suite.passed(), suite.failed(), suite.skipped());

@@ -1,11 +1,12 @@
 // The pure parts of the integration suite (moeshard-itest) and `moeshard bench serve`, checked without a
-// cluster: SSE framing, the Prometheus text parser, OpenAI error bodies, prompts and
-// percentiles.
+// cluster: SSE framing, the Prometheus text parser, OpenAI error bodies, prompts,
+// percentiles and the --pools list.
 #include <gtest/gtest.h>
 
 #include "bench/serve_bench.h"
 #include "tests/itest/client.h"
 #include "tests/itest/metrics_scrape.h"
+#include "tests/itest/suite.h"
 
 namespace moeshard::itest {
 namespace {
@@ -67,6 +68,33 @@ TEST(Exposition, ParsesLabelsAndValues) {
 TEST(Exposition, RejectsGarbage) {
   EXPECT_FALSE(ParseExposition("moeshard:x{a=\"1\" 3\n").ok());
   EXPECT_FALSE(ParseExposition("moeshard:x three\n").ok());
+}
+
+TEST(SumSamples, AddsTheFamilyWhereTheLabelsMatch) {
+  Scrape s;
+  s.prefix = "moeshard:";
+  auto parsed = ParseExposition(
+      "moeshard:r_total{pool=\"short\",reason=\"x\"} 2\nmoeshard:r_total{pool=\"long\"} 5\n"
+      "moeshard:r_total{pool=\"short\",reason=\"y\"} 1\nmoeshard_r_total{pool=\"short\"} 100\n");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  s.samples = *parsed;
+  EXPECT_EQ(SumSamples(s, "r_total"), 8);
+  EXPECT_EQ(SumSamples(s, "r_total", {{"pool", "short"}}), 3);
+  EXPECT_EQ(SumSamples(s, "r_total", {{"pool", "short"}, {"reason", "y"}}), 1);
+  EXPECT_EQ(SumSamples(s, "r_total", {{"pool", "none"}}), 0);
+}
+
+TEST(PoolSpecs, ShortestFirst) {
+  auto p = ParsePoolSpecs("short:512,long:2048");
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(p->size(), 2u);
+  EXPECT_EQ((*p)[0].name, "short");
+  EXPECT_EQ((*p)[0].max_model_len, 512);
+  EXPECT_EQ((*p)[1].name, "long");
+  EXPECT_EQ((*p)[1].max_model_len, 2048);
+  for (const char* bad : {"short:512", "long:2048,short:512", "a:512,b:512", "a:5x,b:9", "a,b:9", ":5,b:9", ""}) {
+    EXPECT_FALSE(ParsePoolSpecs(bad).ok()) << bad;
+  }
 }
 
 TEST(SplitUrl, BaseAndPath) {

@@ -105,20 +105,25 @@ int MetricsView::num_coordinators() const {
   return n;
 }
 
+double SumSamples(const Scrape& s, const std::string& base, const std::map<std::string, std::string>& labels) {
+  double sum = 0;
+  const std::string name = s.prefix + base;
+  for (const Sample& x : s.samples) {
+    if (x.name != name) continue;
+    bool match = true;
+    for (const auto& [k, v] : labels) {
+      auto it = x.labels.find(k);
+      match &= it != x.labels.end() && it->second == v;
+    }
+    if (match) sum += x.value;
+  }
+  return sum;
+}
+
 double MetricsView::Coord(const std::string& base, const std::map<std::string, std::string>& labels) const {
   double sum = 0;
   for (const Scrape& s : scrapes_) {
-    if (!s.coordinator) continue;
-    const std::string name = s.prefix + base;
-    for (const Sample& x : s.samples) {
-      if (x.name != name) continue;
-      bool match = true;
-      for (const auto& [k, v] : labels) {
-        auto it = x.labels.find(k);
-        match &= it != x.labels.end() && it->second == v;
-      }
-      if (match) sum += x.value;
-    }
+    if (s.coordinator) sum += SumSamples(s, base, labels);
   }
   return sum;
 }

@@ -33,6 +33,9 @@ struct Scrape {
   std::string prefix;  // "moeshard_" or "moeshard:", from the names; "" when it has neither
 };
 
+// Sum of one scrape's samples named s.prefix + `base` whose labels include `labels`.
+double SumSamples(const Scrape& s, const std::string& base, const std::map<std::string, std::string>& labels = {});
+
 class MetricsView {
  public:
   // Fetches every URL (no API key: /metrics is open).

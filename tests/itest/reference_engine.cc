@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "common/status.h"
+#include "local/chunked_forward.h"
 #include "local/local_engine.h"
 
 namespace moeshard::itest {
@@ -64,7 +65,7 @@ absl::StatusOr<std::vector<std::vector<double>>> ReferenceEngine::LogProbs(const
   SeqChunk chunk{seq, 0, {}, /*all_logits=*/true};
   RETURN_IF_ERROR(blocks_->Reserve(chunk.block_table, len, runner_->block_size()));
   std::vector<float> logits;
-  absl::Status st = runner_->Forward({chunk}, &logits);
+  absl::Status st = ForwardChunked(*runner_, {chunk}, &logits);  // in steps of its max_batch_tokens
   blocks_->Free(chunk.block_table);
   RETURN_IF_ERROR(st);
   const int64_t vocab = model_.config.vocab_size;

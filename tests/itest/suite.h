@@ -18,6 +18,15 @@
 
 namespace moeshard::itest {
 
+// One pool of a cluster started with `moeshard up --pools` (checks_pools.cc).
+struct PoolSpec {
+  std::string name;
+  int64_t max_model_len = 0;
+};
+// "short:512,long:2048": the pools from the shortest up, in the order of their coordinators
+// in --metrics. Errors: a malformed item, fewer than two pools, lengths not increasing.
+absl::StatusOr<std::vector<PoolSpec>> ParsePoolSpecs(const std::string& text);
+
 struct ItestOptions {
   std::string url;                   // the router, http://host:port
   std::string grpc;                  // host:port of its gRPC API, or empty
@@ -27,6 +36,7 @@ struct ItestOptions {
   std::string api_key;
   double ready_timeout_s = 60;
   Tolerance tolerance = Tolerance::kExact;  // how tokens and logprobs are compared (token_match.h)
+  std::vector<PoolSpec> pools;              // --pools: the pool checks run (needs --metrics)
 };
 
 absl::Status Skip(const std::string& why);
@@ -73,5 +83,6 @@ void RunGrpcChecks(Context& ctx, Suite& suite);
 void RunErrorChecks(Context& ctx, Suite& suite);  // bad requests, API key
 void RunDisconnectChecks(Context& ctx, Suite& suite);
 void RunMetricsChecks(Context& ctx, Suite& suite);  // promtool, counters
+void RunPoolChecks(Context& ctx, Suite& suite);     // with --pools: dispatch by length
 
 }  // namespace moeshard::itest

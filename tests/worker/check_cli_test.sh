@@ -30,6 +30,10 @@ run 1 "$td/qwen3moe-tok/model-q8_0.gguf" "$td/qwen3moe-tok/goldens.safetensors" 
 # In-process layouts on the CPU: tensor parallel (ranks as threads) and uneven layer split.
 run 0 "$td/muse-spark-tiny" "$td/muse-spark-tiny/goldens.safetensors" --tp 2
 run 0 "$td/qwen3moe-tiny" "$td/qwen3moe-tiny/goldens.safetensors" --layer-split 3
+# Chunked prefill: the goldens' 100-token sequences and the greedy prompts in steps of 16 tokens.
+run 0 "$td/muse-spark-tiny" "$td/muse-spark-tiny/goldens.safetensors" --max-batch-tokens 16
+run 0 "$td/qwen3moe-tok" "$td/qwen3moe-tok/goldens.safetensors" --max-batch-tokens 16 --tp 2
+run 2 "$td/qwen3moe-tiny" "$td/qwen3moe-tiny/goldens.safetensors" --max-batch-tokens 0
 # Bad layouts and backends are usage errors (exit 2) or clear failures (exit 1), never crashes.
 run 1 "$td/qwen3moe-tiny" "$td/qwen3moe-tiny/goldens.safetensors" --tp 3
 run 1 "$td/qwen3moe-tiny" "$td/qwen3moe-tiny/goldens.safetensors" --layer-split 99

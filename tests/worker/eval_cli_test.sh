@@ -47,6 +47,20 @@ for mode in "--tp 2" "--layer-split 2"; do
   check_compare "$mode vs mskl" "$tmp/cmp.out" 1e-6 100
 done
 
+# Chunked prefill: windows of 128 tokens in steps of 40 (and 1 worker and --layer-split 2) write
+# the single step's MSKL file byte for byte (float32 on the CPU: the same arithmetic per row).
+for mode in "" "--layer-split 2"; do
+  # shellcheck disable=SC2086
+  if ! "$bin" eval --model "$model" --text "$text" $mode --max-batch-tokens 40 --save-logits "$tmp/chunked.mskl" > "$tmp/chunked.out" 2>&1; then
+    echo "FAIL: eval $mode --max-batch-tokens 40"; cat "$tmp/chunked.out"; fail=1
+  elif [ -n "$mode" ]; then
+    "$bin" eval --model "$model" --text "$text" $mode --save-logits "$tmp/whole.mskl" > /dev/null 2>&1
+    if cmp -s "$tmp/whole.mskl" "$tmp/chunked.mskl"; then echo "ok: eval $mode in steps of 40 = one step, byte for byte"
+    else echo "FAIL: eval $mode in steps of 40 differs from one step"; fail=1; fi
+  elif cmp -s "$tmp/base.mskl" "$tmp/chunked.mskl"; then echo "ok: eval in steps of 40 = one step, byte for byte"
+  else echo "FAIL: eval in steps of 40 differs from one step"; fail=1; fi
+done
+
 # llama.cpp's layout: the single-worker run again, saved as base.kld (llama by its extension).
 "$bin" eval --model "$model" --text "$text" --save-logits "$tmp/base.kld" > /dev/null 2>&1 || { echo "FAIL: saving base.kld"; fail=1; }
 # "_logits_", int32 n_ctx 128, n_vocab 4096, n_chunk 5, 5 x 128 int32 ids, then 5 x 63 rows of
