@@ -48,6 +48,9 @@ bundle() {
     [[ -x $build/tests/$t ]] && { progs+=("$build/tests/$t"); echo "$t" >>"$DEVICE/gpu_tests.txt.tmp"; }
   done
   mv "$DEVICE/gpu_tests.txt.tmp" "$DEVICE/gpu_tests.txt"
+  # The commit the bundle was built from (the GPU machine's copy of the tree may carry other git
+  # metadata): the lane's summary names it.
+  git -C "$ROOT" rev-parse --short HEAD >"$DEVICE/commit.txt" 2>/dev/null || rm -f "$DEVICE/commit.txt"
   bash "$ROOT/../shared/tools/device-bundle.sh" "$DEVICE/bundle" "${progs[@]}"
   echo "gpu lane: bundled $(wc -l <"$DEVICE/gpu_tests.txt") gpu gtests: $(tr '\n' ' ' <"$DEVICE/gpu_tests.txt")"
 }
@@ -165,7 +168,7 @@ run_lane() {
     fi
   done
   local commit
-  commit=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
+  commit=$(cat "$DEVICE/commit.txt" 2>/dev/null || git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
   echo "gpu lane: logs in $work"
   printf '  %s\n' "${SUMMARY[@]}"
   echo "gpu lane: $(date -u +%Y-%m-%dT%H:%MZ) $commit: $PASSED passed, $FAILED failed, $SKIPPED skipped (allowed)"
