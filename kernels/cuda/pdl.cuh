@@ -16,7 +16,7 @@
 // Kernels launched the ordinary way after one of these are ordinary stream order.
 //
 // MOESHARD_PDL=0 launches the same kernels the ordinary way (the waits return at once), for
-// measuring both in one binary.
+// measuring both in one binary; so do GPUs older than Hopper.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -38,10 +38,19 @@ __device__ __forceinline__ void PdlTrigger() {
 #endif
 }
 
+// On when the process's GPU is a Hopper or newer (programmatic launch needs compute capability
+// 9.0; older GPUs launch the ordinary way) and MOESHARD_PDL is not 0. Read once per process.
 inline bool PdlEnabled() {
   static const bool on = [] {
     const char* v = std::getenv("MOESHARD_PDL");
-    return !(v && std::strcmp(v, "0") == 0);
+    if (v && std::strcmp(v, "0") == 0) return false;
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return major >= 9;
   }();
   return on;
 }
