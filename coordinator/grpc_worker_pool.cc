@@ -11,14 +11,17 @@
 namespace moeshard {
 namespace {
 
-void ToProto(const StepRequest& r, v1::StepRequest* p) {
+// Each chunk's table from what the workers hold on (table_deltas.h).
+void ToProto(const StepRequest& r, const TableDeltas& deltas, v1::StepRequest* p) {
   p->set_step_id(r.step_id);
   for (const ChunkPlan& c : r.chunks) {
     v1::ChunkProto* cp = p->add_chunks();
     cp->set_seq_id(c.seq_id);
     cp->set_start_pos(c.start_pos);
     cp->mutable_tokens()->Add(c.tokens.begin(), c.tokens.end());
-    cp->mutable_block_table()->Add(c.block_table.begin(), c.block_table.end());
+    const int64_t held = deltas.Held(r, c);
+    cp->set_table_start(static_cast<int32_t>(held));
+    cp->mutable_block_table()->Add(c.block_table.begin() + held, c.block_table.end());
     cp->mutable_cached_prefix()->Add(c.cached_prefix.begin(), c.cached_prefix.end());
     cp->set_sample(c.sample);
     if (c.sample) {
@@ -131,12 +134,13 @@ absl::Status GrpcWorkerPool::Handshake(const Plan& plan, const HandshakeOptions&
   for (int w = 0; w < size(); ++w) {
     if (plan.shards[w].last_stage && plan.shards[w].tp_rank == 0) sampler_worker_ = w;
   }
+  deltas_.Reset(first.ok() ? o.block_size : 0);  // the workers start from empty records
   return first;
 }
 
 absl::StatusOr<StepResult> GrpcWorkerPool::Step(const StepRequest& step, std::chrono::milliseconds deadline) {
   v1::StepRequest request;
-  ToProto(step, &request);
+  ToProto(step, deltas_, &request);
   std::vector<v1::StepReply> replies(size());
   std::vector<std::future<grpc::Status>> done;
   for (int w = 0; w < size(); ++w) {
@@ -156,7 +160,11 @@ absl::StatusOr<StepResult> GrpcWorkerPool::Step(const StepRequest& step, std::ch
       first = absl::UnavailableError(absl::StrCat("worker ", w, " (", addresses_[w], ") step ", request.step_id(), ": ", why));
     }
   }
-  if (!first.ok()) return first;
+  if (!first.ok()) {
+    deltas_.Forget();
+    return first;
+  }
+  deltas_.Committed(step);
   return FromProto(replies[sampler_worker_]);
 }
 

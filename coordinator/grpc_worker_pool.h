@@ -1,7 +1,8 @@
 // The WorkerPool of a cluster: worker processes reached over gRPC. The handshake hands each
 // worker its slice of the plan (all concurrently, since the communicator rendezvous needs
 // every rank); a step goes to all workers at once and the reply of the worker that samples
-// (last stage, tensor-parallel rank 0) is returned.
+// (last stage, tensor-parallel rank 0) is returned. A chunk's block table goes from what every
+// worker already holds on (table_deltas.h).
 // Thread-safety: as WorkerPool.
 #pragma once
 
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "coordinator/table_deltas.h"
 #include "coordinator/worker_pool.h"
 #include "proto/moeshard.grpc.pb.h"
 
@@ -29,6 +31,7 @@ class GrpcWorkerPool final : public WorkerPool {
   std::vector<std::string> addresses_;
   std::vector<std::unique_ptr<v1::Worker::Stub>> stubs_;
   int sampler_worker_ = 0;
+  TableDeltas deltas_;  // which table entries the workers hold: steps send the rest
 };
 
 }  // namespace moeshard

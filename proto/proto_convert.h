@@ -9,7 +9,7 @@
 
 namespace moeshard {
 
-inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr uint32_t kProtocolVersion = 2;  // 2: ChunkProto.table_start (tables by delta)
 
 SamplingParams SamplingFromProto(const v1::SamplingOptions& s);
 void SamplingToProto(const SamplingParams& p, v1::SamplingOptions* s);

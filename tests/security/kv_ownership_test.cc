@@ -132,5 +132,52 @@ TEST_F(KvOwnershipTest, ARefusalChangesNothing) {
   Refusal(Step({Chunk(2, 0, {5}, {-1})}));
 }
 
+// Tables by delta (ChunkProto.table_start): a live sequence's chunk sends its table from an
+// index on; the worker fills in the entries it recorded, so a delta cannot name other blocks.
+v1::ChunkProto Delta(int64_t seq, int64_t start, std::vector<int32_t> tokens, int32_t from,
+                     std::vector<int32_t> rest) {
+  v1::ChunkProto c = Chunk(seq, start, std::move(tokens), std::move(rest));
+  c.set_table_start(from);
+  return c;
+}
+
+TEST_F(KvOwnershipTest, ADeltaBecomesTheRecordedTableAndTheNewEntries) {
+  // Sequence 1 holds blocks 0, 1, 2 (positions 0..9); its decode at position 10 sends nothing
+  // of the table (all three held), then position 12 one new block.
+  v1::StepRequest r = Step({Delta(1, 10, {7}, 3, {})});
+  ASSERT_TRUE(KvOwnership::HasDeltas(r));
+  ASSERT_TRUE(kv_.ExpandTables(&r).ok());
+  EXPECT_FALSE(KvOwnership::HasDeltas(r));
+  EXPECT_EQ(std::vector<int32_t>(r.chunks(0).block_table().begin(), r.chunks(0).block_table().end()),
+            (std::vector<int32_t>{0, 1, 2}));
+  Run(r);
+  v1::StepRequest more = Step({Delta(1, 11, {8, 9}, 2, {2, 5})});  // index 2 sent again, 5 new
+  ASSERT_TRUE(kv_.ExpandTables(&more).ok());
+  EXPECT_EQ(std::vector<int32_t>(more.chunks(0).block_table().begin(), more.chunks(0).block_table().end()),
+            (std::vector<int32_t>{0, 1, 2, 5}));
+  Run(more);
+  // The resent entry must still equal the record: a delta that changes it is refused by Check.
+  v1::StepRequest changed = Step({Delta(1, 13, {1}, 1, {9, 2, 5})});
+  ASSERT_TRUE(kv_.ExpandTables(&changed).ok());
+  EXPECT_NE(Refusal(changed).find("changed at index 1"), std::string::npos);
+}
+
+TEST_F(KvOwnershipTest, ADeltaOfAnUnknownGoneOrShortTableIsRefused) {
+  auto refused = [&](v1::StepRequest r, const std::string& want) {
+    absl::Status st = kv_.ExpandTables(&r);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st.message();
+    EXPECT_NE(std::string(st.message()).find(want), std::string::npos) << st.message();
+  };
+  refused(Step({Delta(2, 0, {1}, 1, {4})}), "no live table");             // never seen
+  refused(Step({Delta(1, 10, {1}, 4, {})}), "holds 3 entries");           // past the record
+  refused(Step({Delta(1, 10, {1}, -1, {0, 1, 2})}), "from index -1");     // negative
+  refused(Step({Delta(1, 10, {1}, 3, {})}, {1}), "no live table");        // released in this step
+  refused(Step({Delta(1, 0, {1}, 3, {})}, {}, {1}), "no live table");     // preempted in this step
+  // A refusal changes nothing: the sequence's decode as a delta still runs.
+  v1::StepRequest ok = Step({Delta(1, 10, {7}, 3, {})});
+  ASSERT_TRUE(kv_.ExpandTables(&ok).ok());
+  Run(ok);
+}
+
 }  // namespace
 }  // namespace moeshard

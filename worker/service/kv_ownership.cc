@@ -102,6 +102,37 @@ absl::Status KvOwnership::CheckChunk(const v1::ChunkProto& c, const std::unorder
   return absl::OkStatus();
 }
 
+bool KvOwnership::HasDeltas(const v1::StepRequest& req) {
+  for (const v1::ChunkProto& c : req.chunks()) {
+    if (c.table_start() != 0) return true;
+  }
+  return false;
+}
+
+absl::Status KvOwnership::ExpandTables(v1::StepRequest* req) const {
+  std::unordered_set<int64_t> gone(req->released_seqs().begin(), req->released_seqs().end());
+  gone.insert(req->preempted_seqs().begin(), req->preempted_seqs().end());
+  for (v1::ChunkProto& c : *req->mutable_chunks()) {
+    const int64_t from = c.table_start();
+    if (from == 0) continue;
+    auto it = seqs_.find(c.seq_id());
+    const int64_t held = it == seqs_.end() || gone.count(c.seq_id()) ? -1 : static_cast<int64_t>(it->second.table.size());
+    if (from < 0 || from > held) {
+      return absl::InvalidArgumentError(absl::StrCat("step: sequence ", c.seq_id(), " sends its block table from index ",
+                                                     from, " but this worker holds ",
+                                                     held < 0 ? std::string("no live table for it")
+                                                              : absl::StrCat(held, " entries of it")));
+    }
+    google::protobuf::RepeatedField<int32_t> whole;
+    whole.Reserve(static_cast<int>(from) + c.block_table_size());
+    whole.Add(it->second.table.begin(), it->second.table.begin() + from);
+    whole.Add(c.block_table().begin(), c.block_table().end());
+    c.mutable_block_table()->Swap(&whole);
+    c.set_table_start(0);
+  }
+  return absl::OkStatus();
+}
+
 void KvOwnership::Commit(const v1::StepRequest& req) {
   for (int64_t id : req.released_seqs()) seqs_.erase(id);
   for (int64_t id : req.preempted_seqs()) seqs_.erase(id);

@@ -16,6 +16,8 @@
 //            its end (chained block by block), and the prefix's digests must match. A caller
 //            who can name a block but does not know its tokens learns nothing.
 //   stable   a known sequence's table only grows: an earlier entry that changes is refused.
+//   delta    a live sequence's chunk may send its table from table_start on (ExpandTables):
+//            the rest is what this worker recorded, so it cannot name other blocks.
 // A refusal is INVALID_ARGUMENT naming the sequence and block; Check changes nothing.
 // Not thread-safe: the worker calls it under its step lock.
 #pragma once
@@ -44,6 +46,14 @@ class KvOwnership {
   // Records a checked step: forgets its released and preempted sequences, then records the
   // blocks and tokens each chunk writes.
   void Commit(const v1::StepRequest& req);
+  // Rewrites each chunk sent as a delta (table_start > 0) with its whole table: the first
+  // table_start entries of what this worker recorded for the live sequence, then the chunk's
+  // entries. InvalidArgument (nothing usable) for a delta of a sequence that is not live here,
+  // is released or preempted in this step, or starts past the recorded table. Check and Commit
+  // then see whole tables.
+  absl::Status ExpandTables(v1::StepRequest* req) const;
+  // Whether any chunk of req is a delta.
+  static bool HasDeltas(const v1::StepRequest& req);
 
   int64_t num_live() const { return static_cast<int64_t>(seqs_.size()); }
 

@@ -141,6 +141,20 @@ grpc::Status WorkerServiceImpl::Step(grpc::ServerContext* ctx, const v1::StepReq
   if (!turn || !ready_ || next_step_ != req->step_id()) {
     return grpc::Status(grpc::StatusCode::ABORTED, absl::StrCat("step ", req->step_id(), " out of order (next is ", next_step_, ")"));
   }
+  // Tables sent as deltas (ChunkProto.table_start) become whole tables from this worker's own
+  // record first: every check below, and the step, see whole tables.
+  v1::StepRequest whole;
+  if (KvOwnership::HasDeltas(*req)) {
+    whole = *req;
+    absl::Status expanded = broken_.empty() ? kv_owners_.ExpandTables(&whole) : absl::OkStatus();
+    if (!expanded.ok()) {
+      steps_failed_->Increment();
+      std::fprintf(stderr, "moeshard-worker: step %ld refused: %s\n", static_cast<long>(req->step_id()),
+                   std::string(expanded.message()).c_str());
+      return ToGrpcStatus(expanded);
+    }
+    req = &whole;
+  }
   if (broken_.empty()) {
     // Checked before it acts: a refused step changes nothing (its step id stays free, the
     // group stays up), so a rogue step cannot stall or break the coordinator's.
