@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The decode path on the GPU machine in one call: the kernel op tests, bench-model on the
 # Qwen3-30B-A3B shape (MXFP4 experts, Q8_0 dense, 4K context) and on 8 full-width Muse Spark
-# NVFP4 layers with every decode fusion on and with all of them off (the same binary), and an
-# ncu table of one decode step's kernels (4 layers; durations only, clocks left alone).
+# NVFP4 layers with every decode fusion on and with all of them off (the same binary), each of
+# the later switches (PDL, the register residual, the MoE combine in the residual) off alone, and
+# an ncu table of one decode step's kernels (4 layers, warm caches; durations only, clocks left
+# alone).
 #   bench/decode_device.sh BIN_DIR OUT_DIR [quick]
 # Prints the tables; full logs under OUT_DIR.
 set -uo pipefail
@@ -38,10 +40,17 @@ bench qwen-mxfp4-old "${off[@]}" -- "${qwen[@]}" --dense-format q8_0 --streams 1
 bench qwen-q8-new X=1 -- "${qwen[@]/mxfp4/q8_0}" --dense-format q8_0 --streams 1,4
 bench muse-new X=1 -- "${muse[@]}" --dense-format bf16 --streams 1,4
 bench muse-old "${off[@]}" -- "${muse[@]}" --dense-format bf16 --streams 1,4
+# This session's switches, one at a time (docs/PERFORMANCE.md "Fifth session"), and the
+# harness's context (512 + 128).
+bench qwen-mxfp4-nopdl MOESHARD_PDL=0 -- "${qwen[@]}" --dense-format q8_0 --streams 1,4
+bench qwen-mxfp4-loopres MOESHARD_RESIDUAL_REG=0 -- "${qwen[@]}" --dense-format q8_0 --streams 1,4
+bench qwen-mxfp4-moecombine MOESHARD_FUSE_MOE_RESIDUAL=0 -- "${qwen[@]}" --dense-format q8_0 --streams 1,4
+bench qwen-mxfp4-640 X=1 -- "${qwen[@]/4096/640}" --dense-format q8_0 --streams 1,4
 
 echo "== ncu: one decode step, 4 layers"
 if command -v ncu > /dev/null; then
-  ncu --clock-control none --metrics gpu__time_duration.sum --csv --log-file "$out/ncu.csv" \
+  # Caches left warm (--cache-control none): a cold-cache run reads small kernels 2-3 us high.
+  ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv --log-file "$out/ncu.csv" \
     "$bin/moeshard" bench-model --arch qwen3_moe --preset full-layer --layers 4 --expert-format mxfp4 \
     --dense-format q8_0 --prompt-len 4096 --decode-steps 4 --streams 1 > "$out/ncu-run.log" 2>&1
   python3 - "$out/ncu.csv" <<'PY'
