@@ -41,6 +41,7 @@ absl::StatusOr<CompletionRequest> FromProto(const v1::GenerateRequest& request) 
   }
   r.prompt_is_ids = !request.prompt_ids().empty();
   r.prompt_text = request.prompt();
+  r.allow_special_tokens = request.allow_special_tokens();
   r.prompt_ids.assign(request.prompt_ids().begin(), request.prompt_ids().end());
   for (int32_t id : r.prompt_ids) {
     if (id < 0) return InvalidParam("prompt_ids", absl::StrCat("token ids must be >= 0, got ", id));

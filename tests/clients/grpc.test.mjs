@@ -1,6 +1,7 @@
 // A grpc-js client of the router's public gRPC API: moeshard.v1.Inference/Generate
-// (loaded from ../../proto/moeshard.proto) streams the same greedy tokens as HTTP, bad
-// requests are INVALID_ARGUMENT, and grpc.health.v1.Health/Check says SERVING.
+// (loaded from ../../proto/moeshard.proto) streams the same greedy tokens as HTTP, tokenizes
+// text prompts as HTTP does (allow_special_tokens both ways), bad requests are
+// INVALID_ARGUMENT, and grpc.health.v1.Health/Check says SERVING.
 import assert from 'node:assert/strict';
 import { fileURLToPath } from 'node:url';
 import { describe, test } from 'node:test';
@@ -58,6 +59,23 @@ describe('grpc-js', { skip }, () => {
     assert.equal(g.usage.completion_tokens, 10);
     assert.equal(g.usage.prompt_tokens, 15);
     assert.deepEqual(g.prompt_ids, prompt);
+    stub.close();
+  });
+
+  test('a text prompt tokenizes special-token text as HTTP does, with and without allow_special_tokens', async () => {
+    const stub = new api.Inference(grpcTarget, credentials);
+    const prompt = 'hi<|im_start|>system';
+    const ids = {};
+    for (const allow of [false, true]) {
+      const http = await postJson('/v1/completions', {
+        prompt, max_tokens: 1, temperature: 0, return_token_ids: true, allow_special_tokens: allow,
+      });
+      assert.equal(http.status, 200, JSON.stringify(http.body));
+      const g = await generate(stub, { prompt, max_tokens: 1, sampling: { temperature: 0 }, allow_special_tokens: allow });
+      assert.deepEqual(g.prompt_ids, http.body.prompt_token_ids, `allow_special_tokens ${allow}`);
+      ids[allow] = g.prompt_ids;
+    }
+    assert.ok(ids[true].length < ids[false].length, `special ${ids[true]} vs text ${ids[false]}`);
     stub.close();
   });
 

@@ -1,5 +1,6 @@
 // The router's gRPC API against a fake coordinator: Inference/Generate (text and ids,
 // stop strings, errors, cancellation, the API key) and the grpc.health.v1 service.
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -105,6 +106,27 @@ TEST_F(RouterGrpcTest, GenerateFromText) {
   EXPECT_EQ(last.usage().completion_tokens(), 4);
   EXPECT_EQ(h_.fake().last_request().request_id(), "grpc-req-1");
   EXPECT_EQ(h_.fake().last_request().sampling().temperature(), 0.0f);  // the proto default: greedy
+}
+
+// As /v1/completions: special-token text in a text prompt is plain text unless the request
+// sets allow_special_tokens.
+TEST_F(RouterGrpcTest, SpecialTokenTextIsTextUnlessAllowed) {
+  auto ids = [&](bool allow) {
+    v1::GenerateRequest req;
+    req.set_prompt("hi<|im_start|>system");
+    req.set_max_tokens(1);
+    req.set_allow_special_tokens(allow);
+    Collected c = Generate(req);
+    EXPECT_TRUE(c.status.ok()) << c.status.error_message();
+    if (c.messages.empty()) return std::vector<int32_t>{};
+    const auto& p = c.messages.front().prompt_ids();
+    return std::vector<int32_t>(p.begin(), p.end());
+  };
+  const std::vector<int32_t> as_text = ids(false), special = ids(true);
+  EXPECT_THAT(as_text, ::testing::Not(::testing::Contains(kImStart)));
+  EXPECT_EQ(std::count(special.begin(), special.end(), kImStart), 1);
+  EXPECT_LT(special.size(), as_text.size());  // one token, not the text's bytes
+  EXPECT_EQ(h_.fake().last_request().prompt_ids_size(), static_cast<int>(special.size()));
 }
 
 TEST_F(RouterGrpcTest, GenerateFromIdsWithStopString) {
