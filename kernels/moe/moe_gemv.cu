@@ -256,16 +256,6 @@ __device__ __forceinline__ void RunTask(const MoeExpertParams& p, const MoeWork&
     } else {
       CpAsyncCommit();  // an empty group keeps "all but the newest" meaning this chunk
     }
-    // Decode tasks (one n8 tile): the chunk's activation fragments are loaded together before
-    // the wait for its weights, so their L2 round trips overlap that wait and each other
-    // instead of one per block inside the loop below.
-    uint32_t bpre[kSmall ? KC : 1][2][2];
-    if constexpr (kSmall) {
-#pragma unroll
-      for (int b = 0; b < KC; ++b) {
-        if (kb0 + b < kb_end) LoadB<F>(brow[0], kb0 + b, c, bpre[b]);
-      }
-    }
     CpAsyncWaitOne();
     __syncwarp();
     const uint8_t* sbuf = wbuf + (ci & 1) * kStageBytes;
@@ -280,8 +270,12 @@ __device__ __forceinline__ void RunTask(const MoeExpertParams& p, const MoeWork&
         srow[m][h] = sbuf + rr * kSlotBytes + (reinterpret_cast<uintptr_t>(src) & 15);
       }
     const int nkb = min(KC, kb_end - kb0);
-    // One 32-column block b of the chunk with its activation fragments bf.
-    auto block = [&](int b, const uint32_t (&bf)[NT][2][2]) {
+#pragma unroll 2
+    for (int b = 0; b < nkb; ++b) {
+      const int64_t kb = kb0 + b;
+      uint32_t bf[NT][2][2];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) LoadB<F>(brow[nt], kb, c, bf[nt]);
 #pragma unroll
       for (int m = 0; m < 2; ++m) {
         uint32_t a[2][4];
@@ -302,20 +296,6 @@ __device__ __forceinline__ void RunTask(const MoeExpertParams& p, const MoeWork&
             acc[nt][m][3] = fmaf(sc[1], t[3], acc[nt][m][3]);
           }
         }
-      }
-    };
-    if constexpr (kSmall) {
-#pragma unroll
-      for (int b = 0; b < KC; ++b) {
-        if (b < nkb) block(b, reinterpret_cast<const uint32_t(&)[NT][2][2]>(bpre[b]));
-      }
-    } else {
-#pragma unroll 2
-      for (int b = 0; b < nkb; ++b) {
-        uint32_t bf[NT][2][2];
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) LoadB<F>(brow[nt], kb0 + b, c, bf[nt]);
-        block(b, bf);
       }
     }
     __syncwarp();  // the next iteration's copy refills the other buffer; this one two on

@@ -119,22 +119,13 @@ absl::Status GrpcCancel(Context& ctx) {
   return ExpectCleanedUp(ctx, idle, received, 10);
 }
 
-absl::Status StillServing(Context& ctx) {
-  GenRequest r;
-  r.prompt_ids = MakePrompt(6, 402, ctx.prompt_vocab);
-  r.max_tokens = 4;
-  ASSIGN_OR_RETURN(GenResult g, ctx.api->CompleteStream(r));
-  if (g.token_ids.size() != 4) return absl::InternalError(absl::StrCat(g.token_ids.size(), " tokens, want 4"));
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 void RunDisconnectChecks(Context& ctx, Suite& suite) {
   suite.Run("disconnect: an abandoned stream is aborted, its KV freed, no more tokens",
             [&] { return HttpDisconnect(ctx); });
   suite.Run("disconnect: a cancelled gRPC call is aborted and its KV freed", [&] { return GrpcCancel(ctx); });
-  suite.Run("disconnect: the cluster still serves", [&] { return StillServing(ctx); });
+  suite.Run("disconnect: the cluster still serves", [&] { return StillServes(ctx, true, 402, 4); });
 }
 
 }  // namespace moeshard::itest

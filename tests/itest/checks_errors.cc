@@ -77,15 +77,6 @@ absl::Status PromptTooLong(Context& ctx) {
   return absl::OkStatus();
 }
 
-absl::Status StillServing(Context& ctx) {
-  GenRequest r;
-  r.prompt_ids = MakePrompt(5, 9, ctx.prompt_vocab);
-  r.max_tokens = 3;
-  ASSIGN_OR_RETURN(GenResult g, ctx.api->Complete(r));
-  if (g.token_ids.size() != 3) return absl::InternalError(absl::StrCat(g.token_ids.size(), " tokens, want 3"));
-  return absl::OkStatus();
-}
-
 absl::Status NeedsKey(Context& ctx, const std::string& method, const std::string& path, Auth auth) {
   Json body = {{"model", ctx.model_name}, {"prompt", {1, 2, 3}}, {"max_tokens", 2}};
   HttpResponse r = method == "GET" ? ctx.http.Get(path, auth) : ctx.http.PostJson(path, body, auth);
@@ -112,7 +103,7 @@ void RunErrorChecks(Context& ctx, Suite& suite) {
     });
   }
   suite.Run("bad request: prompt too long -> 400 context_length_exceeded", [&] { return PromptTooLong(ctx); });
-  suite.Run("bad requests: the cluster still serves", [&] { return StillServing(ctx); });
+  suite.Run("bad requests: the cluster still serves", [&] { return StillServes(ctx, false, 9, 3); });
 
   const bool key = !ctx.opts.api_key.empty();
   auto with_key = [&](const std::function<absl::Status()>& f) { return key ? f() : Skip("needs --api-key"); };

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 
 namespace moeshard::itest {
 
@@ -28,6 +29,16 @@ Context::Context(ItestOptions o) : opts(std::move(o)), http(opts.url, opts.api_k
 absl::StatusOr<std::vector<int32_t>> Context::Reference(const std::vector<int32_t>& prompt, int64_t n) const {
   if (reference == nullptr) return Skip("needs --model (the in-process reference)");
   return reference->Greedy(prompt, n);
+}
+
+absl::Status StillServes(const Context& ctx, bool stream, uint64_t seed, int64_t max_tokens) {
+  GenRequest r;
+  r.prompt_ids = MakePrompt(6, seed, ctx.prompt_vocab);
+  r.max_tokens = max_tokens;
+  ASSIGN_OR_RETURN(GenResult g, stream ? ctx.api->CompleteStream(r) : ctx.api->Complete(r));
+  if (static_cast<int64_t>(g.token_ids.size()) != max_tokens)
+    return absl::InternalError(absl::StrCat(g.token_ids.size(), " tokens, want ", max_tokens));
+  return absl::OkStatus();
 }
 
 }  // namespace moeshard::itest

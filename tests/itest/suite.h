@@ -72,6 +72,10 @@ struct Context {
   absl::StatusOr<std::vector<int32_t>> Reference(const std::vector<int32_t>& prompt, int64_t n) const;
 };
 
+// After checks that disturb the cluster: a short greedy request (streamed or not; its prompt
+// made from `seed`) still gets every token it asked for.
+absl::Status StillServes(const Context& ctx, bool stream, uint64_t seed, int64_t max_tokens);
+
 // Check groups, in the order the command runs them. Each adds its checks to the suite.
 void RunSetupChecks(Context& ctx, Suite& suite);       // /health, /ready, /v1/models, --model
 void RunApiChecks(Context& ctx, Suite& suite);         // formats, SSE, chat

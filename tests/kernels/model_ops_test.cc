@@ -160,6 +160,15 @@ TEST_P(ModelOpsTest, RopeNeoxAtRaggedPositions) {
   EXPECT_LE(RelErr(x.Host(), ref), bf16() ? 1e-2 : 1e-5);
 }
 
+// The residual update on the CPU: s + out, or Muse Spark's alpha * s + beta * rmsnorm(out) * norm.
+std::vector<float> ResidualRef(std::vector<float> s, std::vector<float> out, const std::vector<float>& norm,
+                               const std::vector<float>& alpha, const std::vector<float>& beta, int64_t rows,
+                               int64_t D, bool gated) {
+  if (gated) RmsNorm(out.data(), rows, D, norm.data(), 1e-6f, out.data());
+  for (int64_t i = 0; i < rows * D; ++i) s[i] = gated ? alpha[i % D] * s[i] + beta[i % D] * out[i] : s[i] + out[i];
+  return s;
+}
+
 TEST_P(ModelOpsTest, ResidualPlainAndGated) {
   // Widths for each kernel: 98 (not a multiple of 4: the loop kernel), 96 and 2048 (rows in
   // registers, 1-2 pieces a thread), 4100 (5 pieces: registers when plain, the loop when gated)
@@ -181,13 +190,7 @@ TEST_P(ModelOpsTest, ResidualPlainAndGated) {
           p.next_out_f32 = d32.get();
         }
         STATUS_OK(gpu::Residual(p, nullptr));
-        std::vector<float> ref = s, o = out;
-        if (gated) {
-          RmsNorm(o.data(), rows, D, norm.data(), 1e-6f, o.data());
-          for (int64_t i = 0; i < rows * D; ++i) ref[i] = alpha[i % D] * ref[i] + beta[i % D] * o[i];
-        } else {
-          for (int64_t i = 0; i < rows * D; ++i) ref[i] += o[i];
-        }
+        const std::vector<float> ref = ResidualRef(s, out, norm, alpha, beta, rows, D, gated);
         EXPECT_LE(RelErr(ds.Host(), ref), 2e-6);
         if (next) {
           std::vector<float> want(rows * D);
@@ -219,7 +222,7 @@ TEST_P(ModelOpsTest, ResidualMixesExpertRows) {
       p.mix_weights = dw.get();
       p.mix_k = static_cast<int>(k);
       STATUS_OK(gpu::Residual(p, nullptr));
-      std::vector<float> o(rows * D, 0.f), ref = s;
+      std::vector<float> o(rows * D, 0.f), ref;
       for (int64_t r = 0; r < rows; ++r) {
         for (int64_t j = 0; j < k; ++j) {
           const int32_t at = pos[r * k + j];
@@ -227,12 +230,7 @@ TEST_P(ModelOpsTest, ResidualMixesExpertRows) {
           for (int64_t i = 0; i < D; ++i) o[r * D + i] += wts[r * k + j] * y[at * D + i];
         }
       }
-      if (gated) {
-        RmsNorm(o.data(), rows, D, norm.data(), 1e-6f, o.data());
-        for (int64_t i = 0; i < rows * D; ++i) ref[i] = alpha[i % D] * ref[i] + beta[i % D] * o[i];
-      } else {
-        for (int64_t i = 0; i < rows * D; ++i) ref[i] += o[i];
-      }
+      ref = ResidualRef(s, o, norm, alpha, beta, rows, D, gated);
       EXPECT_LE(RelErr(ds.Host(), ref), 2e-6);
     }
   }
