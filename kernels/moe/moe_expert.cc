@@ -11,7 +11,8 @@
 //   4. the same three for down.
 //   5. combine (moe_route.cu): per token, in slot order, norm and weighted sum into out.
 // MoeExpertParams::expert_formats (when the caller sets it) drops the launches that no
-// expert needs. MOESHARD_MOE_GEMV=0 in the environment turns the GEMV/mma path off.
+// expert needs; when it says every expert takes the GEMV/mma path, decode-sized steps (at most
+// kMoeDirectMaxPairs pairs) skip the route too (MoeWork::direct; MOESHARD_MOE_DIRECT=0 off). MOESHARD_MOE_GEMV=0 in the environment turns the GEMV/mma path off.
 // Nothing here synchronizes with the host: the kernels read the counts the route wrote.
 #include "kernels/moe/moe_expert.h"
 
@@ -86,6 +87,14 @@ absl::Status Validate(const MoeExpertParams& p) {
   return absl::OkStatus();
 }
 
+bool DirectEnabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("MOESHARD_MOE_DIRECT");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return on;
+}
+
 bool GemvEnabled() {
   static const bool on = [] {
     const char* v = std::getenv("MOESHARD_MOE_GEMV");
@@ -156,6 +165,10 @@ cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStr
     if (w.gemv_allowed) covered |= gemv_bits;
     need_generic = (present & ~covered) != 0;
   }
+  // Decode-sized steps whose experts all take the GEMV/mma path skip the route stage.
+  w.direct = DirectEnabled() && w.gemv_allowed && !need_generic && known &&
+             (fmts & ~(kMoeAllViewsFast | kMoeNvfp4Repacked | gemv_bits)) == 0 &&
+             p.num_tokens * p.top_k <= kMoeDirectMaxPairs;
   // Repacked NVFP4 weights: the streaming kernels read x and h as they are (no gather).
   const bool repacked = known && (fmts & kMoeNvfp4Repacked);
   using Launch = cudaError_t (*)(const MoeExpertParams&, const MoeWork&, cudaStream_t);
@@ -177,6 +190,7 @@ cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStr
   };
   for (const auto& s : stages) {
     if (!(mask & s.stage)) continue;
+    if (w.direct && (s.stage == kMoeStageRoute || s.need == kFast || s.need == kFastOld)) continue;
     if (((s.need == kFast || s.need == kFastOld) && !w.fast_allowed) || (s.need == kFastOld && repacked) ||
         (s.need == kGemv && !w.gemv_allowed) || (s.need == kGeneric && !need_generic)) {
       continue;

@@ -198,7 +198,7 @@ __device__ __forceinline__ void LoadB(const uint16_t* brow, int64_t kb, int c, u
   }
 }
 
-template <WeightFormat F, bool kGateUp, bool kSmall, int NT>
+template <WeightFormat F, bool kGateUp, bool kSmall, int NT, bool kDirect = false>
 __device__ __forceinline__ void RunTask(const MoeExpertParams& p, const MoeWork& w, const MoeExpertWeights& ew,
                                         int64_t rt, int64_t row0, int ntok, uint8_t* smem) {
   using C = Cfg<kSmall>;
@@ -218,7 +218,8 @@ __device__ __forceinline__ void RunTask(const MoeExpertParams& p, const MoeWork&
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     const int n = min(nt * 8 + g, ntok - 1);
-    brow[nt] = kGateUp ? static_cast<const uint16_t*>(p.x) + static_cast<int64_t>(w.rows[row0 + n] / p.top_k) * p.width
+    const int64_t pair = kDirect ? row0 : w.rows[row0 + n];  // direct: row0 is the pair, its one token's row
+    brow[nt] = kGateUp ? static_cast<const uint16_t*>(p.x) + pair / p.top_k * p.width
                        : static_cast<const uint16_t*>(w.h) + (row0 + n) * p.inter;
   }
   float acc[NT][2][4];
@@ -391,6 +392,48 @@ __global__ void __launch_bounds__(kThreads, Cfg<kSmall>::kMinBlocks) GemvKernel(
   }
 }
 
+// Direct decode (MoeWork::direct): no route stage ran. Block i is (pair i / R, row tile i % R);
+// the pair's expert comes from expert_ids (one read: the routing kernel's output), its one
+// token's x row is pair / top_k, and its h and y rows are the pair index itself, so the
+// gate/up kernel's row-tile-0 block writes pos[pair] (the pair, or -1: another GPU's expert)
+// for the combine. Three dependent reads (gemv_base, offsets, rows) fewer before the weights.
+template <bool kGateUp>
+__global__ void __launch_bounds__(kThreads, Cfg<true>::kMinBlocks) GemvDirectKernel(MoeExpertParams p, MoeWork w) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int64_t R = (kGateUp ? p.inter : p.width) / (kGateUp ? 16 : 32);
+  PdlWait();
+  PdlTrigger();
+  const int64_t pair = blockIdx.x / R, rt = blockIdx.x % R;
+  const int e = p.expert_ids[pair];
+  if (kGateUp && rt == 0 && threadIdx.x == 0) w.pos[pair] = e >= 0 ? static_cast<int32_t>(pair) : -1;
+  if (e < 0) return;
+  const MoeExpertWeights ew = p.experts[e];
+  switch (kGateUp ? ew.gate.format : ew.down.format) {
+    case WeightFormat::kQ8_0:
+      RunTask<WeightFormat::kQ8_0, kGateUp, true, 1, true>(p, w, ew, rt, pair, 1, smem);
+      break;
+    case WeightFormat::kMXFP4:
+      RunTask<WeightFormat::kMXFP4, kGateUp, true, 1, true>(p, w, ew, rt, pair, 1, smem);
+      break;
+    case WeightFormat::kBF16:
+      RunTask<WeightFormat::kBF16, kGateUp, true, 1, true>(p, w, ew, rt, pair, 1, smem);
+      break;
+    default:
+      break;  // MoeExpertStepStages goes direct only when every expert takes this path
+  }
+}
+
+template <bool kGateUp>
+cudaError_t LaunchDirect(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
+  constexpr int kSmem = Cfg<true>::kSmemBytes;
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(GemvDirectKernel<kGateUp>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (attr != cudaSuccess) return attr;
+  const int64_t R = (kGateUp ? p.inter : p.width) / (kGateUp ? 16 : 32);
+  const int64_t grid = std::max<int64_t>(1, p.num_tokens * p.top_k * R);
+  return LaunchPdl(GemvDirectKernel<kGateUp>, static_cast<unsigned>(grid), kThreads, kSmem, stream, p, w);
+}
+
 template <bool kGateUp, bool kSmall>
 cudaError_t LaunchClass(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
   constexpr int kSmem = Cfg<kSmall>::kSmemBytes;
@@ -406,6 +449,7 @@ cudaError_t LaunchClass(const MoeExpertParams& p, const MoeWork& w, cudaStream_t
 
 template <bool kGateUp>
 cudaError_t LaunchGemv(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
+  if (w.direct) return LaunchDirect<kGateUp>(p, w, stream);
   if (cudaError_t err = LaunchClass<kGateUp, true>(p, w, stream); err != cudaSuccess) return err;
   // Groups of more than 8 tokens exist only when some expert has more than 8 rows.
   if (p.num_tokens * p.top_k > 8) return LaunchClass<kGateUp, false>(p, w, stream);

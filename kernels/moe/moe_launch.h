@@ -16,6 +16,8 @@ namespace moeshard::gpu {
 constexpr int kMoeTileTokens = 32;  // 4 n8 tiles: more would spill registers
 // Tokens per task of the GEMV/mma path (moe_gemv.cu).
 constexpr int kMoeGemvTokens = 32;
+// The most (token, slot) pairs of a direct decode step (MoeWork::direct).
+constexpr int64_t kMoeDirectMaxPairs = 64;
 
 // Stream-K fix-up of the streaming NVFP4 kernels (moe_nvfp4_stream.cu): at most this many
 // blocks per launch, each with two slots of partial sums (its first and its last piece).
@@ -40,6 +42,10 @@ struct MoeWork {
   float* fix_part = nullptr;      // [kMoeFixBlocks, 2, kMoeFixSlotFloats]: partial sums
   bool fast_allowed = false;     // bf16 activations and sizes the NVFP4 fast path takes
   bool gemv_allowed = false;     // bf16 activations and sizes the GEMV/mma path takes
+  // Decode-sized step (≤ kMoeDirectMaxPairs pairs) whose experts all take the GEMV/mma path:
+  // no route stage; the GEMV kernels take one pair per task (moe_gemv.cu GemvDirectKernel) and
+  // write pos; offsets, rows and the bases are not written.
+  bool direct = false;
   int num_sms = 0;
 };
 

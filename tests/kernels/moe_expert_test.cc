@@ -5,7 +5,8 @@
 // on other GPUs (-1), experts with no tokens, tokens with no local expert, and experts with
 // more than one 64-token tile; the GEMV/mma path (Q8_0, MXFP4, BF16 experts, bf16
 // activations) at decode and prefill group sizes, and the MoeExpertParams::expert_formats
-// hint, which must leave every result unchanged bit for bit; and for NVFP4 with bf16
+// hint, which must leave every result unchanged bit for bit (with it, decode-sized steps of GEMV-path
+// experts skip the route: moe_launch.h MoeWork::direct); and for NVFP4 with bf16
 // activations, the same step on weights repacked by MoeRepackNvfp4 (the streaming kernels,
 // decode-size items with the down GEMM split in K, mid-size and prefill-size items).
 // fp32 must match within 2e-5 of each row's largest value;
