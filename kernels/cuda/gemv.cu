@@ -34,6 +34,15 @@ struct Fmt {
   static constexpr int kChunkBytes = 16 * kLoads;
 };
 
+// Blocks per SM the registers must allow: for one token, every block of a 5,120-row Q/K/V
+// launch resident at once (2 rows a warp: 320 blocks), so that all of its weight loads are
+// issued before PdlWait (a second wave would fetch its rows only after the first finished).
+// More tokens keep more sums in registers (they would spill), and fp32 rows hold 4x the bytes.
+template <GemvWeight W, int TB>
+constexpr int GemvMinBlocks() {
+  return W != GemvWeight::kF32 && TB == 1 ? 3 : 1;
+}
+
 __device__ __forceinline__ int XsSlot(int c, int p) { return 4 * c + (p ^ ((c >> 1) & 3)); }
 
 __device__ __forceinline__ uint4 LoadStream(const void* p) {
@@ -76,7 +85,7 @@ __device__ __forceinline__ void Decode(const uint4 (&v)[Fmt<W>::kLoads], float (
 }
 
 template <GemvWeight W, int TB>
-__global__ void __launch_bounds__(kThreads) GemvKernel(GemvLaunch a) {
+__global__ void __launch_bounds__(kThreads, GemvMinBlocks<W, TB>()) GemvKernel(GemvLaunch a) {
   extern __shared__ float4 xs[];  // [TB][nchunks * 4] swizzled pieces
   using F = Fmt<W>;
   const int nchunks = static_cast<int>(a.cols / kChunk);

@@ -135,6 +135,8 @@ constexpr Shape kShapes[] = {
     // (≤ 8 tokens per expert, 1 n8 tile), and groups of 9-16 and 17-32 tokens with tails
     // (several 32-token groups per expert); I = 96 or 192 is off the NVFP4 path's 256 grid.
     {"gemv decode", 4, 8, 16, 32, 512, 192, 0, 3},
+    // A wider decode step (L = 1024) through the direct GEMV kernels.
+    {"gemv decode wide", 2, 8, 8, 16, 1024, 64, 0, -1},
     {"gemv mid", 40, 3, 6, 6, 256, 96, 0, -1},
     {"gemv prefill", 300, 4, 8, 8, 256, 96, 0, -1},
 };
