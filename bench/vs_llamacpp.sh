@@ -82,6 +82,19 @@ moeshard=$bin/moeshard
 log() { echo "== $(date -u +%H:%M:%S) $*"; }
 has() { [[ ,$1, == *,$2,* ]]; }
 
+# The Qwen3 tokenizer that make-model embeds, checked before anything slow (the llama.cpp build):
+# tokenizer.json, or tokenizer.json.xz (a carried copy may compress it), unpacked into WORK.
+tokdir=$shared/testdata/qwen3moe-tok
+if [ $smoke = 0 ] && [ "$build_only" = 0 ]; then
+  if [ ! -f "$tokdir/tokenizer.json" ]; then
+    [ -f "$tokdir/tokenizer.json.xz" ] || die "no tokenizer.json (or tokenizer.json.xz) in $tokdir"
+    mkdir -p "$work/qwen3moe-tok"
+    cp "$tokdir"/*.json "$work/qwen3moe-tok/" 2>/dev/null || true
+    xz -dc "$tokdir/tokenizer.json.xz" > "$work/qwen3moe-tok/tokenizer.json" || die "could not unpack $tokdir/tokenizer.json.xz"
+    tokdir=$work/qwen3moe-tok
+  fi
+fi
+
 # llama.cpp, built once into WORK/llama (the build takes ~5 min on 16 cores).
 if has "$engines" llamacpp; then
   llama_dir=${llama_dir:-$work/llama/build/bin}
@@ -178,8 +191,7 @@ for v in ${variants//,/ }; do
   model=$work/qwen3moe-$preset-$v.gguf
   if [ ! -f "$model" ]; then
     log "make-model $v -> $model"
-    tok=(--tokenizer "$shared/testdata/qwen3moe-tok"); [ $smoke = 1 ] && tok=(--synthetic)
-    [ $smoke = 1 ] || [ -f "$shared/testdata/qwen3moe-tok/tokenizer.json" ] || die "no $shared/testdata/qwen3moe-tok"
+    tok=(--tokenizer "$tokdir"); [ $smoke = 1 ] && tok=(--synthetic)
     (cd "$repo" && "$moeshard" make-model --arch qwen3_moe --preset "$preset" --format gguf --expert-type "$v" \
       --dense-type q8_0 "${tok[@]}" --out "$model.part") && mv "$model.part" "$model"
     ls -l "$model"
