@@ -34,7 +34,7 @@ struct SeqChunk {
   // With a sliding pool (RunnerOptions::num_sliding_kv_blocks > 0): the table the
   // sliding-window layers read and write, in that pool; -1 before the window of start_pos
   // (entries below (start_pos - window + 1) / block_size are never read).
-  std::vector<int32_t> sliding_table;
+  std::vector<int32_t> sliding_table = {};
 };
 
 enum class Device : uint8_t { kCpu, kCuda };
