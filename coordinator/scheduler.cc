@@ -135,7 +135,13 @@ std::optional<StepPlan> Scheduler::Schedule() {
     Seq& s = it->second;
     const int64_t pending = static_cast<int64_t>(s.tokens.size()) - s.num_computed;
     if (!s.running || s.in_flight || in_step.count(id) || pending <= 1) continue;
-    const int64_t n = std::min(pending, budget);
+    // Full blocks were reserved at admission; sliding-pool blocks come chunk by chunk. When they
+    // are short, a smaller chunk, then the newest preemptible sequence's blocks (as for decodes).
+    int64_t n = std::min(pending, budget);
+    while (n > 1 && !blocks_->CanAppend(id, s.num_computed, s.num_computed + n)) n = (n + 1) / 2;
+    while (!blocks_->CanAppend(id, s.num_computed, s.num_computed + n)) {
+      if (!PreemptFor(id, in_step, &step)) break;
+    }
     if (!blocks_->Append(id, s.num_computed, s.num_computed + n).ok()) {
       short_of_blocks = true;
       continue;

@@ -12,7 +12,9 @@
 //      in flight is preempted (blocks freed, sent to the front of the waiting queue with its
 //      generated tokens kept, recomputed later as prompt + generated) until it fits; if no
 //      sequence can be preempted it waits for in-flight steps to release blocks;
-//   2. then running sequences part-way through their prompt (chunked prefill);
+//   2. then running sequences part-way through their prompt (chunked prefill); when the sliding
+//      pool (models with sliding-window layers) cannot hold a chunk, a smaller one, else the
+//      newest preemptible sequence is preempted as for decodes;
 //   3. then waiting sequences in FIFO order, while max_num_seqs and the blocks allow (their
 //      full blocks are all reserved at admission; the prefix cache may cover part of the prompt;
 //      sliding-pool blocks are reserved chunk by chunk, each step releasing those its window left).
