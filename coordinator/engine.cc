@@ -104,7 +104,11 @@ void Engine::Loop() {
       if (!st.ok()) {
         OnConnectFailed(st);
       } else {
-        std::fprintf(stderr, "moeshard-coordinator: %d workers handshaken\n", workers_->size());
+        const std::string sliding =
+            SlidingBlocks() > 0 ? absl::StrCat(", sliding-window layers ", SlidingBlocks(), " (window ", o_.config.sliding_window, ")")
+                                : std::string();
+        std::fprintf(stderr, "moeshard-coordinator: %d workers handshaken; KV blocks of %d: %ld%s\n", workers_->size(),
+                     o_.block_size, static_cast<long>(o_.num_kv_blocks), sliding.c_str());
       }
       continue;
     }

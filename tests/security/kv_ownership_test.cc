@@ -264,5 +264,19 @@ TEST_F(KvOwnershipSlidingTest, SlidingDeltasExpandFromTheRecordAndTheFullTableIg
   EXPECT_FALSE(kv_.ExpandTables(&too_far).ok());
 }
 
+TEST(KvOwnershipNoSlidingPoolTest, OneKindModelsSendNoSlidingTable) {
+  KvOwnership none(KvOwnership::Table::kSliding);
+  none.Reset(kBs, 0, 0);  // the worker's sliding record when the model has one kind of layer
+  const v1::StepRequest plain = Step({Chunk(1, 0, Range(100, 10), {0, 1, 2})});
+  ASSERT_TRUE(none.Check(plain).ok()) << none.Check(plain);
+  none.Commit(plain);
+  EXPECT_EQ(none.num_live(), 0);
+  const v1::StepRequest with_table = Step({SlidingChunk(2, 0, {1}, {0})});
+  EXPECT_NE(none.Check(with_table).message().find("no sliding pool"), std::string::npos);
+  v1::StepRequest delta = Step({Chunk(1, 10, {7}, {})});
+  delta.mutable_chunks(0)->set_sliding_table_start(3);
+  EXPECT_FALSE(none.ExpandTables(&delta).ok());
+}
+
 }  // namespace
 }  // namespace moeshard

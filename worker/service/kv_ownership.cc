@@ -46,6 +46,15 @@ std::unordered_set<int32_t> KvOwnership::Released(const v1::StepRequest& req,
 }
 
 absl::Status KvOwnership::Check(const v1::StepRequest& req) const {
+  if (no_pool()) {  // a one-kind model (or a worker told of no sliding pool): no chunk names one
+    for (const v1::ChunkProto& c : req.chunks()) {
+      if (!TableOf(c).empty() || TableStartOf(c) != 0) {
+        return absl::InvalidArgumentError(absl::StrCat("step: sequence ", c.seq_id(),
+                                                       " sends a sliding block table, but this worker has no sliding pool"));
+      }
+    }
+    return absl::OkStatus();
+  }
   std::unordered_set<int64_t> gone(req.released_seqs().begin(), req.released_seqs().end());
   gone.insert(req.preempted_seqs().begin(), req.preempted_seqs().end());
   const std::unordered_set<int32_t> released = Released(req, gone);
@@ -163,6 +172,7 @@ absl::Status KvOwnership::ExpandTables(v1::StepRequest* req) const {
 }
 
 void KvOwnership::Commit(const v1::StepRequest& req) {
+  if (no_pool()) return;
   for (int64_t id : req.released_seqs()) seqs_.erase(id);
   for (int64_t id : req.preempted_seqs()) seqs_.erase(id);
   for (int32_t b : Released(req, {})) blocks_[b].writer = kNobody;  // before any chunk takes them

@@ -94,6 +94,9 @@ class KvOwnership {
   int64_t TableStartOf(const v1::ChunkProto& c) const {
     return table_ == Table::kFull ? c.table_start() : c.sliding_table_start();
   }
+  // The sliding table's record of a worker without a sliding pool (Reset with no blocks): it
+  // checks only that no chunk sends a sliding table.
+  bool no_pool() const { return table_ == Table::kSliding && blocks_.empty(); }
   // First table index a chunk starting at start_pos reads.
   int64_t FirstRead(int64_t start_pos) const {
     return window_ > 0 ? std::max<int64_t>(0, start_pos - window_ + 1) / block_size_ : 0;
