@@ -21,6 +21,7 @@
 #include "coordinator/grpc_worker_pool.h"
 #include "gtest/gtest.h"
 #include "local/local_engine.h"
+#include "tests/local/sliding_steps.h"
 #include "tests/testdata/testdata_dir.h"
 #include "worker/kv_cache.h"
 #include "worker/service/worker_service.h"
@@ -73,29 +74,6 @@ class SlidingPoolTest : public ::testing::Test {
   std::unique_ptr<LoadedModel> model_;
 };
 
-// Every position's logits of tokens[0, kLen): prefill chunks of 24, then one token a step.
-std::vector<float> RunSteps(ModelRunner& runner, bool sliding, int64_t pool_blocks) {
-  const std::vector<int32_t> tokens = Prompt(kLen, 1);
-  BlockAllocator full(kBlocks), window(pool_blocks);
-  std::vector<int32_t> table, sliding_table;
-  std::vector<float> all, logits;
-  for (int64_t pos = 0; pos < kLen;) {
-    const int64_t n = pos < 96 ? 24 : 1;
-    EXPECT_TRUE(full.Reserve(table, pos + n, kBs).ok());
-    if (sliding) {
-      window.ReleaseBeforeWindow(sliding_table, pos, kWindow, kBs);
-      EXPECT_TRUE(window.Reserve(sliding_table, pos + n, kBs).ok()) << "sliding pool exhausted at " << pos;
-    }
-    SeqChunk c{std::vector<int32_t>(tokens.begin() + pos, tokens.begin() + pos + n), pos, table, true, sliding_table};
-    const absl::Status st = runner.Forward({c}, &logits);
-    EXPECT_TRUE(st.ok()) << st;
-    if (!st.ok()) return {};
-    all.insert(all.end(), logits.begin(), logits.end());
-    pos += n;
-  }
-  return all;
-}
-
 TEST_F(SlidingPoolTest, RunnerLogitsEqualOnePoolWithSixRecycledSlidingBlocks) {
   // A step at p reads p-15 .. p+n-1: 24-token chunks need ceil((15 + 24) / 8) + 1 = 6 blocks.
   auto one_pool = Runner(0), two_pools = Runner(6);
@@ -103,10 +81,13 @@ TEST_F(SlidingPoolTest, RunnerLogitsEqualOnePoolWithSixRecycledSlidingBlocks) {
   EXPECT_FALSE(one_pool->sliding_pool());
   EXPECT_TRUE(two_pools->sliding_pool());
   EXPECT_LT(two_pools->kv_bytes(), one_pool->kv_bytes());
-  const std::vector<float> want = RunSteps(*one_pool, false, 0);
-  const std::vector<float> got = RunSteps(*two_pools, true, 6);
-  ASSERT_EQ(want.size(), static_cast<size_t>(kLen * model_->config.vocab_size));
-  EXPECT_TRUE(got == want) << "the sliding pool changed the logits";
+  const std::vector<int32_t> tokens = Prompt(kLen, 1);
+  auto want = test::RunSlidingSteps(*one_pool, tokens);
+  auto got = test::RunSlidingSteps(*two_pools, tokens);
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(want->size(), static_cast<size_t>(kLen * model_->config.vocab_size));
+  EXPECT_TRUE(*got == *want) << "the sliding pool changed the logits";
   // A table that names no block inside the window is refused, not read.
   std::vector<int32_t> table(25);
   for (int i = 0; i < 25; ++i) table[i] = i;
