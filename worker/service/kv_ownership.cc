@@ -37,7 +37,8 @@ std::unordered_set<int32_t> KvOwnership::Released(const v1::StepRequest& req,
     if (it == seqs_.end() || gone.count(c.seq_id())) continue;
     const std::vector<int32_t>& record = it->second.table;
     const auto& table = TableOf(c);
-    for (int64_t i = 0; i < std::min<int64_t>(record.size(), table.size()); ++i) {
+    const int64_t reads = BlocksFor(c.start_pos() + c.tokens_size(), block_size_);  // the entries it checks
+    for (int64_t i = 0; i < std::min<int64_t>({static_cast<int64_t>(record.size()), table.size(), reads}); ++i) {
       const int32_t b = record[i];
       if (b >= 0 && table[static_cast<int>(i)] < 0 && blocks_[b].writer == c.seq_id()) released.insert(b);
     }
@@ -199,10 +200,12 @@ void KvOwnership::CommitChunk(const v1::ChunkProto& c) {
     s.chain_known = start == 0 || c.cached_prefix_size() == start;
     if (s.chain_known) s.tokens.assign(c.cached_prefix().begin(), c.cached_prefix().end());
   }
+  // The entries the chunk reads, as checked (a sliding table's releases included); later ones
+  // stay as recorded.
   const auto& table = TableOf(c);
-  const int64_t recorded = std::min<int64_t>(std::max<int64_t>(reads, s.table.size()), table.size());
-  s.table.resize(std::max<int64_t>(recorded, s.table.size()));
-  std::copy(table.begin(), table.begin() + recorded, s.table.begin());  // with the entries released since
+  const int64_t recorded = std::min<int64_t>(reads, table.size());
+  if (static_cast<int64_t>(s.table.size()) < recorded) s.table.resize(recorded);
+  std::copy(table.begin(), table.begin() + recorded, s.table.begin());
   if (s.chain_known && start > static_cast<int64_t>(s.tokens.size())) s.chain_known = false;  // a gap: tokens unknown
   if (s.chain_known) {
     s.tokens.resize(start);
