@@ -112,7 +112,7 @@ absl::Status Up(const Args& a) {
       cargs.insert(cargs.end(), internal_tls.begin(), internal_tls.end());
       if (!p.layer_split.empty()) cargs.insert(cargs.end(), {"--layer-split", p.layer_split});
       if (p.max_model_len > 0) cargs.insert(cargs.end(), {"--max-model-len", std::to_string(p.max_model_len)});
-      for (const char* f : {"num-kv-blocks", "max-num-seqs", "max-tokens-per-step", "comm-timeout-ms", "metric-prefix",
+      for (const char* f : {"num-kv-blocks", "num-sliding-kv-blocks", "max-num-seqs", "max-tokens-per-step", "comm-timeout-ms", "metric-prefix",
                             "max-queued-requests", "max-queued-tokens", "max-queue-time-s", "step-deadline-floor-ms"}) {
         if (a.Has(f)) cargs.insert(cargs.end(), {absl::StrCat("--", f), a.Get(f)});
       }
@@ -182,7 +182,7 @@ absl::Status Up(const Args& a) {
 
 int UpCommand(const std::vector<std::string>& argv) {
   auto a = Args::Parse(argv, {"model", "workers", "mode", "layer-split", "pools", "port", "grpc-port", "host", "api-key",
-                              "api-key-file", "served-model-name", "max-model-len", "num-kv-blocks", "max-num-seqs",
+                              "api-key-file", "served-model-name", "max-model-len", "num-kv-blocks", "num-sliding-kv-blocks", "max-num-seqs",
                               "max-tokens-per-step", "comm-timeout-ms", "device", "gpus", "dtype", "kv-dtype",
                               "max-batch-tokens", "metric-prefix", "max-queued-requests", "max-queued-tokens",
                               "max-queue-time-s", "step-deadline-floor-ms", "internal-host", "cluster-token-file",

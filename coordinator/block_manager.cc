@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/splitmix64.h"
+#include "common/status.h"
 
 namespace moeshard {
 namespace {
@@ -15,92 +16,148 @@ uint64_t DefaultHash(uint64_t parent_hash, const int32_t* tokens, int64_t num_to
   return h;
 }
 
+int64_t CountIdle(const BlockPool& pool, const std::vector<int32_t>& ids) {
+  return std::count_if(ids.begin(), ids.end(), [&](int32_t id) { return pool.block(id).ref_count == 0; });
+}
+
 }  // namespace
 
-BlockManager::BlockManager(int64_t num_blocks, int64_t block_size, bool enable_prefix_caching)
+BlockManager::BlockManager(int64_t num_blocks, int64_t block_size, bool enable_prefix_caching,
+                           int64_t num_sliding_blocks, int64_t sliding_window)
     : block_size_(std::max<int64_t>(1, block_size)),
       enable_prefix_caching_(enable_prefix_caching),
+      window_(num_sliding_blocks > 0 && sliding_window > 0 ? sliding_window : 0),
       hash_fn_(&DefaultHash),
-      blocks_(std::max<int64_t>(0, num_blocks)) {
-  for (int64_t i = 0; i < num_blocks; ++i) free_.push_back(static_cast<int32_t>(i));
+      full_(num_blocks),
+      sliding_(window_ > 0 ? num_sliding_blocks : 0),
+      meta_(std::max<int64_t>(0, num_blocks)) {}
+
+int64_t BlockManager::FirstSlidingBlock(int64_t start_pos) const {
+  return window_ > 0 ? std::max<int64_t>(0, start_pos - window_ + 1) / block_size_ : 0;
 }
 
-std::vector<int32_t> BlockManager::Match(const std::vector<int32_t>& tokens, uint64_t* hash,
-                                         uint64_t* entry) const {
-  std::vector<int32_t> ids;
+BlockManager::MatchResult BlockManager::Match(const std::vector<int32_t>& tokens) const {
+  MatchResult r;
+  if (!enable_prefix_caching_ || tokens.empty()) return r;
+  std::vector<uint64_t> hashes, entries;
   uint64_t h = 0, e = 0;
-  if (enable_prefix_caching_ && !tokens.empty()) {
-    const int64_t max_blocks = (static_cast<int64_t>(tokens.size()) - 1) / block_size_;
-    for (int64_t i = 0; i < max_blocks; ++i) {
-      const int32_t* t = tokens.data() + i * block_size_;
-      const uint64_t nh = hash_fn_(h, t, block_size_);
-      auto it = cache_.find(nh);
-      if (it == cache_.end()) break;
-      const Block& b = blocks_[it->second];
-      if (b.parent_entry != e || !std::equal(b.tokens.begin(), b.tokens.end(), t)) break;
-      ids.push_back(it->second);
-      h = nh;
-      e = b.entry;
-    }
+  const int64_t max_blocks = (static_cast<int64_t>(tokens.size()) - 1) / block_size_;
+  for (int64_t i = 0; i < max_blocks; ++i) {
+    const int32_t* t = tokens.data() + i * block_size_;
+    const uint64_t nh = hash_fn_(h, t, block_size_);
+    const int32_t id = full_.Find(nh);
+    if (id < 0) break;
+    const FullMeta& m = meta_[id];
+    if (m.parent_entry != e || !std::equal(m.tokens.begin(), m.tokens.end(), t)) break;
+    r.full.push_back(id);
+    hashes.push_back(h = nh);
+    entries.push_back(e = m.entry);
   }
-  *hash = h;
-  *entry = e;
-  return ids;
+  int64_t m = static_cast<int64_t>(r.full.size());
+  if (has_sliding_pool() && m > 0) {
+    // run[j]: how many consecutive blocks up to j have their sliding block cached.
+    std::vector<int64_t> run(m);
+    for (int64_t j = 0; j < m; ++j) run[j] = sliding_.Find(entries[j]) < 0 ? 0 : (j > 0 ? run[j - 1] : 0) + 1;
+    while (m > 0 && run[m - 1] < m - FirstSlidingBlock(m * block_size_)) --m;  // clip to a usable hit
+    r.full.resize(m);
+    for (int64_t j = FirstSlidingBlock(m * block_size_); j < m; ++j) r.sliding.push_back(sliding_.Find(entries[j]));
+  }
+  r.hash = m > 0 ? hashes[m - 1] : 0;
+  r.entry = m > 0 ? entries[m - 1] : 0;
+  return r;
 }
 
-bool BlockManager::CanAllocate(const std::vector<int32_t>& tokens) const {
+int64_t BlockManager::NewSlidingBlocks(int64_t n, int64_t cached, int64_t num_hit_sliding,
+                                       int64_t first_chunk_tokens) const {
+  if (!has_sliding_pool()) return 0;
+  const int64_t end = cached + std::clamp<int64_t>(first_chunk_tokens, 1, n - cached);
+  return BlocksFor(end) - FirstSlidingBlock(cached) - num_hit_sliding;
+}
+
+bool BlockManager::CanAllocate(const std::vector<int32_t>& tokens, int64_t first_chunk_tokens) const {
   if (tokens.empty()) return false;
-  uint64_t h, e;
-  std::vector<int32_t> ids = Match(tokens, &h, &e);
-  const int64_t idle_matched = std::count_if(ids.begin(), ids.end(), [&](int32_t id) { return blocks_[id].ref_count == 0; });
-  const int64_t need = BlocksFor(static_cast<int64_t>(tokens.size())) - static_cast<int64_t>(ids.size());
-  return need <= num_free_blocks() - idle_matched;
+  const MatchResult r = Match(tokens);
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t need = BlocksFor(n) - static_cast<int64_t>(r.full.size());
+  if (need > full_.num_available() - CountIdle(full_, r.full)) return false;
+  const int64_t cached = static_cast<int64_t>(r.full.size()) * block_size_;
+  const int64_t need_sliding = NewSlidingBlocks(n, cached, static_cast<int64_t>(r.sliding.size()), first_chunk_tokens);
+  return need_sliding <= sliding_.num_available() - CountIdle(sliding_, r.sliding);
 }
 
-absl::StatusOr<int64_t> BlockManager::Allocate(int64_t seq_id, const std::vector<int32_t>& tokens) {
+absl::StatusOr<int64_t> BlockManager::Allocate(int64_t seq_id, const std::vector<int32_t>& tokens,
+                                               int64_t first_chunk_tokens) {
   if (tokens.empty()) return absl::InvalidArgumentError(absl::StrCat("sequence ", seq_id, " has no tokens"));
   if (seqs_.count(seq_id)) return absl::AlreadyExistsError(absl::StrCat("sequence ", seq_id, " already has blocks"));
-  if (!CanAllocate(tokens)) {
+  if (!CanAllocate(tokens, first_chunk_tokens)) {
     return absl::ResourceExhaustedError(absl::StrCat("sequence ", seq_id, ": ", tokens.size(), " tokens need ",
                                                      BlocksFor(tokens.size()), " blocks, ", num_free_blocks(),
-                                                     " free"));
+                                                     " free (", sliding_.num_available(), " sliding)"));
   }
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  MatchResult r = Match(tokens);
   SeqBlocks sb;
-  std::vector<int32_t> ids = Match(tokens, &sb.last_hash, &sb.last_entry);
-  for (int32_t id : ids) {  // lock the matched prefix before taking new blocks (so it is not evicted)
-    Block& b = blocks_[id];
-    if (b.ref_count++ == 0) {
-      lru_.erase(b.lru_pos);
-      ++num_used_;
-    }
-    sb.table.push_back(id);
-  }
-  sb.num_hashed = static_cast<int64_t>(ids.size());
-  while (static_cast<int64_t>(sb.table.size()) < BlocksFor(tokens.size())) sb.table.push_back(TakeBlock());
+  // Lock the matched prefix before taking new blocks (so it is not evicted).
+  for (int32_t id : r.full) full_.Lock(id);
+  for (int32_t id : r.sliding) sliding_.Lock(id);
+  sb.table = std::move(r.full);
+  sb.num_hashed = static_cast<int64_t>(sb.table.size());
+  sb.last_hash = r.hash;
+  sb.last_entry = r.entry;
   const int64_t cached = sb.num_hashed * block_size_;
+  while (static_cast<int64_t>(sb.table.size()) < BlocksFor(n)) sb.table.push_back(TakeFull());
+  if (has_sliding_pool()) {
+    const int64_t fresh = NewSlidingBlocks(n, cached, static_cast<int64_t>(r.sliding.size()), first_chunk_tokens);
+    sb.sliding.assign(FirstSlidingBlock(cached), -1);
+    sb.sliding.insert(sb.sliding.end(), r.sliding.begin(), r.sliding.end());
+    for (int64_t i = 0; i < fresh; ++i) sb.sliding.push_back(TakeSliding());
+  }
   seqs_.emplace(seq_id, std::move(sb));
-  prefix_query_tokens_ += static_cast<int64_t>(tokens.size());
+  prefix_query_tokens_ += n;
   prefix_hit_tokens_ += cached;
   return cached;
 }
 
-bool BlockManager::CanAppend(int64_t seq_id, int64_t new_total_tokens) const {
-  auto it = seqs_.find(seq_id);
-  if (it == seqs_.end()) return false;
-  return BlocksFor(new_total_tokens) - static_cast<int64_t>(it->second.table.size()) <= num_free_blocks();
+int64_t BlockManager::SlidingFreedBy(const SeqBlocks& sb, int64_t first) const {
+  int64_t freed = 0;
+  for (int64_t i = 0; i < std::min<int64_t>(first, static_cast<int64_t>(sb.sliding.size())); ++i) {
+    freed += sb.sliding[i] >= 0 && sliding_.block(sb.sliding[i]).ref_count == 1;
+  }
+  return freed;
 }
 
-absl::Status BlockManager::Append(int64_t seq_id, int64_t new_total_tokens) {
+bool BlockManager::CanAppend(int64_t seq_id, int64_t start_pos, int64_t new_total_tokens) const {
+  auto it = seqs_.find(seq_id);
+  if (it == seqs_.end()) return false;
+  const SeqBlocks& sb = it->second;
+  if (BlocksFor(new_total_tokens) - static_cast<int64_t>(sb.table.size()) > num_free_blocks()) return false;
+  if (!has_sliding_pool()) return true;
+  const int64_t first = FirstSlidingBlock(start_pos);
+  const int64_t need = BlocksFor(new_total_tokens) - std::max(first, static_cast<int64_t>(sb.sliding.size()));
+  return need <= sliding_.num_available() + SlidingFreedBy(sb, first);
+}
+
+absl::Status BlockManager::Append(int64_t seq_id, int64_t start_pos, int64_t new_total_tokens) {
   auto it = seqs_.find(seq_id);
   if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("sequence ", seq_id, " has no blocks"));
-  std::vector<int32_t>& table = it->second.table;
-  const int64_t need = BlocksFor(new_total_tokens) - static_cast<int64_t>(table.size());
-  if (need <= 0) return absl::OkStatus();
-  if (need > num_free_blocks()) {
-    return absl::ResourceExhaustedError(absl::StrCat("sequence ", seq_id, " needs ", need, " more blocks, ",
-                                                     num_free_blocks(), " free"));
+  if (!CanAppend(seq_id, start_pos, new_total_tokens)) {
+    return absl::ResourceExhaustedError(absl::StrCat("sequence ", seq_id, " needs more blocks for ", new_total_tokens,
+                                                     " tokens; ", num_free_blocks(), " free, ",
+                                                     sliding_.num_available(), " sliding free"));
   }
-  for (int64_t i = 0; i < need; ++i) table.push_back(TakeBlock());
+  SeqBlocks& sb = it->second;
+  while (static_cast<int64_t>(sb.table.size()) < BlocksFor(new_total_tokens)) sb.table.push_back(TakeFull());
+  if (has_sliding_pool()) {
+    std::vector<int32_t>& s = sb.sliding;
+    const int64_t first = FirstSlidingBlock(start_pos);
+    for (int64_t i = std::min<int64_t>(first, static_cast<int64_t>(s.size())) - 1; i >= 0; --i) {
+      if (s[i] < 0) break;  // entries before a released one are released
+      sliding_.Release(s[i]);
+      s[i] = -1;
+    }
+    while (static_cast<int64_t>(s.size()) < first) s.push_back(-1);
+    while (static_cast<int64_t>(s.size()) < BlocksFor(new_total_tokens)) s.push_back(TakeSliding());
+  }
   return absl::OkStatus();
 }
 
@@ -114,37 +171,42 @@ void BlockManager::MarkComputed(int64_t seq_id, const std::vector<int32_t>& toke
   for (int64_t i = sb.num_hashed; i < n / block_size_; ++i) {
     const int32_t* t = tokens.data() + i * block_size_;
     const uint64_t h = hash_fn_(sb.last_hash, t, block_size_);
-    auto hit = cache_.find(h);
-    if (hit != cache_.end()) {
-      const Block& other = blocks_[hit->second];
-      if (other.parent_entry == sb.last_entry && std::equal(other.tokens.begin(), other.tokens.end(), t)) {
-        sb.last_hash = h;  // the same content is cached already: keep it, chain to it
-        sb.last_entry = other.entry;
-        sb.num_hashed = i + 1;
-        continue;
-      }
-      Uncache(hit->second);  // collision or stale chain: the newer registration wins
+    const int32_t hit = full_.Find(h);
+    bool keep_other = false;
+    if (hit >= 0) {
+      const FullMeta& other = meta_[hit];
+      keep_other = other.parent_entry == sb.last_entry && std::equal(other.tokens.begin(), other.tokens.end(), t);
+      if (!keep_other) UncacheFull(hit);  // collision or stale chain: the newer registration wins
     }
-    const int32_t id = sb.table[i];
-    if (blocks_[id].cached) Uncache(id);
-    Block& b = blocks_[id];
-    b.cached = true;
-    b.hash = h;
-    b.entry = next_entry_++;
-    b.parent_entry = sb.last_entry;
-    b.tokens.assign(t, t + block_size_);
-    cache_[h] = id;
+    if (keep_other) {
+      sb.last_entry = meta_[hit].entry;  // the same content is cached already: keep it, chain to it
+    } else {
+      const int32_t id = sb.table[i];
+      UncacheFull(id);
+      FullMeta& m = meta_[id];
+      m.entry = next_entry_++;
+      m.parent_entry = sb.last_entry;
+      m.tokens.assign(t, t + block_size_);
+      full_.Cache(id, h);
+      sb.last_entry = m.entry;
+    }
     sb.last_hash = h;
-    sb.last_entry = b.entry;
     sb.num_hashed = i + 1;
+    if (i < static_cast<int64_t>(sb.sliding.size()) && sb.sliding[i] >= 0 && sliding_.Find(sb.last_entry) < 0 &&
+        !sliding_.block(sb.sliding[i]).cached) {
+      sliding_.Cache(sb.sliding[i], sb.last_entry);  // under the chain's entry for block i
+    }
   }
 }
 
 void BlockManager::Free(int64_t seq_id) {
   auto it = seqs_.find(seq_id);
   if (it == seqs_.end()) return;
-  const std::vector<int32_t>& table = it->second.table;
-  for (auto r = table.rbegin(); r != table.rend(); ++r) Release(*r);
+  const SeqBlocks& sb = it->second;
+  for (auto r = sb.table.rbegin(); r != sb.table.rend(); ++r) full_.Release(*r);
+  for (auto r = sb.sliding.rbegin(); r != sb.sliding.rend(); ++r) {
+    if (*r >= 0) sliding_.Release(*r);
+  }
   seqs_.erase(it);
 }
 
@@ -154,89 +216,90 @@ const std::vector<int32_t>& BlockManager::BlockTable(int64_t seq_id) const {
   return it == seqs_.end() ? kEmpty : it->second.table;
 }
 
-double BlockManager::Usage() const {
-  return blocks_.empty() ? 0.0 : static_cast<double>(num_used_) / static_cast<double>(blocks_.size());
+const std::vector<int32_t>& BlockManager::SlidingTable(int64_t seq_id) const {
+  static const std::vector<int32_t> kEmpty;
+  auto it = seqs_.find(seq_id);
+  return it == seqs_.end() ? kEmpty : it->second.sliding;
 }
 
-int32_t BlockManager::TakeBlock() {
-  if (free_.empty()) Uncache(lru_.front());  // evict the least recently released cached block
-  const int32_t id = free_.front();
-  free_.pop_front();
-  blocks_[id].ref_count = 1;
-  ++num_used_;
+double BlockManager::Usage() const {
+  return num_blocks() == 0 ? 0.0 : static_cast<double>(full_.num_used()) / static_cast<double>(num_blocks());
+}
+
+KvPoolStats BlockManager::Stats(KvKind kind) const {
+  const BlockPool& p = kind == KvKind::kFull ? full_ : sliding_;
+  return {p.num_blocks(), p.num_used(), p.num_evictable(), p.num_available() - p.num_evictable()};
+}
+
+int32_t BlockManager::TakeFull() {
+  bool evicted = false;
+  uint64_t key = 0;
+  const int32_t id = full_.Take(&evicted, &key);
+  if (evicted) {  // the pool dropped the hash; drop what hangs on the entry
+    const int32_t s = has_sliding_pool() ? sliding_.Find(meta_[id].entry) : -1;
+    if (s >= 0) sliding_.Uncache(s);
+    meta_[id] = FullMeta{};
+  }
   return id;
 }
 
-void BlockManager::Uncache(int32_t block_id) {
-  Block& b = blocks_[block_id];
-  if (!b.cached) return;
-  auto it = cache_.find(b.hash);
-  if (it != cache_.end() && it->second == block_id) cache_.erase(it);
-  b.cached = false;
-  b.hash = b.entry = b.parent_entry = 0;
-  b.tokens.clear();
-  if (b.ref_count == 0) {
-    lru_.erase(b.lru_pos);
-    free_.push_back(block_id);
-  }
+int32_t BlockManager::TakeSliding() {
+  bool evicted = false;
+  uint64_t key = 0;
+  return sliding_.Take(&evicted, &key);
 }
 
-void BlockManager::Release(int32_t block_id) {
-  Block& b = blocks_[block_id];
-  if (--b.ref_count > 0) return;
-  --num_used_;
-  if (b.cached) {
-    b.lru_pos = lru_.insert(lru_.end(), block_id);
-  } else {
-    free_.push_back(block_id);
-  }
+void BlockManager::UncacheFull(int32_t id) {
+  if (!full_.block(id).cached) return;
+  const int32_t s = has_sliding_pool() ? sliding_.Find(meta_[id].entry) : -1;
+  if (s >= 0) sliding_.Uncache(s);
+  full_.Uncache(id);
+  meta_[id] = FullMeta{};
 }
 
 absl::Status BlockManager::CheckIntegrity() const {
-  const int64_t n = num_blocks();
   auto bad = [](auto&&... parts) { return absl::InternalError(absl::StrCat(parts...)); };
-  std::vector<int64_t> refs(n, 0);
+  std::vector<int64_t> refs(num_blocks(), 0), sliding_refs(sliding_.num_blocks(), 0);
   for (const auto& [seq_id, sb] : seqs_) {
     std::unordered_set<int32_t> seen;
     for (int32_t id : sb.table) {
-      if (id < 0 || id >= n) return bad("sequence ", seq_id, " holds block ", id, " out of range");
+      if (id < 0 || id >= num_blocks()) return bad("sequence ", seq_id, " holds block ", id, " out of range");
       if (!seen.insert(id).second) return bad("sequence ", seq_id, " holds block ", id, " twice");
       ++refs[id];
     }
     if (sb.num_hashed > static_cast<int64_t>(sb.table.size())) return bad("sequence ", seq_id, " hashed past its table");
-  }
-  std::vector<char> where(n, 0);  // 1 = free list, 2 = LRU
-  for (int32_t id : free_) {
-    if (id < 0 || id >= n || where[id]) return bad("free list holds block ", id, " twice or out of range");
-    where[id] = 1;
-  }
-  for (auto it = lru_.begin(); it != lru_.end(); ++it) {
-    const int32_t id = *it;
-    if (id < 0 || id >= n || where[id]) return bad("LRU holds block ", id, " twice, out of range or also free");
-    if (blocks_[id].lru_pos != it) return bad("block ", id, " has a stale LRU position");
-    where[id] = 2;
-  }
-  int64_t used = 0;
-  for (int64_t id = 0; id < n; ++id) {
-    const Block& b = blocks_[id];
-    if (b.ref_count != refs[id]) return bad("block ", id, " ref_count ", b.ref_count, " but ", refs[id], " tables hold it");
-    if (b.ref_count > 0) {
-      ++used;
-      if (where[id]) return bad("used block ", id, " is also free or evictable");
-    } else if (where[id] != (b.cached ? 2 : 1)) {
-      return bad("idle block ", id, (b.cached ? " is cached but not evictable" : " is neither cached nor free"));
-    }
-    if (b.cached) {
-      auto it = cache_.find(b.hash);
-      if (it == cache_.end() || it->second != id) return bad("cached block ", id, " missing from the hash map");
-      if (static_cast<int64_t>(b.tokens.size()) != block_size_ || b.entry == 0) return bad("cached block ", id, " malformed");
+    if (!has_sliding_pool() && !sb.sliding.empty()) return bad("sequence ", seq_id, " has a sliding table without a pool");
+    if (sb.sliding.size() > sb.table.size()) return bad("sequence ", seq_id, "'s sliding table outgrew its table");
+    seen.clear();
+    bool held = false;
+    for (int32_t id : sb.sliding) {
+      if (id < 0 && held) return bad("sequence ", seq_id, " released a sliding block inside its window");
+      if (id < 0) continue;
+      held = true;
+      if (id >= sliding_.num_blocks()) return bad("sequence ", seq_id, " holds sliding block ", id, " out of range");
+      if (!seen.insert(id).second) return bad("sequence ", seq_id, " holds sliding block ", id, " twice");
+      ++sliding_refs[id];
     }
   }
-  if (used != num_used_) return bad("used count ", num_used_, " but ", used, " blocks are referenced");
-  for (const auto& [h, id] : cache_) {
-    if (id < 0 || id >= n || !blocks_[id].cached || blocks_[id].hash != h) return bad("hash map entry for block ", id, " is stale");
+  RETURN_IF_ERROR(full_.CheckIntegrity(refs, "full"));
+  RETURN_IF_ERROR(sliding_.CheckIntegrity(sliding_refs, "sliding"));
+  std::unordered_set<uint64_t> entries;
+  for (int32_t id = 0; id < num_blocks(); ++id) {
+    const FullMeta& m = meta_[id];
+    if (!full_.block(id).cached) {
+      if (m.entry != 0 || !m.tokens.empty()) return bad("uncached block ", id, " keeps a cache entry");
+      continue;
+    }
+    if (static_cast<int64_t>(m.tokens.size()) != block_size_ || m.entry == 0) return bad("cached block ", id, " malformed");
+    if (!entries.insert(m.entry).second) return bad("cache entry ", m.entry, " registered twice");
   }
-  if (!enable_prefix_caching_ && !cache_.empty()) return bad("prefix caching is off but blocks are cached");
+  for (int32_t id = 0; id < sliding_.num_blocks(); ++id) {
+    const BlockPool::Block& b = sliding_.block(id);
+    if (b.cached && !entries.count(b.key)) return bad("sliding block ", id, " is cached under no full block's entry");
+  }
+  if (!enable_prefix_caching_ && (full_.num_cached() > 0 || sliding_.num_cached() > 0)) {
+    return bad("prefix caching is off but blocks are cached");
+  }
   return absl::OkStatus();
 }
 

@@ -14,6 +14,7 @@
 #include "common/status.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/engine.h"
+#include "common/model/kv_pools.h"
 #include "common/model/model_loader.h"
 #include "coordinator/grpc_worker_pool.h"
 
@@ -47,6 +48,12 @@ absl::StatusOr<moeshard::EngineOptions> Options(const moeshard::Args& a, const s
   ASSIGN_OR_RETURN(o.max_num_seqs, a.GetInt("max-num-seqs", 64));
   ASSIGN_OR_RETURN(o.max_tokens_per_step, a.GetInt("max-tokens-per-step", 512));
   ASSIGN_OR_RETURN(o.max_model_len, a.GetInt("max-model-len", std::min<int64_t>(o.config.max_position_embeddings, 4096)));
+  // -1 (the default): derived from the limits above; 0: one pool for every layer.
+  ASSIGN_OR_RETURN(o.num_sliding_kv_blocks, a.GetInt("num-sliding-kv-blocks", -1));
+  if (o.num_sliding_kv_blocks < 0) {
+    o.num_sliding_kv_blocks =
+        DefaultSlidingKvBlocks(o.config, o.num_kv_blocks, o.block_size, o.max_num_seqs, o.max_tokens_per_step);
+  }
   ASSIGN_OR_RETURN(o.comm_timeout_ms, a.GetInt("comm-timeout-ms", 60000));
   o.prefix_caching = !a.Flag("no-prefix-caching");
   ASSIGN_OR_RETURN(o.admission.max_queued_requests, a.GetInt("max-queued-requests", 4 * o.max_num_seqs));
@@ -70,7 +77,7 @@ int main(int argc, char** argv) {
   using namespace moeshard;
   auto a = Args::Parse(std::vector<std::string>(argv + 1, argv + argc),
                        {"model", "workers", "mode", "layer-split", "host", "port", "metrics-port", "num-kv-blocks", "block-size",
-                        "max-num-seqs", "max-tokens-per-step", "max-model-len", "comm-timeout-ms", "served-model-name", "metric-prefix",
+                        "num-sliding-kv-blocks", "max-num-seqs", "max-tokens-per-step", "max-model-len", "comm-timeout-ms", "served-model-name", "metric-prefix",
                         "max-queued-requests", "max-queued-tokens", "max-queue-time-s", "step-deadline-floor-ms",
                         "cluster-token-file", "internal-tls-cert", "internal-tls-key", "internal-tls-ca"},
                        {"no-prefix-caching", "help"});
@@ -78,6 +85,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "usage: moeshard-coordinator --model PATH --workers HOST:PORT[,HOST:PORT...] [--mode layer-split|tensor-parallel]\n"
                  "       [--layer-split 2,1,1] [--host 127.0.0.1] [--port 0] [--metrics-port 0] [--num-kv-blocks 1024]\n"
+                 "       [--num-sliding-kv-blocks auto (models with sliding-window layers; 0: one pool)]\n"
                  "       [--block-size 16] [--max-num-seqs 64] [--max-tokens-per-step 512] [--max-model-len N]\n"
                  "       [--comm-timeout-ms 60000] [--no-prefix-caching] [--metric-prefix moeshard_|moeshard:]\n"
                  "       [--max-queued-requests 4*max-num-seqs] [--max-queued-tokens 4*num-kv-blocks*block-size]\n"

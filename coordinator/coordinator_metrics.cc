@@ -39,6 +39,24 @@ CoordinatorMetrics::CoordinatorMetrics() : registry_(std::make_shared<prometheus
   auto& steps = prometheus::BuildCounter().Name(MetricName("steps_total")).Help("Engine steps, by result").Register(r);
   steps_ok = &steps.Add({{"result", "ok"}});
   steps_failed = &steps.Add({{"result", "error"}});
+  kv_blocks = &prometheus::BuildGauge().Name(MetricName("kv_blocks"))
+                   .Help("KV blocks by pool (full: full-attention layers, or every layer of a one-kind model; sliding: "
+                         "sliding-window layers) and state (used by sequences, cached for prefix reuse, free)")
+                   .Register(r);
+  for (const char* kind : {"full", "sliding"}) {
+    for (const char* state : {"used", "free", "cached"}) kv_blocks->Add({{"kind", kind}, {"state", state}});
+  }
+}
+
+void CoordinatorMetrics::SetKv(const BlockManager& blocks) {
+  kv_usage->Set(blocks.Usage());
+  for (KvKind kind : {KvKind::kFull, KvKind::kSliding}) {
+    const KvPoolStats s = blocks.Stats(kind);
+    const std::string k = kind == KvKind::kFull ? "full" : "sliding";
+    kv_blocks->Add({{"kind", k}, {"state", "used"}}).Set(static_cast<double>(s.used));
+    kv_blocks->Add({{"kind", k}, {"state", "free"}}).Set(static_cast<double>(s.free));
+    kv_blocks->Add({{"kind", k}, {"state", "cached"}}).Set(static_cast<double>(s.evictable));
+  }
 }
 
 void CoordinatorMetrics::Finished(const SeqTiming& t, const std::string& reason) {

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "coordinator/block_manager.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
@@ -32,6 +33,10 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Counter>* rejected;
   prometheus::Histogram *ttft, *itl, *e2e, *queue_time, *prefill_time, *decode_time, *step_time;
   prometheus::Counter *steps_ok, *steps_failed;
+  prometheus::Family<prometheus::Gauge>* kv_blocks;  // {kind="full|sliding", state="used|free|cached"}
+
+  // kv_usage (the full pool, as vLLM's) and kv_blocks, from the block manager.
+  void SetKv(const BlockManager& blocks);
 
   void Finished(const SeqTiming& t, const std::string& reason);
   // A request refused by admission control (admission.h names the reasons).

@@ -58,13 +58,15 @@ absl::Status Engine::Connect() {
   ho.store_address = o_.store_address;
   ho.group_id = absl::StrCat("g", rng(), "-", generation_++);
   ho.num_kv_blocks = o_.num_kv_blocks;
+  ho.num_sliding_kv_blocks = SlidingBlocks();
   ho.block_size = o_.block_size;
   ho.timeout_ms = o_.comm_timeout_ms;
   RETURN_IF_ERROR(workers_->Ping(std::chrono::milliseconds(2000)));
   absl::Status st = workers_->Handshake(o_.plan, ho);
   if (!st.ok()) return st;
   std::lock_guard<std::mutex> l(mu_);
-  blocks_ = std::make_unique<BlockManager>(o_.num_kv_blocks, o_.block_size, o_.prefix_caching);
+  blocks_ = std::make_unique<BlockManager>(o_.num_kv_blocks, o_.block_size, o_.prefix_caching, SlidingBlocks(),
+                                           o_.config.sliding_window);
   SchedulerConfig sc;
   sc.max_num_seqs = o_.max_num_seqs;
   sc.max_tokens_per_step = std::max(o_.max_tokens_per_step, o_.max_num_seqs);
@@ -102,14 +104,18 @@ void Engine::Loop() {
       if (!st.ok()) {
         OnConnectFailed(st);
       } else {
-        std::fprintf(stderr, "moeshard-coordinator: %d workers handshaken\n", workers_->size());
+        const std::string sliding =
+            SlidingBlocks() > 0 ? absl::StrCat(", sliding-window layers ", SlidingBlocks(), " (window ", o_.config.sliding_window, ")")
+                                : std::string();
+        std::fprintf(stderr, "moeshard-coordinator: %d workers handshaken; KV blocks of %d: %ld%s\n", workers_->size(),
+                     o_.block_size, static_cast<long>(o_.num_kv_blocks), sliding.c_str());
       }
       continue;
     }
     std::unique_lock<std::mutex> l(mu_);
     metrics_.running->Set(static_cast<double>(scheduler_->num_running()));
     metrics_.waiting->Set(static_cast<double>(scheduler_->num_waiting()));
-    metrics_.kv_usage->Set(blocks_->Usage());
+    metrics_.SetKv(*blocks_);
     if (connected_ && in_flight_ == 0 && !scheduler_->HasWork()) {
       Heartbeat(l);
       continue;
@@ -279,7 +285,7 @@ void Engine::RunStep(StepPlan plan, std::vector<int64_t> released, int64_t step_
       remaining_.erase(e.seq_id);
     }
   }
-  metrics_.kv_usage->Set(blocks_->Usage());
+  metrics_.SetKv(*blocks_);
 }
 
 void Engine::FailAll(const std::string& why) {
@@ -358,7 +364,7 @@ void Engine::Cancel(int64_t seq_id) {
   streams_.erase(it);
   timing_.erase(seq_id);
   remaining_.erase(seq_id);
-  if (blocks_) metrics_.kv_usage->Set(blocks_->Usage());
+  if (blocks_) metrics_.SetKv(*blocks_);
   cv_.notify_all();
 }
 

@@ -22,6 +22,7 @@
 #include "coordinator/admission.h"
 #include "coordinator/block_manager.h"
 #include "coordinator/coordinator_metrics.h"
+#include "common/model/kv_pools.h"
 #include "coordinator/plan.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/step_deadline.h"
@@ -35,6 +36,9 @@ struct EngineOptions {
   Plan plan;
   std::string store_address;
   int64_t num_kv_blocks = 1024;
+  // > 0 for a model with both full and sliding-window layers: the sliding layers' own pool
+  // (common/model/kv_pools.h gives the default); 0: one pool for every layer.
+  int64_t num_sliding_kv_blocks = 0;
   int32_t block_size = 16;
   int64_t max_num_seqs = 64;
   int64_t max_tokens_per_step = 512;
@@ -119,6 +123,8 @@ class Engine {
   std::string WaitFatal();
 
  private:
+  // The sliding pool's blocks: 0 unless the model has both layer kinds.
+  int64_t SlidingBlocks() const { return HasBothLayerKinds(o_.config) ? std::max<int64_t>(o_.num_sliding_kv_blocks, 0) : 0; }
   void Loop();
   void RunStep(StepPlan plan, std::vector<int64_t> released, int64_t step_id, std::chrono::milliseconds deadline);
   void OnConnectFailed(const absl::Status& status);

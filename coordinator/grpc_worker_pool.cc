@@ -22,6 +22,11 @@ void ToProto(const StepRequest& r, const TableDeltas& deltas, v1::StepRequest* p
     const int64_t held = deltas.Held(r, c);
     cp->set_table_start(static_cast<int32_t>(held));
     cp->mutable_block_table()->Add(c.block_table.begin() + held, c.block_table.end());
+    if (!c.sliding_table.empty()) {
+      const int64_t sliding_held = deltas.HeldSliding(r, c);
+      cp->set_sliding_table_start(static_cast<int32_t>(sliding_held));
+      cp->mutable_sliding_table()->Add(c.sliding_table.begin() + sliding_held, c.sliding_table.end());
+    }
     cp->mutable_cached_prefix()->Add(c.cached_prefix.begin(), c.cached_prefix.end());
     cp->set_sample(c.sample);
     if (c.sample) {
@@ -107,6 +112,7 @@ absl::Status GrpcWorkerPool::Handshake(const Plan& plan, const HandshakeOptions&
       req.set_store_address(o.store_address);
       req.set_group_id(o.group_id);
       req.set_num_kv_blocks(o.num_kv_blocks);
+      req.set_num_sliding_kv_blocks(o.num_sliding_kv_blocks);
       req.set_block_size(o.block_size);
       req.set_timeout_ms(o.timeout_ms);
       grpc::ClientContext ctx;

@@ -30,7 +30,18 @@ int64_t StepPlan::num_tokens() const {
 
 Scheduler::Scheduler(SchedulerConfig config, BlockManager* blocks)
     : config_(config), config_status_(config.Validate()), blocks_(blocks) {
-  if (blocks_ == nullptr) config_status_ = absl::InvalidArgumentError("scheduler needs a block manager");
+  if (blocks_ == nullptr) {
+    config_status_ = absl::InvalidArgumentError("scheduler needs a block manager");
+  } else if (config_status_.ok() && blocks_->has_sliding_pool()) {
+    // One sequence alone must always fit a full step: its window plus a chunk of the budget.
+    const int64_t bs = blocks_->block_size();
+    const int64_t need = (blocks_->sliding_window() - 1 + config.max_tokens_per_step + bs - 1) / bs + 1;
+    if (blocks_->Stats(KvKind::kSliding).total < need) {
+      config_status_ = absl::InvalidArgumentError(absl::StrCat(
+          "the sliding KV pool has ", blocks_->Stats(KvKind::kSliding).total, " blocks; a step of ",
+          config.max_tokens_per_step, " tokens over a window of ", blocks_->sliding_window(), " needs ", need));
+    }
+  }
 }
 
 absl::Status Scheduler::Add(SeqRequest request) {
@@ -81,6 +92,7 @@ ChunkPlan Scheduler::MakeChunk(Seq& seq, int64_t n) {
   c.start_pos = seq.num_computed;
   c.tokens.assign(seq.tokens.begin() + seq.num_computed, seq.tokens.begin() + seq.num_computed + n);
   c.block_table = blocks_->BlockTable(c.seq_id);
+  c.sliding_table = blocks_->SlidingTable(c.seq_id);
   c.sample = seq.num_computed + n == static_cast<int64_t>(seq.tokens.size());
   c.sampling = seq.req.sampling;
   c.logprobs = seq.req.logprobs;
@@ -104,10 +116,10 @@ std::optional<StepPlan> Scheduler::Schedule() {
     Seq& s = seqs_.at(id);
     const int64_t total = static_cast<int64_t>(s.tokens.size());
     if (!s.running || s.in_flight || total - s.num_computed != 1) continue;
-    while (!blocks_->CanAppend(id, total)) {
+    while (!blocks_->CanAppend(id, s.num_computed, total)) {
       if (!PreemptFor(id, in_step, &step)) break;
     }
-    if (!blocks_->Append(id, total).ok()) {  // wait for in-flight steps to release blocks
+    if (!blocks_->Append(id, s.num_computed, total).ok()) {  // wait for in-flight steps to release blocks
       short_of_blocks = true;
       continue;
     }
@@ -123,8 +135,14 @@ std::optional<StepPlan> Scheduler::Schedule() {
     Seq& s = it->second;
     const int64_t pending = static_cast<int64_t>(s.tokens.size()) - s.num_computed;
     if (!s.running || s.in_flight || in_step.count(id) || pending <= 1) continue;
-    const int64_t n = std::min(pending, budget);
-    if (!blocks_->Append(id, s.num_computed + n).ok()) {
+    // Full blocks were reserved at admission; sliding-pool blocks come chunk by chunk. When they
+    // are short, a smaller chunk, then the newest preemptible sequence's blocks (as for decodes).
+    int64_t n = std::min(pending, budget);
+    while (n > 1 && !blocks_->CanAppend(id, s.num_computed, s.num_computed + n)) n = (n + 1) / 2;
+    while (!blocks_->CanAppend(id, s.num_computed, s.num_computed + n)) {
+      if (!PreemptFor(id, in_step, &step)) break;
+    }
+    if (!blocks_->Append(id, s.num_computed, s.num_computed + n).ok()) {
       short_of_blocks = true;
       continue;
     }
@@ -137,8 +155,8 @@ std::optional<StepPlan> Scheduler::Schedule() {
          num_running() < config_.max_num_seqs) {
     const int64_t id = waiting_.front();
     Seq& s = seqs_.at(id);
-    if (!blocks_->CanAllocate(s.tokens)) break;
-    absl::StatusOr<int64_t> cached = blocks_->Allocate(id, s.tokens);
+    if (!blocks_->CanAllocate(s.tokens, budget)) break;
+    absl::StatusOr<int64_t> cached = blocks_->Allocate(id, s.tokens, budget);  // sliding blocks for the first chunk
     if (!cached.ok()) break;
     waiting_.pop_front();
     running_.push_back(id);

@@ -12,9 +12,12 @@
 //      in flight is preempted (blocks freed, sent to the front of the waiting queue with its
 //      generated tokens kept, recomputed later as prompt + generated) until it fits; if no
 //      sequence can be preempted it waits for in-flight steps to release blocks;
-//   2. then running sequences part-way through their prompt (chunked prefill);
+//   2. then running sequences part-way through their prompt (chunked prefill); when the sliding
+//      pool (models with sliding-window layers) cannot hold a chunk, a smaller one, else the
+//      newest preemptible sequence is preempted as for decodes;
 //   3. then waiting sequences in FIFO order, while max_num_seqs and the blocks allow (their
-//      blocks are all reserved at admission; the prefix cache may cover part of the prompt).
+//      full blocks are all reserved at admission; the prefix cache may cover part of the prompt;
+//      sliding-pool blocks are reserved chunk by chunk, each step releasing those its window left).
 //      Nothing is admitted in a step that had to preempt or wait for blocks.
 // Several steps may be in flight at once (pipeline micro-batches): Schedule() only picks
 // sequences not in flight, so the steps it returns before OnStepDone() are disjoint.
@@ -65,6 +68,7 @@ struct ChunkPlan {
   int64_t start_pos = 0;              // position of tokens[0]
   std::vector<int32_t> tokens;        // the token ids to run (the first stage embeds them)
   std::vector<int32_t> block_table;   // the sequence's whole table, covering start_pos + size
+  std::vector<int32_t> sliding_table; // with a sliding pool: its table there (-1 before the window)
   std::vector<int32_t> cached_prefix; // first chunk after a prefix-cache hit: the cached tokens
   bool sample = false;                // last chunk of the prompt, or a decode step
   // For the last stage (meaningful when sample):

@@ -28,6 +28,7 @@ struct HandshakeOptions {
   std::string store_address;  // this coordinator's gRPC address
   std::string group_id;
   int64_t num_kv_blocks = 0;
+  int64_t num_sliding_kv_blocks = 0;  // > 0: the sliding-window layers' own pool (ChunkPlan.sliding_table)
   int32_t block_size = 16;
   int64_t timeout_ms = 60000;
 };

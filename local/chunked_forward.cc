@@ -23,6 +23,7 @@ std::vector<std::vector<SeqChunk>> SplitIntoSteps(const std::vector<SeqChunk>& b
       piece.tokens.assign(c.tokens.begin() + done, c.tokens.begin() + done + take);
       piece.start_pos = c.start_pos + done;
       piece.block_table = c.block_table;
+      piece.sliding_table = c.sliding_table;
       piece.all_logits = c.all_logits;
       steps.back().push_back(std::move(piece));
       done += take;

@@ -15,9 +15,11 @@ absl::Status InProcessWorkerPool::Handshake(const Plan& plan, const HandshakeOpt
     return absl::InvalidArgumentError(absl::StrCat("an in-process pool is one worker; the plan has ", plan.num_workers));
   }
   const RunnerOptions& ro = runner_->options();
-  if (o.num_kv_blocks != ro.num_kv_blocks || o.block_size != ro.block_size) {
+  const int64_t sliding = runner_->sliding_pool() ? ro.num_sliding_kv_blocks : 0;
+  if (o.num_kv_blocks != ro.num_kv_blocks || o.block_size != ro.block_size || o.num_sliding_kv_blocks != sliding) {
     return absl::FailedPreconditionError(absl::StrCat("the engine's KV pool (", o.num_kv_blocks, " blocks of ", o.block_size,
-                                                      ") is not the runner's (", ro.num_kv_blocks, " of ", ro.block_size, ")"));
+                                                      ", ", o.num_sliding_kv_blocks, " sliding) is not the runner's (",
+                                                      ro.num_kv_blocks, " of ", ro.block_size, ", ", sliding, " sliding)"));
   }
   std::lock_guard<std::mutex> l(mu_);
   samplers_.Clear();
@@ -36,7 +38,7 @@ absl::StatusOr<StepResult> InProcessWorkerPool::Step(const StepRequest& request,
       rows.push_back({static_cast<int64_t>(batch.size()), c.seq_id, c.sampling,
                       c.start_pos + static_cast<int64_t>(c.tokens.size()), c.logprobs, c.top_logprobs});
     }
-    batch.push_back(SeqChunk{c.tokens, c.start_pos, c.block_table, false});
+    batch.push_back(SeqChunk{c.tokens, c.start_pos, c.block_table, false, c.sliding_table});
   }
   std::vector<float> logits;
   RETURN_IF_ERROR(runner_->Forward(batch, &logits));

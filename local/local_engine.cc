@@ -18,6 +18,7 @@ absl::StatusOr<std::unique_ptr<Engine>> StartLocalEngine(const ModelConfig& conf
   o.config = config;
   ASSIGN_OR_RETURN(o.plan, MakePlan(config, ParallelMode::kTensorParallel, 1, {}));
   o.num_kv_blocks = kv.num_kv_blocks;
+  o.num_sliding_kv_blocks = kv.num_sliding_kv_blocks;  // the engine keeps it only for a two-kind model
   o.block_size = static_cast<int32_t>(kv.block_size);
   o.max_num_seqs = options.max_num_seqs;
   // Steps no bigger than the runner takes: a longer prompt is prefilled in chunks, and no more

@@ -24,7 +24,8 @@ struct LocalEngineOptions {
   bool prefix_caching = true;
 };
 
-// Starts an Engine over `pool` with the runner's KV pool (num_kv_blocks, block_size) and
+// Starts an Engine over `pool` with the runner's KV pools (num_kv_blocks, block_size, and
+// num_sliding_kv_blocks for a model with both full and sliding-window layers) and
 // waits until its warm-up step went through. Errors: the handshake's or the warm-up's.
 absl::StatusOr<std::unique_ptr<Engine>> StartLocalEngine(const ModelConfig& config, const RunnerOptions& kv,
                                                          std::unique_ptr<WorkerPool> pool,

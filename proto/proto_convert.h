@@ -9,7 +9,9 @@
 
 namespace moeshard {
 
-inline constexpr uint32_t kProtocolVersion = 2;  // 2: ChunkProto.table_start (tables by delta)
+// 2: ChunkProto.table_start (tables by delta); 3: the sliding pool (num_sliding_kv_blocks,
+// ChunkProto.sliding_table).
+inline constexpr uint32_t kProtocolVersion = 3;
 
 SamplingParams SamplingFromProto(const v1::SamplingOptions& s);
 void SamplingToProto(const SamplingParams& p, v1::SamplingOptions* s);

@@ -36,8 +36,11 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CpuModelRunner::Create(const ModelC
                                                                     Communicator* tp_comm) {
   std::unique_ptr<CpuModelRunner> r(new CpuModelRunner(config, shard, options, tp_comm));
   ASSIGN_OR_RETURN(r->w_, LoadModelWeights(config, src, shard));
+  std::vector<bool> in_sliding_pool;
+  for (int64_t li = 0; li < shard.layer_end - shard.layer_begin; ++li) in_sliding_pool.push_back(r->InSlidingPool(li));
   r->kv_ = std::make_unique<KvCache>(shard.layer_end - shard.layer_begin, options.num_kv_blocks, options.block_size,
-                                     r->w_->num_local_kv_heads, config.head_dim);
+                                     r->w_->num_local_kv_heads, config.head_dim, in_sliding_pool,
+                                     options.num_sliding_kv_blocks);
   return std::unique_ptr<ModelRunner>(std::move(r));
 }
 
@@ -102,16 +105,19 @@ absl::Status CpuModelRunner::AttentionInput(int64_t li, const AttentionInputOpts
   return absl::OkStatus();
 }
 
-// Chunk by chunk: its K/V into the cache, then its queries over the cache.
+// Chunk by chunk: its K/V into the cache, then its queries over the cache. A sliding layer
+// with its own pool goes through the chunk's sliding table; the kernel reads keys from
+// p - window + 1 on, so never an entry released (-1) before the window of start_pos.
 absl::Status CpuModelRunner::Attention(int64_t li, int64_t window) {
+  const bool sliding = InSlidingPool(li);
   const int64_t hd = config_.head_dim, nq = w_->num_local_heads, nkv = w_->num_local_kv_heads;
   o_.assign(T() * nq * hd, 0.f);
   int64_t t0 = 0;
   for (const SeqChunk& ch : *batch_) {
     int64_t n = ch.tokens.size();
-    RETURN_IF_ERROR(
-        kv_->Write(li, ch.block_table, ch.start_pos, n, k_.data() + t0 * nkv * hd, v_.data() + t0 * nkv * hd));
-    PagedKv kv{kv_->k(li), kv_->v(li), kv_->block_size(), ch.block_table.data()};
+    const std::vector<int32_t>& table = sliding ? ch.sliding_table : ch.block_table;
+    RETURN_IF_ERROR(kv_->Write(li, table, ch.start_pos, n, k_.data() + t0 * nkv * hd, v_.data() + t0 * nkv * hd));
+    PagedKv kv{kv_->k(li), kv_->v(li), kv_->block_size(), table.data()};
     moeshard::Attention(q_.data() + t0 * nq * hd, n, nq, nkv, hd, ch.start_pos, kv, window, o_.data() + t0 * nq * hd);
     t0 += n;
   }

@@ -1,20 +1,28 @@
 #include "worker/kv_cache.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 
 namespace moeshard {
 
-KvCache::KvCache(int64_t num_layers, int64_t num_blocks, int64_t block_size, int64_t kv_heads, int64_t head_dim)
+KvCache::KvCache(int64_t num_layers, int64_t num_blocks, int64_t block_size, int64_t kv_heads, int64_t head_dim,
+                 const std::vector<bool>& in_sliding_pool, int64_t num_sliding_blocks)
     : num_blocks_(num_blocks), block_size_(block_size), slot_(kv_heads * head_dim), k_(num_layers), v_(num_layers) {
   for (int64_t l = 0; l < num_layers; ++l) {
-    k_[l].assign(num_blocks * block_size * slot_, 0.f);
-    v_[l].assign(num_blocks * block_size * slot_, 0.f);
+    const bool sliding = l < static_cast<int64_t>(in_sliding_pool.size()) && in_sliding_pool[l];
+    const int64_t blocks = sliding ? num_sliding_blocks : num_blocks;
+    k_[l].assign(blocks * block_size * slot_, 0.f);
+    v_[l].assign(blocks * block_size * slot_, 0.f);
   }
 }
 
-size_t KvCache::bytes() const { return 2 * k_.size() * num_blocks_ * block_size_ * slot_ * sizeof(float); }
+size_t KvCache::bytes() const {
+  size_t floats = 0;
+  for (size_t l = 0; l < k_.size(); ++l) floats += k_[l].size() + v_[l].size();
+  return floats * sizeof(float);
+}
 
 absl::Status KvCache::Write(int64_t layer, const std::vector<int32_t>& table, int64_t pos0, int64_t T,
                             const float* k, const float* v) {
@@ -41,8 +49,19 @@ absl::Status BlockAllocator::Reserve(std::vector<int32_t>& table, int64_t n, int
   return absl::OkStatus();
 }
 
+void BlockAllocator::ReleaseBeforeWindow(std::vector<int32_t>& table, int64_t start_pos, int64_t window,
+                                         int64_t block_size) {
+  const int64_t first = std::max<int64_t>(0, start_pos - window + 1) / block_size;
+  for (int64_t i = 0; i < std::min<int64_t>(first, static_cast<int64_t>(table.size())); ++i) {
+    if (table[i] >= 0) free_.push_back(table[i]);
+    table[i] = -1;
+  }
+}
+
 void BlockAllocator::Free(std::vector<int32_t>& table) {
-  for (int32_t b : table) free_.push_back(b);
+  for (int32_t b : table) {
+    if (b >= 0) free_.push_back(b);
+  }
   table.clear();
 }
 

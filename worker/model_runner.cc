@@ -27,13 +27,14 @@ absl::StatusOr<KvDType> ParseKvDType(const std::string& s) {
   return absl::InvalidArgumentError(absl::StrCat("unknown KV cache dtype '", s, "' (auto, float32, bfloat16 or fp8)"));
 }
 
-absl::Status CheckBlockTable(const std::vector<int32_t>& table, int64_t n, int64_t num_blocks, int64_t block_size) {
+absl::Status CheckBlockTable(const std::vector<int32_t>& table, int64_t n, int64_t num_blocks, int64_t block_size,
+                             int64_t first_block) {
   const int64_t need = (n + block_size - 1) / block_size;
   if (static_cast<int64_t>(table.size()) < need) {
     return absl::InvalidArgumentError(
         absl::StrCat("block table has ", table.size(), " blocks, ", need, " needed for ", n, " positions"));
   }
-  for (int64_t i = 0; i < need; ++i) {
+  for (int64_t i = first_block; i < need; ++i) {
     if (table[i] < 0 || table[i] >= num_blocks) {
       return absl::InvalidArgumentError(absl::StrCat("block id ", table[i], " outside the pool of ", num_blocks));
     }
@@ -56,6 +57,12 @@ absl::Status ModelRunner::ValidateBatch(const std::vector<SeqChunk>& batch) cons
     }
     RETURN_IF_ERROR(CheckBlockTable(c.block_table, c.start_pos + static_cast<int64_t>(c.tokens.size()),
                                     options_.num_kv_blocks, options_.block_size));
+    if (sliding_pool()) {
+      const int64_t first = std::max<int64_t>(0, c.start_pos - config_.sliding_window + 1) / options_.block_size;
+      absl::Status st = CheckBlockTable(c.sliding_table, c.start_pos + static_cast<int64_t>(c.tokens.size()),
+                                        options_.num_sliding_kv_blocks, options_.block_size, first);
+      if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat("sliding ", st.message()));
+    }
     total += static_cast<int64_t>(c.tokens.size());
   }
   if (options_.device == Device::kCuda && total > options_.max_batch_tokens) {

@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "common/comm/communicator.h"
 #include "common/formats/tensor_source.h"
+#include "common/model/kv_pools.h"
 #include "common/model/model_config.h"
 #include "common/model/shard.h"
 
@@ -30,6 +31,10 @@ struct SeqChunk {
   int64_t start_pos = 0;
   std::vector<int32_t> block_table;  // covers [0, start_pos + tokens.size())
   bool all_logits = false;           // logits for every token, else for the last only
+  // With a sliding pool (RunnerOptions::num_sliding_kv_blocks > 0): the table the
+  // sliding-window layers read and write, in that pool; -1 before the window of start_pos
+  // (entries below (start_pos - window + 1) / block_size are never read).
+  std::vector<int32_t> sliding_table = {};
 };
 
 enum class Device : uint8_t { kCpu, kCuda };
@@ -43,6 +48,10 @@ enum class KvDType : uint8_t { kAuto, kFloat32, kBFloat16, kFp8E4M3 };
 struct RunnerOptions {
   int64_t num_kv_blocks = 256;
   int64_t block_size = 16;
+  // > 0, for a model with sliding-window layers: those layers keep their KV in a pool of this
+  // many blocks, indexed by SeqChunk::sliding_table (full layers keep num_kv_blocks). 0: every
+  // layer in the one pool, indexed by block_table.
+  int64_t num_sliding_kv_blocks = 0;
   Device device = Device::kCpu;
   int gpu_index = 0;
   ActPrecision precision = ActPrecision::kBFloat16;
@@ -55,9 +64,10 @@ absl::StatusOr<Device> ParseDevice(const std::string& s);           // cpu | cud
 absl::StatusOr<ActPrecision> ParsePrecision(const std::string& s);  // float32 | bfloat16
 absl::StatusOr<KvDType> ParseKvDType(const std::string& s);         // auto | float32 | bfloat16 | fp8
 
-// Checks that a block table covers `num_positions` with block ids below `num_blocks`.
+// Checks that a block table covers `num_positions` with block ids below `num_blocks` (from
+// table index first_block on: a sliding table's earlier entries are never read).
 absl::Status CheckBlockTable(const std::vector<int32_t>& table, int64_t num_positions, int64_t num_blocks,
-                             int64_t block_size);
+                             int64_t block_size, int64_t first_block = 0);
 
 class ModelRunner {
  public:
@@ -86,6 +96,12 @@ class ModelRunner {
   const ShardSpec& shard() const { return shard_; }
   const RunnerOptions& options() const { return options_; }
   int64_t block_size() const { return options_.block_size; }
+  // Whether the sliding-window layers have their own pool (and chunks a sliding_table).
+  bool sliding_pool() const { return options_.num_sliding_kv_blocks > 0 && HasBothLayerKinds(config_); }
+  // Whether layer li of this shard (0-based within it) keeps its KV in the sliding pool.
+  bool InSlidingPool(int64_t li) const {
+    return sliding_pool() && config_.layers[shard_.layer_begin + li].sliding;
+  }
   virtual size_t kv_bytes() const = 0;
   // Per-region device time of the steps since ResetProfile (GPU with options.profile).
   virtual std::string ProfileReport() const { return ""; }

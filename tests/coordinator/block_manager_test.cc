@@ -141,9 +141,9 @@ TEST(BlockManagerTest, LruEvictionOrder) {
   for (int32_t b : bm.BlockTable(100)) {
     EXPECT_TRUE(b != cached_block['A'] && b != cached_block['B'] && b != cached_block['C']) << b;
   }
-  ASSERT_TRUE(bm.Append(100, 8).ok());
+  ASSERT_TRUE(bm.Append(100, 0, 8).ok());
   EXPECT_EQ(bm.BlockTable(100).back(), cached_block['A']);
-  ASSERT_TRUE(bm.Append(100, 10).ok());
+  ASSERT_TRUE(bm.Append(100, 0, 10).ok());
   EXPECT_EQ(bm.BlockTable(100).back(), cached_block['C']);
   EXPECT_EQ(bm.num_evictable_blocks(), 1);
   EXPECT_INTEGRITY(bm);
@@ -213,13 +213,13 @@ TEST(BlockManagerTest, ErrorsAndAppend) {
   EXPECT_EQ(bm.Allocate(1, {}).status().code(), absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(bm.Allocate(1, {1, 2}).ok());
   EXPECT_EQ(bm.Allocate(1, {1, 2}).status().code(), absl::StatusCode::kAlreadyExists);
-  EXPECT_EQ(bm.Append(9, 4).code(), absl::StatusCode::kNotFound);
-  EXPECT_FALSE(bm.CanAppend(9, 1));
-  EXPECT_TRUE(bm.Append(1, 4).ok());  // still one block
+  EXPECT_EQ(bm.Append(9, 0, 4).code(), absl::StatusCode::kNotFound);
+  EXPECT_FALSE(bm.CanAppend(9, 0, 1));
+  EXPECT_TRUE(bm.Append(1, 0, 4).ok());  // still one block
   EXPECT_EQ(bm.BlockTable(1).size(), 1u);
-  EXPECT_TRUE(bm.CanAppend(1, 12));
-  EXPECT_FALSE(bm.CanAppend(1, 13));
-  EXPECT_EQ(bm.Append(1, 13).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(bm.CanAppend(1, 0, 12));
+  EXPECT_FALSE(bm.CanAppend(1, 0, 13));
+  EXPECT_EQ(bm.Append(1, 0, 13).code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(bm.BlockTable(1).size(), 1u);  // unchanged
   EXPECT_FALSE(bm.CanAllocate(Range(0, 9)));
   EXPECT_EQ(bm.Allocate(2, Range(0, 9)).status().code(), absl::StatusCode::kResourceExhausted);
@@ -293,8 +293,8 @@ void Simulate(BlockManager::HashFn hash, uint32_t seed, bool expect_hits) {
         for (auto& x : extra) x = static_cast<int32_t>(rnd(0, 3));
         const int64_t total = s.tokens.size() + extra.size();
         const size_t before = bm.BlockTable(it->first).size();
-        const bool can = bm.CanAppend(it->first, total);
-        ASSERT_EQ(bm.Append(it->first, total).ok(), can);
+        const bool can = bm.CanAppend(it->first, 0, total);
+        ASSERT_EQ(bm.Append(it->first, 0, total).ok(), can);
         if (can) {
           s.tokens.insert(s.tokens.end(), extra.begin(), extra.end());
           const std::vector<int32_t>& table = bm.BlockTable(it->first);

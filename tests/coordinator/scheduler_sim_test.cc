@@ -34,7 +34,9 @@ struct SimStats {
   int64_t preemptions = 0, cache_hit_tokens = 0, aborted = 0, finished = 0;
 };
 
-void RunSim(uint32_t seed, SimStats* stats) {
+// sliding: a model with sliding-window layers, its second pool between the least the scheduler
+// takes (one sequence's window and a full step) and a little more, so that sequences contend.
+void RunSim(uint32_t seed, SimStats* stats, bool sliding = false) {
   std::mt19937 rng(seed);
   auto rnd = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
   const int64_t bs = int64_t{1} << rnd(0, 3), num_blocks = rnd(6, 40);
@@ -45,10 +47,13 @@ void RunSim(uint32_t seed, SimStats* stats) {
   cfg.max_model_len = rnd(8, 80);
   const size_t depth = rnd(1, 4);
   const bool fifo = rnd(0, 1);
+  const int64_t window = sliding ? rnd(1, 24) : 0;
+  const int64_t sliding_blocks = sliding ? (window - 1 + cfg.max_tokens_per_step + bs - 1) / bs + 1 + rnd(0, 8) : 0;
   SCOPED_TRACE(::testing::Message() << "seed " << seed << " bs " << bs << " blocks " << num_blocks << " caching "
                                     << caching << " seqs " << cfg.max_num_seqs << " budget " << cfg.max_tokens_per_step
-                                    << " len " << cfg.max_model_len << " depth " << depth << " fifo " << fifo);
-  BlockManager bm(num_blocks, bs, caching);
+                                    << " len " << cfg.max_model_len << " depth " << depth << " fifo " << fifo
+                                    << " window " << window << " sliding blocks " << sliding_blocks);
+  BlockManager bm(num_blocks, bs, caching, sliding_blocks, window);
   Scheduler s(cfg, &bm);
   std::vector<std::vector<int32_t>> bases(2);
   for (auto& b : bases) {
@@ -117,6 +122,13 @@ void RunSim(uint32_t seed, SimStats* stats) {
         ASSERT_EQ(c.tokens, std::vector<int32_t>(q.tokens.begin() + c.start_pos, q.tokens.begin() + end));
         ASSERT_EQ(c.sample, end == total);
         ASSERT_GE(static_cast<int64_t>(c.block_table.size()) * bs, end);
+        if (sliding) {  // -1 exactly before the window of start_pos, real blocks through `end`
+          ASSERT_GE(static_cast<int64_t>(c.sliding_table.size()) * bs, end);
+          const int64_t first = bm.FirstSlidingBlock(c.start_pos);
+          for (int64_t i = 0; i < (end + bs - 1) / bs; ++i) ASSERT_EQ(c.sliding_table[i] < 0, i < first) << i;
+        } else {
+          ASSERT_TRUE(c.sliding_table.empty());
+        }
         q.in_flight = true;
       }
       in_flight.push_back(std::move(*p));
@@ -181,6 +193,7 @@ void RunSim(uint32_t seed, SimStats* stats) {
   }
   EXPECT_EQ(bm.num_free_blocks(), num_blocks);
   EXPECT_EQ(bm.Usage(), 0.0);
+  EXPECT_EQ(bm.Stats(KvKind::kSliding).used, 0);
   stats->preemptions += s.num_preemptions();
   stats->cache_hit_tokens += bm.prefix_hit_tokens();
   for (const auto& [id, q] : m) (q.aborted ? stats->aborted : stats->finished) += 1;
@@ -199,6 +212,20 @@ TEST(SchedulerSimTest, RandomizedInvariantsAndCompletion) {
   EXPECT_GT(stats.finished, 5000);
   std::printf("sim: %ld preemptions, %ld cached tokens, %ld aborted, %ld finished\n", static_cast<long>(stats.preemptions),
               static_cast<long>(stats.cache_hit_tokens), static_cast<long>(stats.aborted), static_cast<long>(stats.finished));
+}
+
+TEST(SchedulerSimTest, RandomizedInvariantsAndCompletionWithASlidingPool) {
+  SimStats stats;
+  for (uint32_t seed = 1; seed <= 300; ++seed) {
+    RunSim(seed, &stats, /*sliding=*/true);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  EXPECT_GT(stats.preemptions, 100);
+  EXPECT_GT(stats.cache_hit_tokens, 500);
+  EXPECT_GT(stats.finished, 5000);
+  std::printf("sim with a sliding pool: %ld preemptions, %ld cached tokens, %ld aborted, %ld finished\n",
+              static_cast<long>(stats.preemptions), static_cast<long>(stats.cache_hit_tokens),
+              static_cast<long>(stats.aborted), static_cast<long>(stats.finished));
 }
 
 }  // namespace

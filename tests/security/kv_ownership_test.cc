@@ -1,7 +1,7 @@
 // Block tables against the sequences' own blocks (worker/service/kv_ownership.h): a step may
 // read and write the blocks its sequence wrote, blocks of no live sequence, and full blocks of
 // another live sequence only through the prefix cache (its cached_prefix must hold the tokens
-// the blocks were written with). Block size 4 throughout.
+// the blocks were written with). Block size 4 throughout. Then the sliding pool's table.
 #include "worker/service/kv_ownership.h"
 
 #include <numeric>
@@ -177,6 +177,105 @@ TEST_F(KvOwnershipTest, ADeltaOfAnUnknownGoneOrShortTableIsRefused) {
   v1::StepRequest ok = Step({Delta(1, 10, {7}, 3, {})});
   ASSERT_TRUE(kv_.ExpandTables(&ok).ok());
   Run(ok);
+}
+
+// A chunk whose full table is 100 + i (the full pool's ownership is not under test here).
+v1::ChunkProto SlidingChunk(int64_t seq, int64_t start, std::vector<int32_t> tokens, std::vector<int32_t> sliding,
+                            std::vector<int32_t> cached_prefix = {}) {
+  v1::ChunkProto c = Chunk(seq, start, std::move(tokens), Range(100, static_cast<int32_t>(sliding.size())),
+                           std::move(cached_prefix));
+  c.mutable_sliding_table()->Add(sliding.begin(), sliding.end());
+  return c;
+}
+
+class KvOwnershipSlidingTest : public KvOwnershipTest {
+ protected:
+  static constexpr int kWindow = 6;
+  void SetUp() override {
+    kv_ = KvOwnership(KvOwnership::Table::kSliding);
+    kv_.Reset(kBs, 8, kWindow);
+    // Sequence 1: a 10-token prompt in sliding blocks 0, 1, 2.
+    Run(Step({SlidingChunk(1, 0, Range(100, 10), {0, 1, 2})}));
+  }
+};
+
+TEST_F(KvOwnershipSlidingTest, AReleasedBlockMayGoToAnotherSequenceInTheSameStep) {
+  Run(Step({SlidingChunk(1, 10, {7}, {0, 1, 2})}));  // sees 5..10: block 0 still held
+  // Block 0 is sequence 1's: nobody else may have it while its table names it.
+  EXPECT_NE(Refusal(Step({SlidingChunk(2, 0, {1, 2, 3}, {0})})).find("live sequence 1 wrote"), std::string::npos);
+  // At 12 the window starts at 7: sequence 1 releases block 0, and sequence 2 takes it.
+  Run(Step({SlidingChunk(1, 12, {8}, {-1, 1, 2, 3}), SlidingChunk(2, 0, {1, 2, 3}, {0})}));
+  // Now it is sequence 2's: sequence 3 may not have it.
+  EXPECT_NE(Refusal(Step({SlidingChunk(3, 0, {1}, {0})})).find("live sequence 2 wrote"), std::string::npos);
+  Run(Step({SlidingChunk(1, 13, {9}, {-1, 1, 2, 3})}));
+  EXPECT_EQ(kv_.num_live(), 2);
+}
+
+TEST_F(KvOwnershipSlidingTest, NoBlockInsideTheWindowAndNoEntryComingBack) {
+  Run(Step({SlidingChunk(1, 12, {8}, {-1, 1, 2, 3})}));
+  // Position 13 sees 8..13 (blocks 2, 3): block 1 may go, block 2 may not be missing.
+  EXPECT_NE(Refusal(Step({SlidingChunk(1, 13, {9}, {-1, -1, -1, 3})})).find("outside the pool"), std::string::npos);
+  // A released entry does not come back, whatever block it names.
+  EXPECT_NE(Refusal(Step({SlidingChunk(1, 13, {9}, {0, 1, 2, 3})})).find("changed at index 0"), std::string::npos);
+  EXPECT_NE(Refusal(Step({SlidingChunk(1, 13, {9}, {5, 1, 2, 3})})).find("changed at index 0"), std::string::npos);
+  // Nor may a held entry change to another block.
+  EXPECT_NE(Refusal(Step({SlidingChunk(1, 13, {9}, {-1, 1, 6, 3})})).find("changed at index 2"), std::string::npos);
+  Run(Step({SlidingChunk(1, 13, {9}, {-1, -1, 2, 3})}));
+}
+
+TEST_F(KvOwnershipSlidingTest, ReleasingAnotherSequencesBlockFreesNothing) {
+  // Sequence 2 shares sequence 1's blocks 0 and 1 through the prefix cache, then its window
+  // leaves block 0. Only the writer's release frees a block: sequence 3 may not have it.
+  Run(Step({SlidingChunk(1, 10, Range(110, 6), {0, 1, 2, 3})}));
+  Run(Step({SlidingChunk(2, 8, {7, 7}, {0, 1, 4}, Range(100, 8))}));
+  Run(Step({SlidingChunk(2, 10, {7, 7}, {0, 1, 4})}));
+  EXPECT_NE(Refusal(Step({SlidingChunk(2, 12, {7}, {-1, 1, 4, 5}), SlidingChunk(3, 0, {1}, {0})})).find("live sequence 1 wrote"),
+            std::string::npos);
+  Run(Step({SlidingChunk(2, 12, {7}, {-1, 1, 4, 5})}));
+}
+
+TEST_F(KvOwnershipSlidingTest, APrefixHitStartsWithReleasedEntriesAndSharesTheWindow) {
+  // Sequence 1 grows to 16 tokens; a new sequence hits its first 12 (blocks 0..2) and, at 12,
+  // reads from 7 on: block 0 is never read (-1), blocks 1 and 2 are shared read-only.
+  Run(Step({SlidingChunk(1, 10, Range(110, 6), {0, 1, 2, 3})}));
+  const std::vector<int32_t> prefix = Range(100, 12);
+  Run(Step({SlidingChunk(4, 12, {42}, {-1, 1, 2, 6}, prefix)}));
+  // The same read with a cached prefix that is not what the blocks hold is refused.
+  std::vector<int32_t> wrong = prefix;
+  wrong[9] = 0;
+  EXPECT_NE(Refusal(Step({SlidingChunk(5, 12, {42}, {-1, 1, 2, 7}, wrong)})).find("does not match"), std::string::npos);
+}
+
+TEST_F(KvOwnershipSlidingTest, SlidingDeltasExpandFromTheRecordAndTheFullTableIgnoresThem) {
+  Run(Step({SlidingChunk(1, 12, {8}, {-1, 1, 2, 3})}));
+  v1::StepRequest delta = Step({SlidingChunk(1, 13, {9}, {2, 3})});
+  delta.mutable_chunks(0)->set_sliding_table_start(2);
+  KvOwnership full;
+  full.Reset(kBs, 200);
+  ASSERT_TRUE(full.ExpandTables(&delta).ok());  // nothing of the full table is a delta
+  EXPECT_EQ(delta.chunks(0).sliding_table_start(), 2);
+  ASSERT_TRUE(kv_.ExpandTables(&delta).ok());
+  EXPECT_EQ(delta.chunks(0).sliding_table_start(), 0);
+  EXPECT_EQ(std::vector<int32_t>(delta.chunks(0).sliding_table().begin(), delta.chunks(0).sliding_table().end()),
+            std::vector<int32_t>({-1, 1, 2, 3}));
+  Run(delta);
+  v1::StepRequest too_far = Step({SlidingChunk(1, 14, {9}, {3})});
+  too_far.mutable_chunks(0)->set_sliding_table_start(5);
+  EXPECT_FALSE(kv_.ExpandTables(&too_far).ok());
+}
+
+TEST(KvOwnershipNoSlidingPoolTest, OneKindModelsSendNoSlidingTable) {
+  KvOwnership none(KvOwnership::Table::kSliding);
+  none.Reset(kBs, 0, 0);  // the worker's sliding record when the model has one kind of layer
+  const v1::StepRequest plain = Step({Chunk(1, 0, Range(100, 10), {0, 1, 2})});
+  ASSERT_TRUE(none.Check(plain).ok()) << none.Check(plain);
+  none.Commit(plain);
+  EXPECT_EQ(none.num_live(), 0);
+  const v1::StepRequest with_table = Step({SlidingChunk(2, 0, {1}, {0})});
+  EXPECT_NE(none.Check(with_table).message().find("no sliding pool"), std::string::npos);
+  v1::StepRequest delta = Step({Chunk(1, 10, {7}, {})});
+  delta.mutable_chunks(0)->set_sliding_table_start(3);
+  EXPECT_FALSE(none.ExpandTables(&delta).ok());
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "common/model/model_config.h"
 
+#include "common/model/kv_pools.h"
+
 #include "gtest/gtest.h"
 
 namespace moeshard {
@@ -103,6 +105,28 @@ TEST(ModelConfigTest, MuseSparkPatternAndRope) {
   bad = ParseHfConfig(j);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(std::string(bad.status().message()).find("quant_method"), std::string::npos);
+}
+
+// Two KV pools only for a model with both kinds of layer; the sliding pool's default size.
+TEST(ModelConfigTest, SlidingKvPoolForModelsWithBothLayerKinds) {
+  auto qwen = ParseHfConfig(Qwen3Classic());
+  ASSERT_TRUE(qwen.ok()) << qwen.status();
+  EXPECT_FALSE(HasBothLayerKinds(*qwen));
+  EXPECT_EQ(DefaultSlidingKvBlocks(*qwen, 1024, 16, 64, 512), 0);
+  json j = Qwen3Classic();
+  j["use_sliding_window"] = true;
+  j["sliding_window"] = 8;
+  j["max_window_layers"] = 0;  // every layer sliding: one kind, one pool
+  auto all_sliding = ParseHfConfig(j);
+  ASSERT_TRUE(all_sliding.ok()) << all_sliding.status();
+  EXPECT_FALSE(HasBothLayerKinds(*all_sliding));
+  j["max_window_layers"] = 2;  // layers 2 and 3 sliding
+  auto mixed = ParseHfConfig(j);
+  ASSERT_TRUE(mixed.ok()) << mixed.status();
+  EXPECT_TRUE(HasBothLayerKinds(*mixed));
+  // Window 8, blocks of 4: 64 sequences x (ceil(7 / 4) + 2) + 2 x ceil(512 / 4) = 256 + 256.
+  EXPECT_EQ(DefaultSlidingKvBlocks(*mixed, 1024, 4, 64, 512), 512);
+  EXPECT_EQ(DefaultSlidingKvBlocks(*mixed, 512, 4, 64, 512), 0);  // not smaller than the full pool
 }
 
 }  // namespace

@@ -167,7 +167,7 @@ absl::Status GpuModelRunner::AttentionInput(int64_t li, const AttentionInputOpts
     qp.rope = opts.rope;
     qp.pos = pos_;
     qp.theta = c.rope_theta;
-    qp.slots = slots_;
+    qp.slots = InSlidingPool(li) ? sliding_slots_ : slots_;
     qp.cache = kv_[li];
     auto region = prof_.Region("attention", stream_);
     RETURN_IF_ERROR(gpu::QkPrep(qp, stream_));
@@ -200,7 +200,8 @@ absl::Status GpuModelRunner::Attention(int64_t li, int64_t window) {
   kw.v = v_;
   kw.dtype = act_;
   kw.num_tokens = T;
-  kw.slots = slots_;
+  const bool sliding = InSlidingPool(li);  // its KV, slots and table in the sliding pool
+  kw.slots = sliding ? sliding_slots_ : slots_;
   kw.cache = kv_[li];
   AttentionParams ap;
   ap.q = q_;
@@ -209,7 +210,7 @@ absl::Status GpuModelRunner::Attention(int64_t li, int64_t window) {
   ap.num_tokens = T;
   ap.num_heads = nq_;
   ap.pos = pos_;
-  ap.table_offset = toff_;
+  ap.table_offset = sliding ? sliding_toff_ : toff_;
   ap.block_tables = tables_;
   ap.window = window;
   ap.scale = 1.0f / std::sqrt(static_cast<float>(hd));

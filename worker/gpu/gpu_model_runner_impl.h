@@ -203,6 +203,9 @@ class GpuModelRunner : public ModelRunner, private LayerOps {
   size_t step_mark_ = 0;  // the arena past the step's indices and residual stream
   int32_t *ids_ = nullptr, *pos_ = nullptr, *slots_ = nullptr, *toff_ = nullptr, *tables_ = nullptr,
           *rows_ = nullptr;
+  // The sliding pool's slots and table offsets (into tables_) of a sliding layer's tokens;
+  // slots_ and toff_ without a sliding pool.
+  int32_t *sliding_slots_ = nullptr, *sliding_toff_ = nullptr;
   float* s_ = nullptr;
   void* xn_ = nullptr;       // [T, H] activation dtype: the current block's normalized input
   float* xn32_ = nullptr;    // [T, H] its fp32 copy (the MoE router's input)

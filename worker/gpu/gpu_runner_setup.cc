@@ -58,9 +58,11 @@ absl::Status GpuModelRunner::InitBuffers() {
     case KvDType::kBFloat16: kv_elem_ = KvElem::kBF16; break;
     case KvDType::kFp8E4M3: kv_elem_ = KvElem::kFp8E4M3; break;
   }
-  const int64_t slots = options_.num_kv_blocks * options_.block_size;
   const size_t elem = kv_elem_ == KvElem::kF32 ? 4 : kv_elem_ == KvElem::kBF16 ? 2 : 1;
   for (int64_t li = shard_.layer_begin; li < shard_.layer_end; ++li) {
+    // Sliding-window layers with their own pool hold num_sliding_kv_blocks blocks.
+    const int64_t slots = (InSlidingPool(li - shard_.layer_begin) ? options_.num_sliding_kv_blocks
+                                                                    : options_.num_kv_blocks) * options_.block_size;
     KvCacheView v;
     v.elem = kv_elem_;
     v.block_size = options_.block_size;
@@ -83,10 +85,11 @@ absl::Status GpuModelRunner::InitBuffers() {
   const int64_t T = options_.max_batch_tokens, H = c.hidden_size, hd = c.head_dim, Lw = c.expert_width();
   const int64_t E = std::max<int64_t>(c.num_experts, 1), K = std::max<int64_t>(c.top_k, 1);
   logit_rows_ = std::max<int64_t>(1, std::min<int64_t>(T, kLogitChunkBytes / (4 * c.vocab_size)));
-  // The step's indices ([ids, positions, slots, table offsets] per token, rows, block tables
-  // of up to 8 × the pool) and residual stream; then the largest of one attention block, one
-  // MLP block (with the expert step's workspace) and one chunk of the LM head.
-  index_capacity_ = 5 * T + 8 * options_.num_kv_blocks;
+  // The step's indices ([ids, positions, slots, table offsets] per token, with a sliding pool
+  // its [slots, table offsets] too, rows, block tables of up to 8 × the pools) and residual
+  // stream; then the largest of one attention block, one MLP block (with the expert step's
+  // workspace) and one chunk of the LM head.
+  index_capacity_ = (sliding_pool() ? 7 : 5) * T + (sliding_pool() ? 16 : 8) * options_.num_kv_blocks;
   const int64_t fixed = 4 * index_capacity_ + 4 * H * T + (act_bytes_ + 4) * H * T;  // + xn_, xn32_
   const int64_t attn = T * (act_bytes_ * (H + 2 * nq_ * hd + 2 * nkv_ * hd + nq_) + 4 * H) + kAttentionWorkspaceBytes;
   int64_t mlp = T * (act_bytes_ * H + 8 * H);
@@ -112,38 +115,51 @@ absl::Status GpuModelRunner::Prepare(const std::vector<SeqChunk>& batch) {
   T_ = 0;
   R_ = 0;
   max_chunk_tokens_ = 0;
-  int64_t table_total = 0;
+  // With a sliding pool every chunk's sliding table travels too (after all block tables; its
+  // -1 entries, before the window, are never read: kernels/cuda read keys from p - window + 1).
+  const bool sliding = sliding_pool();
+  int64_t table_total = 0, full_total = 0;
   for (auto& ch : batch) {
     max_chunk_tokens_ = std::max<int64_t>(max_chunk_tokens_, static_cast<int64_t>(ch.tokens.size()));
     T_ += static_cast<int64_t>(ch.tokens.size());
     R_ += ch.all_logits ? static_cast<int64_t>(ch.tokens.size()) : 1;
-    table_total += static_cast<int64_t>(ch.block_table.size());
+    full_total += static_cast<int64_t>(ch.block_table.size());
+    if (sliding) table_total += static_cast<int64_t>(ch.sliding_table.size());
   }
+  table_total += full_total;
+  const int64_t per_token = sliding ? 6 : 4;
   if (T_ > options_.max_batch_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("batch of ", T_, " tokens exceeds ", options_.max_batch_tokens));
   }
-  // [ids T][pos T][slots T][table offsets T][rows R][tables]
-  if (4 * T_ + R_ + table_total > index_capacity_) {
+  // [ids T][pos T][slots T][table offsets T]([sliding slots T][sliding table offsets T])[rows R]
+  // [tables][sliding tables]: every address but the tables' depends on T only (decode graphs).
+  if (per_token * T_ + R_ + table_total > index_capacity_) {
     return absl::InvalidArgumentError(absl::StrCat("the batch's block tables (", table_total,
                                                    " entries) exceed this runner's index space"));
   }
-  host_idx_.assign(4 * T_ + R_ + table_total, 0);
-  int32_t *ids = host_idx_.data(), *pos = ids + T_, *slots = pos + T_, *toff = slots + T_, *rows = toff + T_,
-          *tables = rows + R_;
-  int64_t t = 0, r = 0, toffset = 0;
+  host_idx_.assign(per_token * T_ + R_ + table_total, 0);
+  int32_t *ids = host_idx_.data(), *pos = ids + T_, *slots = pos + T_, *toff = slots + T_,
+          *sslots = toff + T_, *stoff = sslots + T_, *rows = ids + per_token * T_, *tables = rows + R_;
+  int64_t t = 0, r = 0, toffset = 0, stoffset = full_total;
   const int64_t bs = options_.block_size;
   for (auto& ch : batch) {
     const int64_t n = static_cast<int64_t>(ch.tokens.size());
     std::copy(ch.block_table.begin(), ch.block_table.end(), tables + toffset);
+    if (sliding) std::copy(ch.sliding_table.begin(), ch.sliding_table.end(), tables + stoffset);
     for (int64_t i = 0; i < n; ++i, ++t) {
       const int64_t p = ch.start_pos + i;
       ids[t] = ch.tokens[i];
       pos[t] = static_cast<int32_t>(p);
       slots[t] = static_cast<int32_t>(ch.block_table[p / bs] * bs + p % bs);
       toff[t] = static_cast<int32_t>(toffset);
+      if (sliding) {
+        sslots[t] = static_cast<int32_t>(ch.sliding_table[p / bs] * bs + p % bs);
+        stoff[t] = static_cast<int32_t>(stoffset);
+      }
       if (ch.all_logits || i == n - 1) rows[r++] = static_cast<int32_t>(t);
     }
     toffset += static_cast<int64_t>(ch.block_table.size());
+    if (sliding) stoffset += static_cast<int64_t>(ch.sliding_table.size());
   }
   // A fixed size, so that the addresses after it depend on T only (decode graphs replay them).
   int32_t* dev = static_cast<int32_t*>(Take(index_capacity_ * 4));
@@ -158,7 +174,9 @@ absl::Status GpuModelRunner::Prepare(const std::vector<SeqChunk>& batch) {
   pos_ = dev + T_;
   slots_ = dev + 2 * T_;
   toff_ = dev + 3 * T_;
-  rows_ = dev + 4 * T_;
+  sliding_slots_ = sliding ? dev + 4 * T_ : slots_;
+  sliding_toff_ = sliding ? dev + 5 * T_ : toff_;
+  rows_ = dev + per_token * T_;
   tables_ = rows_ + R_;
   return absl::OkStatus();
 }

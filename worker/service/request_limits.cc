@@ -44,10 +44,17 @@ absl::Status ValidateHandshake(const v1::HandshakeRequest& req, const ModelConfi
     return absl::InvalidArgumentError(absl::StrCat("handshake: block size out of [1, ", limits.max_block_size, "]"));
   }
   if (req.num_kv_blocks() < 1) return absl::InvalidArgumentError("handshake: needs at least one KV block");
-  // Keys and values of this shard's layers in float32, the widest KV dtype.
-  const double per_token = 2.0 * (s.layer_end() - s.layer_begin()) * std::max<int64_t>(config.num_kv_heads, 1) *
-                           std::max<int64_t>(config.head_dim, 1) * 4.0;
-  const double bytes = per_token * static_cast<double>(req.num_kv_blocks()) * req.block_size();
+  if (req.num_sliding_kv_blocks() < 0) return absl::InvalidArgumentError("handshake: negative sliding KV blocks");
+  // Keys and values of this shard's layers in float32, the widest KV dtype: the sliding layers'
+  // from their own pool when there is one.
+  const double per_layer_token = 2.0 * std::max<int64_t>(config.num_kv_heads, 1) * std::max<int64_t>(config.head_dim, 1) * 4.0;
+  double bytes = 0;
+  for (int64_t l = s.layer_begin(); l < s.layer_end(); ++l) {
+    const bool own_pool = req.num_sliding_kv_blocks() > 0 && l >= 0 && l < static_cast<int64_t>(config.layers.size()) &&
+                          config.layers[l].sliding;
+    bytes += per_layer_token * static_cast<double>(own_pool ? req.num_sliding_kv_blocks() : req.num_kv_blocks()) *
+             req.block_size();
+  }
   if (bytes > static_cast<double>(limits.max_kv_bytes)) {
     return absl::ResourceExhaustedError(absl::StrCat("handshake: ", req.num_kv_blocks(), " KV blocks need up to ",
                                                      static_cast<int64_t>(bytes), " bytes, more than this worker's limit of ",
@@ -62,18 +69,26 @@ absl::Status ValidateStep(const v1::StepRequest& req, int32_t block_size, const 
   }
   int64_t total = 0;
   std::unordered_set<int64_t> seqs;
-  std::unordered_set<int64_t> written;  // block * block_size + offset of every KV slot this step writes
+  // block * block_size + offset of every KV slot this step writes, in each pool.
+  std::unordered_set<int64_t> written, sliding_written;
+  auto writes_once = [&](const v1::ChunkProto& c, const google::protobuf::RepeatedField<int32_t>& table,
+                         std::unordered_set<int64_t>& slots) {
+    for (int64_t p = c.start_pos(); p < c.start_pos() + c.tokens_size(); ++p) {
+      const int64_t idx = p / block_size;
+      if (idx >= table.size()) break;  // the runner reports the short table
+      if (!slots.insert(static_cast<int64_t>(table[static_cast<int>(idx)]) * block_size + p % block_size).second) {
+        return false;
+      }
+    }
+    return true;
+  };
   for (const v1::ChunkProto& c : req.chunks()) {
     total += c.tokens_size();
     if (total > limits.max_step_tokens) return absl::InvalidArgumentError(absl::StrCat("step: more than ", limits.max_step_tokens, " tokens"));
     if (!seqs.insert(c.seq_id()).second) return absl::InvalidArgumentError("step: a sequence appears twice");
     if (c.start_pos() < 0 || c.start_pos() > (int64_t{1} << 40)) return absl::InvalidArgumentError("step: position out of range");
-    for (int64_t p = c.start_pos(); p < c.start_pos() + c.tokens_size(); ++p) {
-      const int64_t idx = p / block_size;
-      if (idx >= c.block_table_size()) break;  // the runner reports the short table
-      if (!written.insert(static_cast<int64_t>(c.block_table(static_cast<int>(idx))) * block_size + p % block_size).second) {
-        return absl::InvalidArgumentError("step: two sequences write the same KV slot");
-      }
+    if (!writes_once(c, c.block_table(), written) || !writes_once(c, c.sliding_table(), sliding_written)) {
+      return absl::InvalidArgumentError("step: two sequences write the same KV slot");
     }
   }
   return absl::OkStatus();

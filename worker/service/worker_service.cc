@@ -101,6 +101,7 @@ absl::Status WorkerServiceImpl::DoHandshake(const v1::HandshakeRequest& req, v1:
   RunnerOptions ro = options_.runner;
   ro.num_kv_blocks = req.num_kv_blocks();
   ro.block_size = req.block_size();
+  ro.num_sliding_kv_blocks = req.num_sliding_kv_blocks();
   Communicator* tp = shard.tp_size > 1 ? comm_.get() : nullptr;
   if (tp != nullptr && ro.device == Device::kCuda && options_.tp_comm != "host") {
     ASSIGN_OR_RETURN(bool own_gpus, EveryRankHasItsGpu(store, req, timeout));
@@ -119,6 +120,8 @@ absl::Status WorkerServiceImpl::DoHandshake(const v1::HandshakeRequest& req, v1:
   shard_ = sp;
   block_size_ = req.block_size();
   kv_owners_.Reset(req.block_size(), req.num_kv_blocks());
+  sliding_owners_.Reset(req.block_size(), runner_->sliding_pool() ? req.num_sliding_kv_blocks() : 0,
+                        model_->config.sliding_window);
   next_step_ = 0;
   ready_ = true;
   kv_bytes_->Set(static_cast<double>(runner_->kv_bytes()));
@@ -147,6 +150,7 @@ grpc::Status WorkerServiceImpl::Step(grpc::ServerContext* ctx, const v1::StepReq
   if (KvOwnership::HasDeltas(*req)) {
     whole = *req;
     absl::Status expanded = broken_.empty() ? kv_owners_.ExpandTables(&whole) : absl::OkStatus();
+    if (expanded.ok() && broken_.empty()) expanded = sliding_owners_.ExpandTables(&whole);
     if (!expanded.ok()) {
       steps_failed_->Increment();
       std::fprintf(stderr, "moeshard-worker: step %ld refused: %s\n", static_cast<long>(req->step_id()),
@@ -160,6 +164,7 @@ grpc::Status WorkerServiceImpl::Step(grpc::ServerContext* ctx, const v1::StepReq
     // group stays up), so a rogue step cannot stall or break the coordinator's.
     absl::Status valid = ValidateStep(*req, block_size_, limits_);
     if (valid.ok()) valid = kv_owners_.Check(*req);
+    if (valid.ok()) valid = sliding_owners_.Check(*req);
     if (!valid.ok()) {
       steps_failed_->Increment();
       std::fprintf(stderr, "moeshard-worker: step %ld refused: %s\n", static_cast<long>(req->step_id()),
@@ -167,6 +172,7 @@ grpc::Status WorkerServiceImpl::Step(grpc::ServerContext* ctx, const v1::StepReq
       return ToGrpcStatus(valid);
     }
     kv_owners_.Commit(*req);
+    sliding_owners_.Commit(*req);
   }
   absl::Status st = broken_.empty() ? DoStep(*req, rep) : absl::AbortedError(broken_);
   if (!st.ok() && broken_.empty()) {
@@ -194,6 +200,7 @@ absl::Status WorkerServiceImpl::DoStep(const v1::StepRequest& req, v1::StepReply
     ch.tokens.assign(c.tokens().begin(), c.tokens().end());
     ch.start_pos = c.start_pos();
     ch.block_table.assign(c.block_table().begin(), c.block_table().end());
+    ch.sliding_table.assign(c.sliding_table().begin(), c.sliding_table().end());
     T += ch.tokens.size();
     batch.push_back(std::move(ch));
   }

@@ -74,6 +74,7 @@ class WorkerServiceImpl final : public v1::Worker::Service {
   v1::ShardProto shard_;
   int32_t block_size_ = 0;
   KvOwnership kv_owners_;  // which KV blocks each live sequence wrote
+  KvOwnership sliding_owners_{KvOwnership::Table::kSliding};  // the same in the sliding pool
   SamplerSet samplers_;
   prometheus::Family<prometheus::Histogram>* step_seconds_ = nullptr;
   prometheus::Counter* steps_ok_ = nullptr;
