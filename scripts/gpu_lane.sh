@@ -85,7 +85,7 @@ run_step() {
 
 run_gtest() {
   local t=$1 bin=$2 log=$3
-  "$bin/$t" >"$log" 2>&1
+  MOESHARD_TESTDATA="${data:-${MOESHARD_TESTDATA:-}}" "$bin/$t" >"$log" 2>&1
   local rc=$?
   local ran skipped
   ran=$(sed -n 's/^\[==========\] \([0-9]*\) tests\? from .* ran\..*/\1/p' "$log" | tail -1)

@@ -28,14 +28,6 @@ std::vector<int32_t> Head(const std::vector<int32_t>& v, int64_t n, int32_t then
 
 #define EXPECT_INTEGRITY(bm) EXPECT_TRUE((bm).CheckIntegrity().ok()) << (bm).CheckIntegrity()
 
-// Runs seq_id from `from` to `to` tokens one decode step at a time (tokens are its whole list).
-void Decode(BlockManager& bm, int64_t seq_id, const std::vector<int32_t>& tokens, int64_t from, int64_t to) {
-  for (int64_t p = from; p < to; ++p) {
-    ASSERT_TRUE(bm.Append(seq_id, p, p + 1).ok()) << p;
-    bm.MarkComputed(seq_id, tokens, p + 1);
-  }
-}
-
 TEST(BlockManagerSlidingTest, OnePoolWithoutAWindow) {
   BlockManager bm(8, 4, true, 8, 0);  // no window: one pool, as before
   EXPECT_FALSE(bm.has_sliding_pool());
@@ -206,8 +198,11 @@ TEST(BlockManagerSlidingTest, RandomizedAgainstAModelOfTheKv) {
       for (int64_t i = 0; i < m; ++i) {
         const std::vector<int32_t> prefix(t.begin(), t.begin() + (i + 1) * kBs);
         ASSERT_EQ(full_kv[table[i]], prefix) << "full hit on a block of other KV";
-        if (i >= bm.FirstSlidingBlock(*cached)) ASSERT_EQ(sliding_kv[sliding[i]], prefix) << "sliding hit on other KV";
-        if (i < bm.FirstSlidingBlock(*cached)) ASSERT_EQ(sliding[i], -1);
+        if (i >= bm.FirstSlidingBlock(*cached)) {
+          ASSERT_EQ(sliding_kv[sliding[i]], prefix) << "sliding hit on other KV";
+        } else {
+          ASSERT_EQ(sliding[i], -1);
+        }
       }
       forget_new(full_kv, table, m);
       forget_new(sliding_kv, sliding, m);

@@ -50,7 +50,11 @@ RunnerOptions Options(int64_t sliding_blocks) {
 
 class SlidingPoolTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() { ASSERT_TRUE(ConfigureInternalSecurity({"0123456789abcdef0123456789abcdef"}).ok()); }
+  static void SetUpTestSuite() {
+    InternalSecurityOptions o;
+    o.token = "0123456789abcdef0123456789abcdef";
+    ASSERT_TRUE(ConfigureInternalSecurity(o).ok());
+  }
   void SetUp() override {
     auto m = LoadModel(ModelPath(), /*load_tokenizer=*/false);
     ASSERT_TRUE(m.ok()) << m.status();
@@ -201,9 +205,10 @@ TEST_F(SlidingPoolTest, EngineEqualsOnePoolAndItsSlidingPoolStaysFlat) {
 class Cluster {
  public:
   explicit Cluster(const std::string& model) {
+    WorkerOptions wo;
+    wo.model_path = model;
     for (int w = 0; w < 2; ++w) {
-      workers_.push_back(std::make_unique<WorkerServiceImpl>(WorkerOptions{.model_path = model},
-                                                             std::make_shared<prometheus::Registry>()));
+      workers_.push_back(std::make_unique<WorkerServiceImpl>(wo, std::make_shared<prometheus::Registry>()));
       grpc::ServerBuilder b;
       int port = 0;
       b.AddListeningPort("127.0.0.1:0", InternalServerCredentials(), &port);
