@@ -34,6 +34,7 @@ Json ReadyJson(const std::vector<PoolState>& pools, bool ready) {
                         {"ready", c.ready},
                         {"outstanding_tokens", c.outstanding_tokens},
                         {"in_flight_tokens", c.in_flight_tokens},
+                        {"queue_full", c.queue_full},
                         {"max_model_len", c.max_model_len},
                         {"error", c.error}});
     }

@@ -85,7 +85,7 @@ TEST_F(RouterE2eTest, TokenIdPromptAndReturnTokenIds) {
 
 TEST_F(RouterE2eTest, StopStringTruncatesAndCancelsTheCoordinator) {
   auto o = h_->fake().options();
-  o.token_delay_ms = 5;
+  o.token_delay_ms = 20;  // the cancel has 12 tokens' time (240 ms) to reach it: TSan needed more than 60
   h_->fake().set_options(o);
   Json j = PostOk("/v1/completions", {{"prompt", "abc STOP def"}, {"max_tokens", 100}, {"stop", {"zzz", "STOP"}}});
   EXPECT_EQ(j["choices"][0]["text"], "abc ");
@@ -120,7 +120,7 @@ TEST_F(RouterE2eTest, DefaultMaxTokensFillsTheContext) {
   auto o = h_->fake().options();
   o.max_model_len = 20;
   h_->fake().set_options(o);
-  std::this_thread::sleep_for(std::chrono::milliseconds(150));  // a few polls
+  ASSERT_TRUE(h_->WaitCoordinatorSeen([](const Json& c) { return c.value("max_model_len", 0) == 20; }));
   Json j = PostOk("/v1/completions", {{"prompt", "hello"}});
   EXPECT_EQ(h_->fake().last_request().max_tokens(), 15);
   EXPECT_EQ(j["usage"]["completion_tokens"], 15);

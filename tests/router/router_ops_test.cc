@@ -156,8 +156,8 @@ TEST(RouterPoolsTest, DispatchBySizeThenLoad) {
   auto o = h.fake(1).options();
   o.outstanding_tokens = 1000;
   h.fake(1).set_options(o);
-  ASSERT_TRUE(h.WaitReady());
-  std::this_thread::sleep_for(std::chrono::milliseconds(150));  // polls see the load
+  ASSERT_TRUE(h.WaitAllCoordinatorsReady());
+  ASSERT_TRUE(h.WaitCoordinatorSeen([](const Json& c) { return c.value("outstanding_tokens", 0) == 1000; }));
   auto cli = h.Client();
   auto post = [&](const Json& body) {
     auto res = cli->Post("/v1/completions", body.dump(), "application/json");
@@ -188,8 +188,8 @@ TEST(RouterPoolsTest, FailedCoordinatorIsRetriedElsewhere) {
   o = h.fake(1).options();
   o.outstanding_tokens = 50;  // so that the failing one is tried first
   h.fake(1).set_options(o);
-  ASSERT_TRUE(h.WaitReady());
-  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  ASSERT_TRUE(h.WaitAllCoordinatorsReady());
+  ASSERT_TRUE(h.WaitCoordinatorSeen([](const Json& c) { return c.value("outstanding_tokens", 0) == 50; }));
   auto cli = h.Client();
   auto res = cli->Post("/v1/completions", Json{{"prompt", "retry"}, {"max_tokens", 3}}.dump(), "application/json");
   ASSERT_TRUE(res);

@@ -164,6 +164,40 @@ bool RouterHarness::WaitReady(int code) const {
   return false;
 }
 
+bool RouterHarness::WaitCoordinatorSeen(const std::function<bool(const nlohmann::json&)>& pred) const {
+  auto cli = Client();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto res = cli->Get("/ready");
+    const nlohmann::json j = res ? nlohmann::json::parse(res->body, nullptr, false) : nlohmann::json();
+    for (const auto& p : j.is_object() ? j.value("pools", nlohmann::json::array()) : nlohmann::json::array()) {
+      for (const auto& c : p.value("coordinators", nlohmann::json::array())) {
+        if (c.value("ready", false) && pred(c)) return true;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+bool RouterHarness::WaitAllCoordinatorsReady() const {
+  auto cli = Client();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto res = cli->Get("/ready");
+    if (res && res->status == 200) {
+      const nlohmann::json j = nlohmann::json::parse(res->body, nullptr, false);
+      bool all = j.is_object() && j.contains("pools") && !j["pools"].empty();
+      for (const auto& p : all ? j["pools"] : nlohmann::json::array()) {
+        for (const auto& c : p.value("coordinators", nlohmann::json::array())) all = all && c.value("ready", false);
+      }
+      if (all) return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
 void RouterHttpTest::SetUp() {
   h_ = std::make_unique<RouterHarness>();
   ASSERT_TRUE(h_->WaitReady()) << "the router never became ready";

@@ -68,6 +68,13 @@ class RouterHarness {
   std::unique_ptr<httplib::Client> Client() const;
   // Polls GET /ready until it answers `code` (true) or 5 s pass (false).
   bool WaitReady(int code = 200) const;
+  // True once some ready coordinator in the router's /ready view satisfies `pred` (its JSON
+  // object: address, ready, outstanding_tokens, queue_full, max_model_len, ...), within 10 s: a
+  // test that set a fake's load or limits waits here until the router's polls have seen it.
+  bool WaitCoordinatorSeen(const std::function<bool(const nlohmann::json&)>& pred) const;
+  // True once /ready shows every coordinator of every pool ready (a pool turns ready with its
+  // first coordinator; tests that count calls to several need all of them), within 10 s.
+  bool WaitAllCoordinatorsReady() const;
 
  private:
   std::vector<std::unique_ptr<FakeCoordinator>> fakes_;
