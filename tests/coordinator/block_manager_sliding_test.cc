@@ -8,25 +8,20 @@
 #include "coordinator/block_manager.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/coordinator/block_test_util.h"
 
 namespace moeshard {
 namespace {
 
 using ::testing::ElementsAre;
 
-std::vector<int32_t> Range(int32_t begin, int32_t end) {
-  std::vector<int32_t> v(end - begin);
-  std::iota(v.begin(), v.end(), begin);
-  return v;
-}
+using testing_blocks::Range;
 
 std::vector<int32_t> Head(const std::vector<int32_t>& v, int64_t n, int32_t then) {
   std::vector<int32_t> h(v.begin(), v.begin() + n);
   h.push_back(then);
   return h;
 }
-
-#define EXPECT_INTEGRITY(bm) EXPECT_TRUE((bm).CheckIntegrity().ok()) << (bm).CheckIntegrity()
 
 TEST(BlockManagerSlidingTest, OnePoolWithoutAWindow) {
   BlockManager bm(8, 4, true, 8, 0);  // no window: one pool, as before

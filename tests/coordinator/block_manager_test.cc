@@ -6,24 +6,19 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/coordinator/block_test_util.h"
 
 namespace moeshard {
 namespace {
 
 using ::testing::ElementsAre;
 
-std::vector<int32_t> Range(int32_t begin, int32_t end) {
-  std::vector<int32_t> v(end - begin);
-  std::iota(v.begin(), v.end(), begin);
-  return v;
-}
+using testing_blocks::Range;
 
 std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
 }
-
-#define EXPECT_INTEGRITY(bm) EXPECT_TRUE((bm).CheckIntegrity().ok()) << (bm).CheckIntegrity()
 
 TEST(BlockManagerTest, PrefixHitAfterFree) {
   BlockManager bm(10, 4, true);
