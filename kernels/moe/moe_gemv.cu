@@ -48,13 +48,13 @@ constexpr int kRows = 32;  // rows a warp stages: two 16-row slices
 // Two kernels per GEMM, one per task class, each with its own register and shared-memory
 // budget: small tasks (≤ 8 tokens, one n8 tile: decode) stage 136 bytes of each row per
 // chunk (41 KB per block, 5 blocks per SM); large tasks (9-32 tokens) 272 bytes (74 KB, 3).
-template <bool kSmall, int kW = kWarps>
+template <bool kSmall>
 struct Cfg {
-  static constexpr int kChunkBytes = kSmall ? 136 : 272;  // whole blocks of every format
+  static constexpr int kChunkBytes = kSmall ? 136 : 272;             // whole blocks of every format
   static constexpr int kSlot16 = (15 + kChunkBytes + 15) / 16;       // 16-byte copies per row
   static constexpr int kSlotBytes = 16 * kSlot16;                    // one row's chunk + alignment
   static constexpr int kStageBytes = kRows * kSlotBytes;             // one warp, one chunk
-  static constexpr int kSmemBytes = 2 * kW * kStageBytes + 16;  // reads may run ≤ 16 bytes past a slot
+  static constexpr int kSmemBytes = 2 * kWarps * kStageBytes + 16;  // reads may run ≤ 16 bytes past a slot
   static constexpr int kMinBlocks = kSmall ? 5 : 3;
 };
 
@@ -198,10 +198,10 @@ __device__ __forceinline__ void LoadB(const uint16_t* brow, int64_t kb, int c, u
   }
 }
 
-template <WeightFormat F, bool kGateUp, bool kSmall, int NT, bool kDirect = false, int kW = kWarps>
+template <WeightFormat F, bool kGateUp, bool kSmall, int NT, bool kDirect = false>
 __device__ __forceinline__ void RunTask(const MoeExpertParams& p, const MoeWork& w, const MoeExpertWeights& ew,
                                         int64_t rt, int64_t row0, int ntok, uint8_t* smem) {
-  using C = Cfg<kSmall, kW>;
+  using C = Cfg<kSmall>;
   constexpr int BB = Fmt<F>::kBlockBytes, KC = C::kChunkBytes / BB;
   constexpr int kSlot16 = C::kSlot16, kSlotBytes = C::kSlotBytes, kStageBytes = C::kStageBytes;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
@@ -211,7 +211,7 @@ __device__ __forceinline__ void RunTask(const MoeExpertParams& p, const MoeWork&
   const int64_t r0 = i0, r1 = kGateUp ? i0 : i0 + 16;  // first row of slice 0 and 1
   const int64_t K = kGateUp ? p.width : p.inter;
   const int nb = static_cast<int>(K / 32);
-  const int kb_begin = warp * nb / kW, kb_end = (warp + 1) * nb / kW;
+  const int kb_begin = warp * nb / kWarps, kb_end = (warp + 1) * nb / kWarps;
   const int nchunks = (kb_end - kb_begin + KC - 1) / KC;
 
   const uint16_t* brow[NT];
@@ -313,8 +313,7 @@ __device__ __forceinline__ void RunTask(const MoeExpertParams& p, const MoeWork&
 #pragma unroll
       for (int q = 0; q < 4; ++q) red[(((warp * NT + nt) * 2 + m) * 4 + q) * 32 + lane] = acc[nt][m][q];
   __syncthreads();
-  const int q = warp;  // warps 0-3 each finish one accumulator element of every (tile, slice)
-  if (q >= 4) return;
+  const int q = warp;  // each warp finishes one accumulator element of every (tile, slice)
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     const int tok = nt * 8 + 2 * c + (q & 1);
@@ -324,7 +323,7 @@ __device__ __forceinline__ void RunTask(const MoeExpertParams& p, const MoeWork&
     for (int m = 0; m < 2; ++m) {
       s[m] = 0.f;
 #pragma unroll
-      for (int wi = 0; wi < kW; ++wi) s[m] += red[(((wi * NT + nt) * 2 + m) * 4 + q) * 32 + lane];
+      for (int wi = 0; wi < kWarps; ++wi) s[m] += red[(((wi * NT + nt) * 2 + m) * 4 + q) * 32 + lane];
     }
     const int64_t r = g + ((q & 2) ? 8 : 0);
     if constexpr (kGateUp) {
@@ -398,8 +397,8 @@ __global__ void __launch_bounds__(kThreads, Cfg<kSmall>::kMinBlocks) GemvKernel(
 // token's x row is pair / top_k, and its h and y rows are the pair index itself, so the
 // gate/up kernel's row-tile-0 block writes pos[pair] (the pair, or -1: another GPU's expert)
 // for the combine. Three dependent reads (gemv_base, offsets, rows) fewer before the weights.
-template <bool kGateUp, int kW>
-__global__ void __launch_bounds__(32 * kW, Cfg<true, kW>::kMinBlocks) GemvDirectKernel(MoeExpertParams p, MoeWork w) {
+template <bool kGateUp>
+__global__ void __launch_bounds__(kThreads, Cfg<true>::kMinBlocks) GemvDirectKernel(MoeExpertParams p, MoeWork w) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int64_t R = (kGateUp ? p.inter : p.width) / (kGateUp ? 16 : 32);
   PdlWait();
@@ -411,33 +410,28 @@ __global__ void __launch_bounds__(32 * kW, Cfg<true, kW>::kMinBlocks) GemvDirect
   const MoeExpertWeights ew = p.experts[e];
   switch (kGateUp ? ew.gate.format : ew.down.format) {
     case WeightFormat::kQ8_0:
-      RunTask<WeightFormat::kQ8_0, kGateUp, true, 1, true, kW>(p, w, ew, rt, pair, 1, smem);
+      RunTask<WeightFormat::kQ8_0, kGateUp, true, 1, true>(p, w, ew, rt, pair, 1, smem);
       break;
     case WeightFormat::kMXFP4:
-      RunTask<WeightFormat::kMXFP4, kGateUp, true, 1, true, kW>(p, w, ew, rt, pair, 1, smem);
+      RunTask<WeightFormat::kMXFP4, kGateUp, true, 1, true>(p, w, ew, rt, pair, 1, smem);
       break;
     case WeightFormat::kBF16:
-      RunTask<WeightFormat::kBF16, kGateUp, true, 1, true, kW>(p, w, ew, rt, pair, 1, smem);
+      RunTask<WeightFormat::kBF16, kGateUp, true, 1, true>(p, w, ew, rt, pair, 1, smem);
       break;
     default:
       break;  // MoeExpertStepStages goes direct only when every expert takes this path
   }
 }
 
-template <bool kGateUp, int kW>
-cudaError_t LaunchDirectW(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
-  constexpr int kSmem = Cfg<true, kW>::kSmemBytes;
+template <bool kGateUp>
+cudaError_t LaunchDirect(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
+  constexpr int kSmem = Cfg<true>::kSmemBytes;
   static const cudaError_t attr =
-      cudaFuncSetAttribute(GemvDirectKernel<kGateUp, kW>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+      cudaFuncSetAttribute(GemvDirectKernel<kGateUp>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (attr != cudaSuccess) return attr;
   const int64_t R = (kGateUp ? p.inter : p.width) / (kGateUp ? 16 : 32);
   const int64_t grid = std::max<int64_t>(1, p.num_tokens * p.top_k * R);
-  return LaunchPdl(GemvDirectKernel<kGateUp, kW>, static_cast<unsigned>(grid), 32 * kW, kSmem, stream, p, w);
-}
-
-template <bool kGateUp>
-cudaError_t LaunchDirect(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
-  return LaunchDirectW<kGateUp, kWarps>(p, w, stream);
+  return LaunchPdl(GemvDirectKernel<kGateUp>, static_cast<unsigned>(grid), kThreads, kSmem, stream, p, w);
 }
 
 template <bool kGateUp, bool kSmall>
