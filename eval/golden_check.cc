@@ -279,7 +279,7 @@ absl::StatusOr<CheckReport> CheckModel(const LoadedModel& model, const std::stri
     for (auto& t : tables) blocks.Free(t);
     return st;
   };
-  // Whole sequences, then all sequences in one ragged batch.
+  // Whole sequences, then all sequences in one ragged batch (a batch of one is the whole run).
   std::vector<SeqChunk> all;
   for (size_t k = 0; k < seqs.size(); ++k) {
     SeqChunk ch{seqs[k].ids, 0, {}, true};
@@ -289,18 +289,19 @@ absl::StatusOr<CheckReport> CheckModel(const LoadedModel& model, const std::stri
     all.push_back(ch);
   }
   std::vector<float> lb;
-  RETURN_IF_ERROR(run(all, &lb));
+  if (seqs.size() > 1) RETURN_IF_ERROR(run(all, &lb));
   int64_t off = 0;
-  for (size_t k = 0; k < seqs.size(); ++k) {
+  for (size_t k = 0; k < seqs.size() && seqs.size() > 1; ++k) {
     int64_t n = seqs[k].ids.size() * V;
     std::vector<float> l(lb.begin() + off, lb.begin() + off + n);
     off += n;
     rep.seqs.push_back(Compare(absl::StrCat("seq", k, " batched"), seqs[k], l, V, tol));
   }
-  // Prefill of the first half, then one token at a time through the KV cache.
-  for (size_t k = 0; k < seqs.size(); ++k) {
+  // Prefill of the first part, then one token at a time through the KV cache.
+  for (size_t k = 0; k < seqs.size() && layout.decode_steps != 0; ++k) {
     const auto& ids = seqs[k].ids;
-    const int64_t T = ids.size(), half = std::max<int64_t>(1, T / 2);
+    const int64_t T = ids.size();
+    const int64_t half = std::max<int64_t>(1, layout.decode_steps < 0 ? T / 2 : T - layout.decode_steps);
     std::vector<int32_t> table;
     RETURN_IF_ERROR(blocks.Reserve(table, T, ro.block_size));
     std::vector<float> l, step;

@@ -33,6 +33,10 @@ struct CheckLimits {
 struct CheckLayout {
   RunnerOptions runner;
   int tp = 1, stages = 1;
+  // Positions at the end of each sequence run as one-token decode steps after a (chunked)
+  // prefill of the rest; < 0: the second half; 0: no decode run. The long goldens use a few
+  // hundred or none: a 128K sequence's second half would be 64K decode steps per layout.
+  int64_t decode_steps = -1;
 };
 
 struct SeqReport {

@@ -31,6 +31,7 @@ SHA-256 of each file). Prints timings as it goes.
 Usage (GPU machine, from the repository root; ~2-3 minutes on an H200):
   python3 tests/testdata/make_long_goldens.py OUT_DIR [--reference DIR] [--testdata tests/testdata]
       [--models qwen3moe-tiny,muse-spark-tiny] [--short 16384] [--long 131072] [--device cuda]
+      [--no-measure]   (--short 0: no short golden; --long 0: no long one)
 Without a GPU (the muse path with Debian's python3-torch; transformers absent):
   /usr/bin/python3 tests/testdata/make_long_goldens.py OUT --models muse-spark-tiny --short 512 --device cpu
 --reference defaults to ROOT/shared/reference, then ROOT/../shared/reference (muse_spark.py).
@@ -259,10 +260,16 @@ def build_qwen(a, model_dir, save, report):
     longest = max(a.short, a.long)
     all_ids = torch.randint(0, V, (longest,), generator=g).to(a.device)
     r = report.setdefault("qwen3moe-tiny", {"transformers": transformers.__version__, "torch": torch.__version__})
-    f64 = torch.float64
 
-    # --short: the golden, and what each choice changes.
-    ids = all_ids[:a.short]
+    if a.short:
+        build_qwen_short(a, model_dir, save, r, all_ids[:a.short], chunked)
+    if a.long:
+        build_qwen_long(a, model_dir, save, r, all_ids[:a.long], chunked)
+
+
+def build_qwen_short(a, model_dir, save, r, ids, chunked):
+    """--short: the golden, and what each of its choices changes."""
+    f64 = torch.float64
     gold, dt = QwenRun(model_dir, a.device, f64, "sdpa", True, True)(ids)
     log(f"qwen3moe-tiny {a.short}: float64 golden (SDPA math, RoPE and RMSNorm in float64) in {dt:.1f}s")
     save("qwen3moe-tiny", a.short, ids, gold, "transformers Qwen3MoeForCausalLM float64, SDPA math, "
@@ -274,32 +281,33 @@ def build_qwen(a, model_dir, save, report):
         ("float32_shipped", (torch.float32, "sdpa", False, False),
          "float32, transformers as shipped (torch picks the SDPA backend; no TF32)"),
     ]
-    for key, args, what in variants:
+    for key, args, what in variants if a.measure else variants[:1]:
         other, dt = QwenRun(model_dir, a.device, *args)(ids)
         c = compare(gold, other)
         r[f"short_{key}"] = dict(c, what=what, seconds=dt)
         log(f"qwen3moe-tiny {a.short}: {what} vs golden: {fmt(c)} ({dt:.1f}s)")
     assert r["short_chunked_attention"]["max_err"] < 1e-9, "chunked attention is not the unchunked one"
-    del gold, other
 
-    if a.long:
-        ids = all_ids[:a.long]
-        r["rope_table_max_diff"] = rope_angle_error(model_dir, a.device, a.long)
-        log(f"qwen3moe-tiny: transformers' float32 cos/sin differ from float64 by up to "
-            f"{r['rope_table_max_diff']:.3g} over positions < {a.long}")
-        gold, dt = QwenRun(model_dir, a.device, f64, chunked, True, True)(ids)
-        log(f"qwen3moe-tiny {a.long}: float64 golden (chunked SDPA math, RoPE and RMSNorm float64) in {dt:.1f}s")
-        save("qwen3moe-tiny", a.long, ids, gold, f"transformers Qwen3MoeForCausalLM float64, SDPA math on "
-             f"blocks of {a.chunk} queries, RoPE and RMSNorm overridden to float64")
-        for key, args, what in [("transformers_rope", (f64, chunked, False, True),
-                                 "float64 with transformers' float32 RoPE angles"),
-                                ("transformers_rope_norm", (f64, chunked, False, False),
-                                 "float64, transformers' float32 RoPE angles and RMSNorm")]:
-            other, dt = QwenRun(model_dir, a.device, *args)(ids)
-            c = compare(gold, other)
-            r[f"long_{key}"] = dict(c, what=what, seconds=dt)
-            log(f"qwen3moe-tiny {a.long}: {what} vs golden: {fmt(c)} ({dt:.1f}s)")
-            del other
+
+def build_qwen_long(a, model_dir, save, r, ids, chunked):
+    """--long: the golden (chunked attention), and what transformers' float32 RoPE and norm change."""
+    f64 = torch.float64
+    r["rope_table_max_diff"] = rope_angle_error(model_dir, a.device, a.long)
+    log(f"qwen3moe-tiny: transformers' float32 cos/sin differ from float64 by up to "
+        f"{r['rope_table_max_diff']:.3g} over positions < {a.long}")
+    gold, dt = QwenRun(model_dir, a.device, f64, chunked, True, True)(ids)
+    log(f"qwen3moe-tiny {a.long}: float64 golden (chunked SDPA math, RoPE and RMSNorm float64) in {dt:.1f}s")
+    save("qwen3moe-tiny", a.long, ids, gold, f"transformers Qwen3MoeForCausalLM float64, SDPA math on "
+         f"blocks of {a.chunk} queries, RoPE and RMSNorm overridden to float64")
+    variants = [("transformers_rope", (f64, chunked, False, True), "float64 with transformers' float32 RoPE angles"),
+                ("transformers_rope_norm", (f64, chunked, False, False),
+                 "float64, transformers' float32 RoPE angles and RMSNorm")]
+    for key, args, what in variants if a.measure else []:
+        other, dt = QwenRun(model_dir, a.device, *args)(ids)
+        c = compare(gold, other)
+        r[f"long_{key}"] = dict(c, what=what, seconds=dt)
+        log(f"qwen3moe-tiny {a.long}: {what} vs golden: {fmt(c)} ({dt:.1f}s)")
+        del other
 
 
 # ------------------------------------------------------------------ muse-spark-tiny (reference)
@@ -333,6 +341,8 @@ def main():
     ap.add_argument("--short", type=int, default=16384)
     ap.add_argument("--long", type=int, default=131072, help="qwen3moe-tiny only; 0: none")
     ap.add_argument("--chunk", type=int, default=2048, help="query rows per attention block at --long")
+    ap.add_argument("--no-measure", dest="measure", action="store_false",
+                    help="write the goldens only (no runs of the variants against them)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     a = ap.parse_args()
     if a.reference is None:
