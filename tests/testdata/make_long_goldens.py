@@ -118,26 +118,34 @@ def rope_theta_of(model_dir):
     return float(c["rope_parameters"]["rope_theta"] if "rope_parameters" in c else c["rope_theta"])
 
 
+def rotary_modules(model):
+    """transformers' rotary embeddings: one on the model, or one per attention layer (some 4.5x)."""
+    mods = [mod for mod in model.modules() if type(mod).__name__.endswith("RotaryEmbedding")]
+    assert mods, "no rotary embedding module found"
+    return mods
+
+
 def override_rope64(model, theta):
     """transformers' default rotary embedding with the angles in float64: the same formula
     (inv_freq = theta^(-2i/d), angle = position x inv_freq, cos/sin of [angle, angle] times
-    attention_scaling), computed in float64 instead of float32, cast to the activations' dtype."""
-    rot = model.model.rotary_emb
+    attention_scaling), computed in float64 instead of float32, cast to the activations' dtype.
+    Returns the number of calls made so far (a list that grows), to prove it is the one used."""
     hd = model.config.head_dim
-    scaling = float(getattr(rot, "attention_scaling", 1.0))
     dev = next(model.parameters()).device
     inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float64, device=dev) / hd))
     calls = []
+    for rot in rotary_modules(model):
+        assert getattr(rot, "rope_type", "default") == "default", rot.rope_type
+        scaling = float(getattr(rot, "attention_scaling", 1.0))
 
-    def forward(x, position_ids=None, *args, **kwargs):
-        calls.append(1)
-        ang = position_ids.to(torch.float64)[..., None] * inv
-        emb = torch.cat([ang, ang], -1)
-        return (emb.cos() * scaling).to(x.dtype), (emb.sin() * scaling).to(x.dtype)
+        def forward(x, position_ids=None, *args, scaling=scaling, **kwargs):
+            calls.append(1)
+            ang = position_ids.to(torch.float64)[..., None] * inv
+            emb = torch.cat([ang, ang], -1)
+            return (emb.cos() * scaling).to(x.dtype), (emb.sin() * scaling).to(x.dtype)
 
-    shipped = rot.forward
-    rot.forward = forward
-    return shipped, calls
+        rot.forward = forward
+    return calls
 
 
 def override_norm64(model):
@@ -222,7 +230,7 @@ class QwenRun:
         self.backends = (lambda: sdpa_kernel([SDPBackend.MATH])) if dtype == torch.float64 else contextlib.nullcontext
         self.calls = None
         if rope64:
-            self.shipped_rope, self.calls = override_rope64(self.m, rope_theta_of(model_dir))
+            self.calls = override_rope64(self.m, rope_theta_of(model_dir))
         if norm64:
             override_norm64(self.m)
 
@@ -243,9 +251,10 @@ def rope_angle_error(model_dir, device, n):
     m = load_qwen(model_dir, torch.float64, "sdpa", device)
     pos = torch.arange(n, device=device)[None]
     x = torch.zeros(1, device=device, dtype=torch.float64)
-    c32, s32 = m.model.rotary_emb(x, pos)
-    override_rope64(m, rope_theta_of(model_dir))
-    c64, s64 = m.model.rotary_emb(x, pos)
+    with torch.no_grad():
+        c32, s32 = rotary_modules(m)[0](x, pos)
+        override_rope64(m, rope_theta_of(model_dir))
+        c64, s64 = rotary_modules(m)[0](x, pos)
     return max(float((c32 - c64).abs().max()), float((s32 - s64).abs().max()))
 
 
