@@ -210,6 +210,8 @@ def load_qwen(model_dir, dtype, attn, device):
     except (TypeError, ValueError) as e:
         log("experts_implementation='eager' not accepted:", e)
         m = Qwen3MoeForCausalLM.from_pretrained(model_dir, **kw)
+    if hasattr(m.config, "_experts_implementation"):  # what the experts' forward dispatches on
+        m.config._experts_implementation = "eager"
     return m.to(device).eval()
 
 
