@@ -18,9 +18,10 @@ constexpr char kUsage[] =
     "usage: moeshard check --model PATH --goldens FILE [--tolerance fp32|q8_0|bf16]\n"
     "                      [--device cpu|cuda] [--gpu N] [--dtype float32|bfloat16] [--kv-dtype auto|float32|bfloat16|fp8]\n"
     "                      [--tp N | --layer-split N] [--bf16-mean-kl X] [--bf16-top1 F] [--max-batch-tokens N]\n"
-    "                      [--decode-steps N]\n"
+    "                      [--runs whole,batched,decode] [--decode-steps N]\n"
     "  --max-batch-tokens: tokens per step (default 8192); longer sequences are prefilled in chunks\n"
-    "  --decode-steps: positions at each sequence's end checked as one-token decode steps (default: half; 0: no decode run)\n"
+    "  --runs: which runs check the sequences (default all: whole, all in one batch, prefill + decode steps)\n"
+    "  --decode-steps: positions at each sequence's end checked as one-token decode steps (default: half)\n"
     "  --bf16-mean-kl / --bf16-top1: the model's row of the README's bf16 table (default: its loosest row)\n";
 
 absl::StatusOr<std::pair<CheckLimits, CheckLayout>> ParseSetup(const Args& a, const LoadedModel& m) {
@@ -33,7 +34,10 @@ absl::StatusOr<std::pair<CheckLimits, CheckLayout>> ParseSetup(const Args& a, co
   layout.tp = static_cast<int>(tp);
   layout.stages = static_cast<int>(stages);
   ASSIGN_OR_RETURN(layout.decode_steps, a.GetInt("decode-steps", -1));
-  if (a.Has("decode-steps") && layout.decode_steps < 0) return absl::InvalidArgumentError("--decode-steps must be >= 0");
+  if (a.Has("decode-steps") && layout.decode_steps < 1) return absl::InvalidArgumentError("--decode-steps must be >= 1");
+  if (a.Has("runs")) {
+    ASSIGN_OR_RETURN(layout.runs, ParseRuns(a.Get("runs")));
+  }
 
   CheckLimits lim;
   if (a.Has("tolerance")) {
@@ -59,7 +63,7 @@ const char* KindName(Tolerance t) {
 int CheckCommand(const std::vector<std::string>& argv) {
   auto a = Args::Parse(argv,
                        {"model", "goldens", "tolerance", "device", "gpu", "dtype", "kv-dtype", "max-batch-tokens", "tp",
-                        "layer-split", "bf16-mean-kl", "bf16-top1", "decode-steps"},
+                        "layer-split", "bf16-mean-kl", "bf16-top1", "decode-steps", "runs"},
                        {"help"});
   if (!a.ok() || a->Flag("help") || !a->Has("model") || !a->Has("goldens")) {
     std::fprintf(stderr, "%s%s\n", kUsage, a.ok() ? "" : std::string(a.status().message()).c_str());

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "eval/kl_stats.h"
 #include "common/formats/safetensors.h"
 #include "common/status.h"
@@ -168,6 +169,16 @@ absl::StatusOr<Tolerance> ParseTolerance(const std::string& s) {
   return absl::InvalidArgumentError(absl::StrCat("unknown tolerance '", s, "' (fp32, q8_0, bf16)"));
 }
 
+absl::StatusOr<CheckLayout::Runs> ParseRuns(const std::string& list) {
+  CheckLayout::Runs r{false, false, false};
+  for (absl::string_view run : absl::StrSplit(list, ',')) {
+    bool* on = run == "whole" ? &r.whole : run == "batched" ? &r.batched : run == "decode" ? &r.decode : nullptr;
+    if (on == nullptr) return absl::InvalidArgumentError(absl::StrCat("unknown run '", run, "' (whole, batched, decode)"));
+    *on = true;
+  }
+  return r;
+}
+
 bool CheckReport::pass() const {
   if (seqs.empty()) return false;
   for (auto& s : seqs) {
@@ -283,22 +294,24 @@ absl::StatusOr<CheckReport> CheckModel(const LoadedModel& model, const std::stri
   std::vector<SeqChunk> all;
   for (size_t k = 0; k < seqs.size(); ++k) {
     SeqChunk ch{seqs[k].ids, 0, {}, true};
+    all.push_back(ch);
+    if (!layout.runs.whole) continue;
     std::vector<float> l;
     RETURN_IF_ERROR(run({ch}, &l));
     rep.seqs.push_back(Compare(absl::StrCat("seq", k, " whole"), seqs[k], l, V, tol));
-    all.push_back(ch);
   }
+  const bool batched = layout.runs.batched && seqs.size() > 1;
   std::vector<float> lb;
-  if (seqs.size() > 1) RETURN_IF_ERROR(run(all, &lb));
+  if (batched) RETURN_IF_ERROR(run(all, &lb));
   int64_t off = 0;
-  for (size_t k = 0; k < seqs.size() && seqs.size() > 1; ++k) {
+  for (size_t k = 0; k < seqs.size() && batched; ++k) {
     int64_t n = seqs[k].ids.size() * V;
     std::vector<float> l(lb.begin() + off, lb.begin() + off + n);
     off += n;
     rep.seqs.push_back(Compare(absl::StrCat("seq", k, " batched"), seqs[k], l, V, tol));
   }
   // Prefill of the first part, then one token at a time through the KV cache.
-  for (size_t k = 0; k < seqs.size() && layout.decode_steps != 0; ++k) {
+  for (size_t k = 0; k < seqs.size() && layout.runs.decode; ++k) {
     const auto& ids = seqs[k].ids;
     const int64_t T = ids.size();
     const int64_t half = std::max<int64_t>(1, layout.decode_steps < 0 ? T / 2 : T - layout.decode_steps);

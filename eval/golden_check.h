@@ -33,11 +33,17 @@ struct CheckLimits {
 struct CheckLayout {
   RunnerOptions runner;
   int tp = 1, stages = 1;
-  // Positions at the end of each sequence run as one-token decode steps after a (chunked)
-  // prefill of the rest; < 0: the second half; 0: no decode run. The long goldens use a few
-  // hundred or none: a 128K sequence's second half would be 64K decode steps per layout.
+  // Which runs: each sequence whole; all in one ragged batch (only with several sequences);
+  // each as a (chunked) prefill then one-token decode steps for its last decode_steps
+  // positions (< 0: the second half). Each run checks every position. The long goldens
+  // decode a few dozen: a 128K sequence's second half would be 64K steps per layout.
+  struct Runs {
+    bool whole = true, batched = true, decode = true;
+  } runs;
   int64_t decode_steps = -1;
 };
+// Parses a --runs list ("whole,batched,decode", any non-empty subset).
+absl::StatusOr<CheckLayout::Runs> ParseRuns(const std::string& list);
 
 struct SeqReport {
   std::string name;    // e.g. "seq1 decode"

@@ -55,6 +55,26 @@ TEST(GoldenQ8Test, MatchesTransformersOnTheFilesOwnWeights) {
   for (const auto& s : rep->seqs) EXPECT_EQ(s.top1, 1.0) << s.name;
 }
 
+// The runs a CheckLayout names, and decode_steps: only those run, each checking every position.
+TEST(GoldenRunsTest, RunsAndDecodeSteps) {
+  auto m = LoadModel(TestData() + "/muse-spark-tiny", /*load_tokenizer=*/false);
+  ASSERT_TRUE(m.ok()) << m.status();
+  CheckLayout layout;
+  auto runs = ParseRuns("decode,whole");
+  ASSERT_TRUE(runs.ok()) << runs.status();
+  layout.runs = *runs;
+  layout.decode_steps = 3;  // prefill of all but the last 3 positions, then 3 decode steps
+  auto rep = CheckModel(*m, TestData() + "/muse-spark-tiny/goldens.safetensors", Tolerance::kFp32, layout);
+  ASSERT_TRUE(rep.ok()) << rep.status();
+  ASSERT_EQ(rep->seqs.size(), 6u);  // 3 sequences x (whole, decode): no batched run
+  EXPECT_EQ(rep->seqs[0].name, "seq0 whole");
+  EXPECT_EQ(rep->seqs[3].name, "seq0 decode");
+  EXPECT_EQ(rep->seqs[5].positions, 100);
+  EXPECT_TRUE(rep->pass()) << rep->Format();
+  EXPECT_FALSE(ParseRuns("whole,bogus").ok());
+  EXPECT_FALSE(ParseRuns("").ok());
+}
+
 INSTANTIATE_TEST_SUITE_P(
     TestData, GoldenTest,
     ::testing::Values(Case{"qwen3moe-tiny", "qwen3moe-tiny/goldens.safetensors", Tolerance::kFp32},
