@@ -51,42 +51,48 @@ SeqReport Compare(const std::string& name, const Golden& g, const std::vector<fl
   r.positions = T;
   int64_t agree = 0, bad_positions = 0;
   bool ok = true;
+  double worst = -1;
   for (int64_t t = 0; t < T; ++t) {
     const float* l = got.data() + t * V;
     double lse = LogSumExp(l, V);
+    double err = 0, lse_err = 0;  // this position's
     if (!g.logits.empty()) {
       const float* gl = g.logits.data() + t * V;
       double glse = LogSumExp(gl, V), kl = 0;
       for (int64_t i = 0; i < V; ++i) {
-        double e = std::fabs(l[i] - gl[i]) / std::max(1.0, std::fabs(static_cast<double>(gl[i])));
-        r.max_err = std::max(r.max_err, e);
+        err = std::max(err, std::fabs(l[i] - gl[i]) / std::max(1.0, std::fabs(static_cast<double>(gl[i]))));
         double lp = gl[i] - glse, lq = l[i] - lse;
         kl += std::exp(lp) * (lp - lq);
       }
       r.mean_kl += kl / T;
       r.max_kl = std::max(r.max_kl, kl);
-      r.max_lse_err = std::max(r.max_lse_err, std::fabs(lse - glse));
+      lse_err = std::fabs(lse - glse);
       agree += Argmax(l, V) == Argmax(gl, V);
     } else {
-      double pos_err = 0;
       for (int64_t j = 0; j < g.topk; ++j) {
         int32_t id = g.topk_ids[t * g.topk + j];
         double gv = g.topk_logits[t * g.topk + j];
         double e = std::fabs(l[id] - gv);
         if (tol == Tolerance::kFp32) e /= std::max(1.0, std::fabs(gv));
-        pos_err = std::max(pos_err, e);
+        err = std::max(err, e);
       }
-      double le = std::fabs(lse - g.lse[t]);
-      if (tol == Tolerance::kFp32) le /= std::max(1.0, std::fabs(static_cast<double>(g.lse[t])));
-      r.max_err = std::max(r.max_err, pos_err);
-      r.max_lse_err = std::max(r.max_lse_err, le);
-      bad_positions += (le > kQ8Lse || pos_err > kQ8Topk);
+      lse_err = std::fabs(lse - g.lse[t]);
+      if (tol == Tolerance::kFp32) lse_err /= std::max(1.0, std::fabs(static_cast<double>(g.lse[t])));
+      bad_positions += (lse_err > kQ8Lse || err > kQ8Topk);
       agree += Argmax(l, V) == g.topk_ids[t * g.topk];
     }
+    r.max_err = std::max(r.max_err, err);
+    r.max_lse_err = std::max(r.max_lse_err, lse_err);
+    if (std::max(err, lse_err) > worst) worst = std::max(err, lse_err), r.worst_position = t;
+    r.positions_over += std::max(err, lse_err) > 1e-3;
   }
   r.top1 = T ? static_cast<double>(agree) / T : 1.0;
   switch (tol) {
-    case Tolerance::kFp32: ok = r.max_err <= 1e-3 && r.max_lse_err <= 1e-3; break;
+    case Tolerance::kFp32:
+      ok = (r.max_err <= 1e-3 && r.max_lse_err <= 1e-3) ||
+           (r.positions_over <= static_cast<int64_t>(lim.fp32_outliers * T) && r.max_lse_err <= kFp32OutlierLse &&
+            r.top1 >= 0.999);
+      break;
     // Q8_0: top-1 >= 95 %; lse within 0.1 and top-20 logits within 0.3 at every position but at
     // most 1 % of them (at least one): on this random MoE a 0.3 % weight perturbation can flip
     // a routing decision at a near-tie, which moves that one position's logits (measured: seq2
@@ -198,6 +204,7 @@ std::string CheckReport::Format() const {
   for (auto& s : seqs) {
     absl::StrAppend(&out, absl::StrFormat("%-18s T=%-4d max_err=%.3g lse_err=%.3g top1=%.1f%%", s.name, s.positions,
                                           s.max_err, s.max_lse_err, 100 * s.top1));
+    if (!s.pass) absl::StrAppend(&out, absl::StrFormat(" worst@%d over1e-3=%d", s.worst_position, s.positions_over));
     if (s.mean_kl > 0 || s.max_kl > 0) absl::StrAppend(&out, absl::StrFormat(" kl_mean=%.3g kl_max=%.3g", s.mean_kl, s.max_kl));
     absl::StrAppend(&out, s.pass ? "  ok\n" : s.gating ? "  FAIL\n" : "  (pooled below)\n");
   }
