@@ -204,7 +204,7 @@ std::string CheckReport::Format() const {
   for (auto& s : seqs) {
     absl::StrAppend(&out, absl::StrFormat("%-18s T=%-4d max_err=%.3g lse_err=%.3g top1=%.1f%%", s.name, s.positions,
                                           s.max_err, s.max_lse_err, 100 * s.top1));
-    if (!s.pass) absl::StrAppend(&out, absl::StrFormat(" worst@%d over1e-3=%d", s.worst_position, s.positions_over));
+    if (s.positions_over > 0) absl::StrAppend(&out, absl::StrFormat(" worst@%d over1e-3=%d", s.worst_position, s.positions_over));
     if (s.mean_kl > 0 || s.max_kl > 0) absl::StrAppend(&out, absl::StrFormat(" kl_mean=%.3g kl_max=%.3g", s.mean_kl, s.max_kl));
     absl::StrAppend(&out, s.pass ? "  ok\n" : s.gating ? "  FAIL\n" : "  (pooled below)\n");
   }
