@@ -12,6 +12,7 @@
 // merges the splits of each (token, head). fp32 FMA throughout.
 #include <climits>
 #include <cstdlib>
+#include <type_traits>
 
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/pdl.cuh"
@@ -223,7 +224,9 @@ cudaError_t LaunchDecodeHd(const AttentionParams& p, int splits, cudaStream_t st
     const char* v = std::getenv("MOESHARD_ATTN_ASYNC");
     return !(v && v[0] == '0');
   }();
-  if (E == KvElem::kBF16 && async_on && DecodeAsyncSupports(p)) {  // attention_decode_async.cu
+  if (std::is_same_v<Act, uint16_t> && DecodeTcSupports(p)) {  // attention_decode_tc.cu
+    if (cudaError_t e = LaunchAttentionDecodeTc(p, splits, st); e != cudaSuccess || splits == 1) return e;
+  } else if (E == KvElem::kBF16 && async_on && DecodeAsyncSupports(p)) {  // attention_decode_async.cu
     if (cudaError_t e = LaunchAttentionDecodeAsync(p, splits, st); e != cudaSuccess || splits == 1) return e;
   } else {
     dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(p.cache.num_kv_heads),

@@ -14,6 +14,7 @@
 #include <cstdlib>
 
 #include "kernels/cuda/attention_common.cuh"
+#include "kernels/cuda/cp_async.cuh"
 
 namespace moeshard::gpu {
 namespace {
@@ -28,16 +29,6 @@ constexpr size_t TcSmemBytes() {
   constexpr int nbuf = PIPE ? 2 : 1;
   return (kRows + 2 * nbuf * kBK) * (HD + 8) * sizeof(uint16_t) + nbuf * kBK * sizeof(int64_t) +
          2 * kRows * sizeof(int);
-}
-
-__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
 __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
@@ -157,7 +148,7 @@ __global__ void __launch_bounds__(kThreads) TcAttentionKernel(AttentionParams p,
         CpAsync16(&Ks[(b * kBK + key) * LD + d], kc + off, valid);
         CpAsync16(&Vs[(b * kBK + key) * LD + d], vc + off, valid);
       }
-      CpAsyncCommit();
+      CpCommit();
     };
     if constexpr (PIPE) {
       slots_of(k_lo, 0);
@@ -175,9 +166,9 @@ __global__ void __launch_bounds__(kThreads) TcAttentionKernel(AttentionParams p,
         __syncthreads();
         if (more) {
           copy_tile(buf ^ 1);
-          CpAsyncWait<1>();  // this thread's copies of tile `it` have landed
+          CpWait<1>();  // this thread's copies of tile `it` have landed
         } else {
-          CpAsyncWait<0>();
+          CpWait<0>();
         }
         __syncthreads();  // everyone's copies of tile `it` are visible
       } else {
