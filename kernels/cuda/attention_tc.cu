@@ -44,6 +44,13 @@ __device__ __forceinline__ void Mma16816(float (&c)[4], uint32_t a0, uint32_t a1
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+__device__ __forceinline__ void LdMatrixX4(const uint16_t* p, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+
 __device__ __forceinline__ void LdMatrixX4Trans(const uint16_t* p, uint32_t& r0, uint32_t& r1, uint32_t& r2,
                                                 uint32_t& r3) {
   const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -113,6 +120,7 @@ __global__ void __launch_bounds__(kThreads) TcAttentionKernel(AttentionParams p,
     }
     __syncthreads();
     const int k_lo = s_range[0], k_hi = s_range[1];
+
     const int my_pos[2] = {rpos[row0], rpos[row0 + 8]};
     const int my_first[2] = {rfirst[row0], rfirst[row0 + 8]};
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
@@ -198,18 +206,22 @@ __global__ void __launch_bounds__(kThreads) TcAttentionKernel(AttentionParams p,
 #pragma unroll
           for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
         }
+        // K's B fragments by ldmatrix: keys [16 np, 16 np + 16) x dims [16 ks, 16 ks + 16) give
+        // (b0, b1) of key tiles 2 np and 2 np + 1.
+        // This warp's Q rows as A fragments by ldmatrix (one per k step; kept in shared memory,
+        // not registers: 32 more registers a thread would cost a CTA per SM).
+        const uint16_t* krow = &Kb[(lane % 8 + (lane / 16) * 8) * LD + ((lane / 8) % 2) * 8];
+        const uint16_t* qrow = &Qs[(warp * 16 + lane % 16) * LD + (lane / 16) * 8];
 #pragma unroll
         for (int ks = 0; ks < KS; ++ks) {
-          const uint16_t* qa = &Qs[row0 * LD + ks * 16 + 2 * tq];
-          const uint32_t a0 = *reinterpret_cast<const uint32_t*>(qa);
-          const uint32_t a1 = *reinterpret_cast<const uint32_t*>(qa + 8 * LD);
-          const uint32_t a2 = *reinterpret_cast<const uint32_t*>(qa + 8);
-          const uint32_t a3 = *reinterpret_cast<const uint32_t*>(qa + 8 * LD + 8);
+          uint32_t a0, a1, a2, a3;
+          LdMatrixX4(qrow + ks * 16, a0, a1, a2, a3);
 #pragma unroll
-          for (int n = 0; n < SN; ++n) {
-            const uint16_t* kb = &Kb[(n * 8 + gq) * LD + ks * 16 + 2 * tq];
-            Mma16816(s[n], a0, a1, a2, a3, *reinterpret_cast<const uint32_t*>(kb),
-                     *reinterpret_cast<const uint32_t*>(kb + 8));
+          for (int np = 0; np < SN / 2; ++np) {
+            uint32_t b0, b1, b2, b3;
+            LdMatrixX4(krow + np * 16 * LD + ks * 16, b0, b1, b2, b3);
+            Mma16816(s[2 * np], a0, a1, a2, a3, b0, b1);
+            Mma16816(s[2 * np + 1], a0, a1, a2, a3, b2, b3);
           }
         }
         uint32_t pa[SN][2];  // P as bf16 pairs: [n][0] row gq, [n][1] row gq + 8
