@@ -162,6 +162,8 @@ wait_ready() {
   done
   echo "vs_llamacpp: $1 not ready after 600 s (log: $3)" >&2; return 1
 }
+# The cluster credential of every `moeshard up` here (its internal /metrics need it).
+export MOESHARD_CLUSTER_TOKEN=${MOESHARD_CLUSTER_TOKEN:-$(python3 -c 'import secrets; print(secrets.token_hex(16))')}
 server_pid=""
 stop_server() {
   [ -n "$server_pid" ] || return 0
@@ -206,8 +208,23 @@ serve() {
   server_pid=$!
   [ -n "$url" ] || url_from_log "$server_pid" "$slog" || { tail -20 "$slog"; url=http://no-url; }
   if wait_ready "$url$ready" "$server_pid" "$slog"; then "$fn" "$engine" "$variant" "$url" || rc=1; else rc=1; fi
+  scrape_metrics "$engine" "$variant" "$slog" "$fn"
   stop_server
   return $rc
+}
+
+# scrape_metrics ENGINE VARIANT LOG BENCH_FN: after a moeshard run, every process's /metrics (router,
+# coordinator, workers: the URLs `moeshard up` prints) into OUT/metrics-BENCH_FN-ENGINE-VARIANT-I.txt:
+# the coordinator's step time and the worker's per-phase step time beside the served latencies.
+scrape_metrics() {
+  [[ $1 == moeshard* ]] || return 0
+  local i=0 u
+  for u in $(sed -n 's/^moeshard up: metrics //p' "$3" | head -1); do
+    python3 -c 'import os, sys, urllib.request
+r = urllib.request.Request(sys.argv[1], headers={"Authorization": "Bearer " + os.environ["MOESHARD_CLUSTER_TOKEN"]})
+sys.stdout.write(urllib.request.urlopen(r, timeout=10).read().decode())' "$u" > "$out/metrics-$4-$1-$2-$i.txt" 2> /dev/null || true
+    i=$((i + 1))
+  done
 }
 
 # Long prompts: one request per length at concurrency 1 (TTFT = prefill, TPOT = decode at L).

@@ -60,6 +60,9 @@ def rows_for(out, variant):
     for b in bench or []:
         kind = f"pp{b['n_prompt']}" if b.get("n_gen", 0) == 0 else f"tg{b['n_gen']}"
         rows.append((f"llama-bench {kind}", {"llamacpp": b["avg_ts"]}, True, "tok/s"))
+    for key, mean in sorted(metric_means(out, variant).items()):
+        label = key.replace("moeshard_", "").replace('{phase="', " ").replace('"}', "")
+        rows.append((f"moeshard {label}: mean over the serve runs", {"moeshard": mean * 1e3}, None, "ms"))
     try:
         with open(os.path.join(out, f"bench-model-{variant}.txt")) as f:
             for line in f:
@@ -124,6 +127,23 @@ def print_long(out, variant, summary):
             f" | {'-' if r is None else f'{r:.2f}x'}" for r in ratios.values()) + " |")
         summary.setdefault(f"{variant}-long", []).append({"row": label, "unit": unit, **{e: vals.get(e) for e in engines},
                                                           "ratios": ratios})
+
+
+def metric_means(out, variant):
+    """Mean seconds of moeshard's step histograms over its serve runs (all concurrency levels and the
+    prefill together): the coordinator's whole step and the worker's phases."""
+    sums, counts = {}, {}
+    for f in sorted(os.listdir(out)):
+        if not re.match(rf"metrics-bench-moeshard-{variant}-\d+\.txt$", f):
+            continue
+        with open(os.path.join(out, f)) as fh:
+            for line in fh:
+                m = re.match(r'(\w+?)_(sum|count)(\{[^}]*\})? ([0-9.eE+-]+)$', line.strip())
+                if not m or not m.group(1).endswith("step_seconds"):
+                    continue
+                key = m.group(1) + (m.group(3) or "")
+                (sums if m.group(2) == "sum" else counts)[key] = float(m.group(4))
+    return {k: sums[k] / counts[k] for k in sums if counts.get(k)}
 
 
 def run_any(s, n):
