@@ -11,7 +11,8 @@
 // (kSplitDecode: the split kernel and its combine), bytes = the K and V rows every sequence
 // reads (+ FP8 scales), GB/s and the share of the device-to-device copy rate measured at start.
 // MOESHARD_ATTN_TC_DECODE=0 in the environment times the fp32-FMA kernels instead of the tensor
-// cores (attention_decode_tc.cu), for an A/B in one call.
+// cores (attention_decode_tc.cu), MOESHARD_ATTN_SPLIT_KEYS=N the fewest keys per split (default
+// 64), for A/Bs in one call.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -148,10 +149,14 @@ int Main(int argc, char** argv) {
     return 77;
   }
   const char* tc = std::getenv("MOESHARD_ATTN_TC_DECODE");
+  const char* split_keys = std::getenv("MOESHARD_ATTN_SPLIT_KEYS");
   const double copy = CopyRate();
-  std::printf("attention_bench: %lld q heads, %lld KV heads, head_dim %lld, block %lld; copy %.0f GB/s; kernels: %s\n",
-              static_cast<long long>(nq), static_cast<long long>(nkv), static_cast<long long>(hd),
-              static_cast<long long>(bs), copy, tc && tc[0] == '0' ? "fp32 FMA (MOESHARD_ATTN_TC_DECODE=0)" : "default");
+  std::printf(
+      "attention_bench: %lld q heads, %lld KV heads, head_dim %lld, block %lld; copy %.0f GB/s; kernels: %s; fewest "
+      "keys a split: %s\n",
+      static_cast<long long>(nq), static_cast<long long>(nkv), static_cast<long long>(hd), static_cast<long long>(bs),
+      copy, tc && tc[0] == '0' ? "fp32 FMA (MOESHARD_ATTN_TC_DECODE=0)" : "default",
+      split_keys ? split_keys : "64 (default)");
   std::printf("| sequences x context | KV | time | KV read | GB/s | of copy BW |\n|---|---|---|---|---|---|\n");
   std::mt19937 rng(7);
   for (const Case& c : cases) {

@@ -76,7 +76,8 @@ __device__ __forceinline__ void StoreRowPositions(const AttentionParams& p, int6
 }
 
 // The split-decode kernels' bookkeeping (attention_decode*.cu): split sp of token t's visible
-// keys is [kb, ke) — ranges of at least 64 keys, multiples of 32 — and its partials go to the
+// keys is [kb, ke) — ranges of at least p.split_min_keys keys (64 unless
+// MOESHARD_ATTN_SPLIT_KEYS says more), multiples of 32 — and its partials go to the
 // workspace: acc [tokens * heads * splits, head_dim], then m and l [tokens * heads * splits].
 struct DecodeSplit {
   int64_t kb = 0, ke = 0;
@@ -88,7 +89,7 @@ __device__ __forceinline__ DecodeSplit DecodeSplitOf(const AttentionParams& p, i
   const int64_t pos = p.pos[t];
   const int64_t first = p.window > 0 ? max(int64_t{0}, pos - p.window + 1) : 0;
   int64_t sz = (pos - first + 1 + splits - 1) / splits;
-  sz = max(int64_t{64}, (sz + 31) / 32 * 32);
+  sz = max(p.split_min_keys, (sz + 31) / 32 * 32);
   DecodeSplit s;
   s.kb = first + sp * sz;
   s.ke = min(pos + 1, s.kb + sz);
