@@ -37,18 +37,19 @@ $(MODEL)/config.json: | build
 run: build $(MODEL)/config.json
 	@bash scripts/run_demo.sh $(BUILD) $(MODEL) "$(PROMPT)"
 
-# Every CPU test runs once, in the sanitizer build (test-asan); the release build runs the tests
-# labelled gpu, which need its CUDA kernels (ctest reports them Skipped without a GPU; the GPU
+# Every CPU test runs once: in the sanitizer build (test-asan), except those labelled long (the
+# long goldens: minutes under ASan), which the release build runs with the tests labelled gpu,
+# which need its CUDA kernels (ctest reports them Skipped without a GPU; the GPU
 # lane, scripts/gpu_lane.sh, runs them on one). docs/TESTING.md says what runs where.
 test-unit: build
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L gpu
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L 'gpu|long'
 
 # Every CPU test (formats, tokenizer, kernels, worker, comm, coordinator, router, CLI) under
 # AddressSanitizer + UBSan: Debug at -O1, no CUDA. A test that skips fails (cmake/moeshard.cmake).
 test-asan: deps
 	cmake -S . -B $(ASAN_BUILD) -G Ninja $(CMAKE_FLAGS) -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" -DMOESHARD_SANITIZE=ON -DMOESHARD_CUDA=OFF
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
-	cd $(ASAN_BUILD) && ctest --output-on-failure -j $(JOBS) -LE gpu
+	cd $(ASAN_BUILD) && ctest --output-on-failure -j $(JOBS) -LE 'gpu|long'
 
 # End-to-end: real clusters on loopback in both modes, real clients (openai, grpc-js, promtool).
 test-e2e: build

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "eval/kl_stats.h"
 #include "common/formats/safetensors.h"
 #include "common/status.h"
@@ -50,42 +51,48 @@ SeqReport Compare(const std::string& name, const Golden& g, const std::vector<fl
   r.positions = T;
   int64_t agree = 0, bad_positions = 0;
   bool ok = true;
+  double worst = -1;
   for (int64_t t = 0; t < T; ++t) {
     const float* l = got.data() + t * V;
     double lse = LogSumExp(l, V);
+    double err = 0, lse_err = 0;  // this position's
     if (!g.logits.empty()) {
       const float* gl = g.logits.data() + t * V;
       double glse = LogSumExp(gl, V), kl = 0;
       for (int64_t i = 0; i < V; ++i) {
-        double e = std::fabs(l[i] - gl[i]) / std::max(1.0, std::fabs(static_cast<double>(gl[i])));
-        r.max_err = std::max(r.max_err, e);
+        err = std::max(err, std::fabs(l[i] - gl[i]) / std::max(1.0, std::fabs(static_cast<double>(gl[i]))));
         double lp = gl[i] - glse, lq = l[i] - lse;
         kl += std::exp(lp) * (lp - lq);
       }
       r.mean_kl += kl / T;
       r.max_kl = std::max(r.max_kl, kl);
-      r.max_lse_err = std::max(r.max_lse_err, std::fabs(lse - glse));
+      lse_err = std::fabs(lse - glse);
       agree += Argmax(l, V) == Argmax(gl, V);
     } else {
-      double pos_err = 0;
       for (int64_t j = 0; j < g.topk; ++j) {
         int32_t id = g.topk_ids[t * g.topk + j];
         double gv = g.topk_logits[t * g.topk + j];
         double e = std::fabs(l[id] - gv);
         if (tol == Tolerance::kFp32) e /= std::max(1.0, std::fabs(gv));
-        pos_err = std::max(pos_err, e);
+        err = std::max(err, e);
       }
-      double le = std::fabs(lse - g.lse[t]);
-      if (tol == Tolerance::kFp32) le /= std::max(1.0, std::fabs(static_cast<double>(g.lse[t])));
-      r.max_err = std::max(r.max_err, pos_err);
-      r.max_lse_err = std::max(r.max_lse_err, le);
-      bad_positions += (le > kQ8Lse || pos_err > kQ8Topk);
+      lse_err = std::fabs(lse - g.lse[t]);
+      if (tol == Tolerance::kFp32) lse_err /= std::max(1.0, std::fabs(static_cast<double>(g.lse[t])));
+      bad_positions += (lse_err > kQ8Lse || err > kQ8Topk);
       agree += Argmax(l, V) == g.topk_ids[t * g.topk];
     }
+    r.max_err = std::max(r.max_err, err);
+    r.max_lse_err = std::max(r.max_lse_err, lse_err);
+    if (std::max(err, lse_err) > worst) worst = std::max(err, lse_err), r.worst_position = t;
+    r.positions_over += std::max(err, lse_err) > 1e-3;
   }
   r.top1 = T ? static_cast<double>(agree) / T : 1.0;
   switch (tol) {
-    case Tolerance::kFp32: ok = r.max_err <= 1e-3 && r.max_lse_err <= 1e-3; break;
+    case Tolerance::kFp32:
+      ok = (r.max_err <= 1e-3 && r.max_lse_err <= 1e-3) ||
+           (r.positions_over <= static_cast<int64_t>(lim.fp32_outliers * T) && r.max_lse_err <= kFp32OutlierLse &&
+            r.top1 >= 0.999);
+      break;
     // Q8_0: top-1 >= 95 %; lse within 0.1 and top-20 logits within 0.3 at every position but at
     // most 1 % of them (at least one): on this random MoE a 0.3 % weight perturbation can flip
     // a routing decision at a near-tie, which moves that one position's logits (measured: seq2
@@ -168,6 +175,16 @@ absl::StatusOr<Tolerance> ParseTolerance(const std::string& s) {
   return absl::InvalidArgumentError(absl::StrCat("unknown tolerance '", s, "' (fp32, q8_0, bf16)"));
 }
 
+absl::StatusOr<CheckLayout::Runs> ParseRuns(const std::string& list) {
+  CheckLayout::Runs r{false, false, false};
+  for (absl::string_view run : absl::StrSplit(list, ',')) {
+    bool* on = run == "whole" ? &r.whole : run == "batched" ? &r.batched : run == "decode" ? &r.decode : nullptr;
+    if (on == nullptr) return absl::InvalidArgumentError(absl::StrCat("unknown run '", run, "' (whole, batched, decode)"));
+    *on = true;
+  }
+  return r;
+}
+
 bool CheckReport::pass() const {
   if (seqs.empty()) return false;
   for (auto& s : seqs) {
@@ -187,6 +204,7 @@ std::string CheckReport::Format() const {
   for (auto& s : seqs) {
     absl::StrAppend(&out, absl::StrFormat("%-18s T=%-4d max_err=%.3g lse_err=%.3g top1=%.1f%%", s.name, s.positions,
                                           s.max_err, s.max_lse_err, 100 * s.top1));
+    if (!s.pass) absl::StrAppend(&out, absl::StrFormat(" worst@%d over1e-3=%d", s.worst_position, s.positions_over));
     if (s.mean_kl > 0 || s.max_kl > 0) absl::StrAppend(&out, absl::StrFormat(" kl_mean=%.3g kl_max=%.3g", s.mean_kl, s.max_kl));
     absl::StrAppend(&out, s.pass ? "  ok\n" : s.gating ? "  FAIL\n" : "  (pooled below)\n");
   }
@@ -279,28 +297,31 @@ absl::StatusOr<CheckReport> CheckModel(const LoadedModel& model, const std::stri
     for (auto& t : tables) blocks.Free(t);
     return st;
   };
-  // Whole sequences, then all sequences in one ragged batch.
+  // Whole sequences, then all sequences in one ragged batch (a batch of one is the whole run).
   std::vector<SeqChunk> all;
   for (size_t k = 0; k < seqs.size(); ++k) {
     SeqChunk ch{seqs[k].ids, 0, {}, true};
+    all.push_back(ch);
+    if (!layout.runs.whole) continue;
     std::vector<float> l;
     RETURN_IF_ERROR(run({ch}, &l));
     rep.seqs.push_back(Compare(absl::StrCat("seq", k, " whole"), seqs[k], l, V, tol));
-    all.push_back(ch);
   }
+  const bool batched = layout.runs.batched && seqs.size() > 1;
   std::vector<float> lb;
-  RETURN_IF_ERROR(run(all, &lb));
+  if (batched) RETURN_IF_ERROR(run(all, &lb));
   int64_t off = 0;
-  for (size_t k = 0; k < seqs.size(); ++k) {
+  for (size_t k = 0; k < seqs.size() && batched; ++k) {
     int64_t n = seqs[k].ids.size() * V;
     std::vector<float> l(lb.begin() + off, lb.begin() + off + n);
     off += n;
     rep.seqs.push_back(Compare(absl::StrCat("seq", k, " batched"), seqs[k], l, V, tol));
   }
-  // Prefill of the first half, then one token at a time through the KV cache.
-  for (size_t k = 0; k < seqs.size(); ++k) {
+  // Prefill of the first part, then one token at a time through the KV cache.
+  for (size_t k = 0; k < seqs.size() && layout.runs.decode; ++k) {
     const auto& ids = seqs[k].ids;
-    const int64_t T = ids.size(), half = std::max<int64_t>(1, T / 2);
+    const int64_t T = ids.size();
+    const int64_t half = std::max<int64_t>(1, layout.decode_steps < 0 ? T / 2 : T - layout.decode_steps);
     std::vector<int32_t> table;
     RETURN_IF_ERROR(blocks.Reserve(table, T, ro.block_size));
     std::vector<float> l, step;

@@ -16,6 +16,7 @@
 namespace moeshard {
 
 enum class Tolerance { kFp32, kQ8_0, kBf16 };
+constexpr double kFp32OutlierLse = 1e-2;  // CheckLimits::fp32_outliers' bound on an outlier's lse
 absl::StatusOr<Tolerance> ParseTolerance(const std::string& s);
 
 // The acceptance limits: fp32 and Q8_0 as ../shared/testdata/README.md states them; bf16
@@ -24,6 +25,14 @@ struct CheckLimits {
   Tolerance kind = Tolerance::kFp32;
   double bf16_mean_kl = 2e-2, bf16_top1 = 0.88;     // goldens with full logits
   double bf16_topk_top1 = 0.90, bf16_max_lse = 0.5;  // goldens with top-20 logits and lse
+  // fp32 on long sequences: the fraction of positions that may miss 1e-3 (default none), each
+  // still within kFp32OutlierLse of the golden's lse and with top-1 agreeing at 99.9 % of all
+  // positions. A correct float32 engine meets 1e-3 everywhere but where a routing choice is a
+  // near tie at float32 rounding: that position's expert changes, and with it the positions
+  // that attend to it (measured on the 16K goldens: transformers itself in float32 misses at 1
+  // of 16,384 positions; moeshard on muse-spark-tiny at 18, one flip at 15,160 and its
+  // window). docs/design/long-context.md, "Long goldens".
+  double fp32_outliers = 0;
   CheckLimits() = default;
   CheckLimits(Tolerance k) : kind(k) {}  // NOLINT: a tolerance kind is its default limits
 };
@@ -33,7 +42,17 @@ struct CheckLimits {
 struct CheckLayout {
   RunnerOptions runner;
   int tp = 1, stages = 1;
+  // Which runs: each sequence whole; all in one ragged batch (only with several sequences);
+  // each as a (chunked) prefill then one-token decode steps for its last decode_steps
+  // positions (< 0: the second half). Each run checks every position. The long goldens
+  // decode a few dozen: a 128K sequence's second half would be 64K steps per layout.
+  struct Runs {
+    bool whole = true, batched = true, decode = true;
+  } runs;
+  int64_t decode_steps = -1;
 };
+// Parses a --runs list ("whole,batched,decode", any non-empty subset).
+absl::StatusOr<CheckLayout::Runs> ParseRuns(const std::string& list);
 
 struct SeqReport {
   std::string name;    // e.g. "seq1 decode"
@@ -42,6 +61,8 @@ struct SeqReport {
   double mean_kl = 0, max_kl = 0;  // full-logit goldens only
   double top1 = 0;                 // fraction of positions whose argmax agrees
   int64_t positions = 0;
+  int64_t worst_position = 0;      // where max(err, lse_err) is largest
+  int64_t positions_over = 0;      // positions past 1e-3 (the fp32 limit) in err or lse_err
   bool full_logits = false;
   bool pass = false;
   bool gating = true;  // false on the bf16 path, where the pooled figures gate

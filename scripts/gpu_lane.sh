@@ -13,6 +13,10 @@
 #         2. scripts/gpu_check.sh: every test model in bf16 and float32, one worker, layer split
 #            and tensor parallel;
 #         3. scripts/gpu_repack_check.sh: the NVFP4 repack against the CPU;
+#         3b. scripts/gpu_long_check.sh: the long goldens (qwen3moe-tiny at 131,072 tokens, written
+#            by tests/testdata/make_long_goldens.py into $MOESHARD_LONG_GOLDENS when it lacks them,
+#            and the committed 16K ones) in float32 and bf16, one worker, TP 2, layer split 2
+#            (MOESHARD_LANE_LONG=0 leaves it out);
 #         4. tests/e2e/run.sh with every cluster's workers on the GPU in bfloat16, the suite
 #            comparing with the bf16 tolerance (`itest --tolerance bf16`: tokens equal up to a
 #            near tie of the float32 engine, logprobs within 0.5 nats);
@@ -154,6 +158,10 @@ run_lane() {
   fi
   run_step gpu_check "$work/gpu_check.log" bash "$ROOT/scripts/gpu_check.sh" "$bin" "$data"
   run_step gpu_repack_check "$work/repack.log" bash "$ROOT/scripts/gpu_repack_check.sh" "$bin"
+  if [[ ${MOESHARD_LANE_LONG:-1} == 1 ]]; then
+    run_step gpu_long_check "$work/long.log" bash "$ROOT/scripts/gpu_long_check.sh" "$bin" "$data" \
+      "${MOESHARD_LONG_GOLDENS:-$work/long-goldens}"
+  fi
   local i
   for i in "${!e2e_pids[@]}"; do
     wait "${e2e_pids[$i]}"

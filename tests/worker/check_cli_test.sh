@@ -5,18 +5,7 @@ set -u
 bin=$1
 td=${MOESHARD_TESTDATA:?set MOESHARD_TESTDATA to the assembled test models (ctest does)}
 if [ ! -d "$td/qwen3moe-tiny" ]; then echo "FAIL: no test models at $td"; exit 1; fi
-fail=0
-run() {  # expect_rc model goldens [extra check flags...]
-  local want=$1 model=$2 goldens=$3
-  shift 3
-  "$bin" check --model "$model" --goldens "$goldens" "$@" > /tmp/check_out.$$ 2>&1
-  rc=$?
-  if [ "$rc" -ne "$want" ]; then
-    echo "FAIL: check $model $* exited $rc (wanted $want)"; cat /tmp/check_out.$$; fail=1
-  else
-    echo "ok: check $model $* exited $rc"
-  fi
-}
+source "$(dirname "$0")/check_run.sh"
 for m in qwen3moe-tiny muse-spark-tiny muse-spark-tiny-nvfp4 qwen3moe-tok; do
   run 0 "$td/$m" "$td/$m/goldens.safetensors"
 done
@@ -41,7 +30,7 @@ run 2 "$td/qwen3moe-tiny" "$td/qwen3moe-tiny/goldens.safetensors" --dtype bfloat
 run 2 "$td/qwen3moe-tiny" "$td/qwen3moe-tiny/goldens.safetensors" --device tpu
 if ! command -v nvidia-smi > /dev/null || ! nvidia-smi -L > /dev/null 2>&1; then
   run 1 "$td/qwen3moe-tiny" "$td/qwen3moe-tiny/goldens.safetensors" --device cuda
-  grep -q "CUDA" /tmp/check_out.$$ || { echo "FAIL: --device cuda without a GPU does not say why"; fail=1; }
+  grep -q "CUDA" "$check_out" || { echo "FAIL: --device cuda without a GPU does not say why"; fail=1; }
 fi
 # Perturb 16 bytes in the middle of the weights of a copy: check must now fail (exit 1, a
 # tolerance failure, not a load error).
@@ -54,5 +43,4 @@ for m in qwen3moe-tiny muse-spark-tiny-nvfp4; do
   run 1 "$tmp" "$td/$m/goldens.safetensors"
   rm -rf "$tmp"
 done
-rm -f /tmp/check_out.$$
 exit $fail

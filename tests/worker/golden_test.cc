@@ -2,12 +2,14 @@
 // reference muse_spark.py, not by us): every position of seq0-2 whole, batched and as
 // prefill + decode steps, and gen0's greedy tokens, for every testdata model and format.
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <string>
 
 #include "eval/golden_check.h"
 #include "gtest/gtest.h"
 #include "tests/testdata/testdata_dir.h"
+#include "common/formats/safetensors.h"
 #include "common/model/model_loader.h"
 
 namespace moeshard {
@@ -53,6 +55,68 @@ TEST(GoldenQ8Test, MatchesTransformersOnTheFilesOwnWeights) {
   EXPECT_EQ(rep->seqs.size(), 9u);
   EXPECT_TRUE(rep->pass()) << rep->Format();
   for (const auto& s : rep->seqs) EXPECT_EQ(s.top1, 1.0) << s.name;
+}
+
+// The runs a CheckLayout names, and decode_steps: only those run, each checking every position.
+TEST(GoldenRunsTest, RunsAndDecodeSteps) {
+  auto m = LoadModel(TestData() + "/muse-spark-tiny", /*load_tokenizer=*/false);
+  ASSERT_TRUE(m.ok()) << m.status();
+  CheckLayout layout;
+  auto runs = ParseRuns("decode,whole");
+  ASSERT_TRUE(runs.ok()) << runs.status();
+  layout.runs = *runs;
+  layout.decode_steps = 3;  // prefill of all but the last 3 positions, then 3 decode steps
+  auto rep = CheckModel(*m, TestData() + "/muse-spark-tiny/goldens.safetensors", Tolerance::kFp32, layout);
+  ASSERT_TRUE(rep.ok()) << rep.status();
+  ASSERT_EQ(rep->seqs.size(), 6u);  // 3 sequences x (whole, decode): no batched run
+  EXPECT_EQ(rep->seqs[0].name, "seq0 whole");
+  EXPECT_EQ(rep->seqs[3].name, "seq0 decode");
+  EXPECT_EQ(rep->seqs[5].positions, 100);
+  EXPECT_TRUE(rep->pass()) << rep->Format();
+  EXPECT_FALSE(ParseRuns("whole,bogus").ok());
+  EXPECT_FALSE(ParseRuns("").ok());
+}
+
+// CheckLimits::fp32_outliers: the goldens' own logits, with positions of seq2 (T = 100) moved as
+// a routing near tie moves them. Strict fp32 fails; with 2 % (2 of 100 positions) it passes if
+// each moved position's lse stays within 1e-2, and fails for 3 positions or a larger move.
+TEST(GoldenOutliersTest, NearTiesWithinTheAllowance) {
+  const std::string goldens = TestData() + "/muse-spark-tiny/goldens.safetensors";
+  auto gf = SafetensorsCheckpoint::OpenFile(goldens);
+  ASSERT_TRUE(gf.ok()) << gf.status();
+  auto tensor = [&](const std::string& name) {
+    const TensorInfo* t = (*gf)->Find(name);
+    EXPECT_NE(t, nullptr) << name;
+    return t;
+  };
+  const int64_t V = 512;
+  auto pass = [&](const std::vector<int64_t>& moved, float by, double outliers) {
+    LogitsFn logits = [&](const std::vector<int32_t>& ids) -> absl::StatusOr<std::vector<float>> {
+      const std::string k = ids.size() == 7 ? "0" : ids.size() == 40 ? "1" : "2";
+      const TensorInfo* t = tensor("seq" + k + ".logits");
+      std::vector<float> l(t->numel());
+      std::memcpy(l.data(), t->data, t->nbytes);
+      for (int64_t p : moved) {
+        if (k == "2") l[p * V + 7] += by;
+      }
+      return l;
+    };
+    GreedyFn greedy = [&](const std::vector<int32_t>&, int64_t n) -> absl::StatusOr<std::vector<int32_t>> {
+      const auto* g = reinterpret_cast<const int32_t*>(tensor("gen0.greedy")->data);
+      return std::vector<int32_t>(g, g + n);
+    };
+    CheckLimits lim(Tolerance::kFp32);
+    lim.fp32_outliers = outliers;
+    auto rep = CheckWith(logits, greedy, V, goldens, lim);
+    EXPECT_TRUE(rep.ok()) << rep.status();
+    return rep.ok() && rep->pass();
+  };
+  EXPECT_TRUE(pass({}, 0, 0));
+  EXPECT_FALSE(pass({30}, 0.05f, 0));
+  EXPECT_TRUE(pass({30}, 0.05f, 0.02));
+  EXPECT_TRUE(pass({30, 31}, 0.05f, 0.02));
+  EXPECT_FALSE(pass({30, 31, 32}, 0.05f, 0.02));  // more positions than 2 % of 100
+  EXPECT_FALSE(pass({30}, 20.0f, 0.02));          // a large move: argmax and lse change
 }
 
 INSTANTIATE_TEST_SUITE_P(
