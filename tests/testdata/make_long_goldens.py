@@ -382,6 +382,8 @@ def main():
         if model == "qwen3moe-tiny":
             build_qwen(a, model_dir, save, report)
         elif model == "muse-spark-tiny":
+            if a.short == 0:
+                raise SystemExit("muse-spark-tiny has only a --short golden: give --short N > 0")
             if a.reference is None:
                 raise SystemExit("no muse_spark.py: give --reference (../shared/reference)")
             build_muse(a, model_dir, save, report, load_file)
