@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "bench/moe_expert_baseline.h"
+#include "bench/cuda_exit.h"
 #include "common/dtype.h"
 #include "kernels/cpu/moe_ref.h"
 #include "kernels/cuda/gpu_ops.h"
@@ -50,14 +51,6 @@ WeightFormat kFormat = WeightFormat::kNVFP4;
 bool kUseHint = true;
 bool kRepack = true;
 
-#define CK(expr)                                                                                 \
-  do {                                                                                           \
-    cudaError_t e_ = (expr);                                                                     \
-    if (e_ != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
 #define CB(expr)                                                                         \
   do {                                                                                   \
     cublasStatus_t s_ = (expr);                                                          \

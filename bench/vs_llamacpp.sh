@@ -12,6 +12,8 @@
 #       [--engines moeshard,llamacpp] [--concurrency 1,4,16,64] [--prompt-len 512] [--output-len 128]
 #       [--prefill-len 4096] [--requests N] [--llama-dir DIR] [--skip-build] [--build-only]
 #       [--no-llama-bench] [--no-bench-model] [--keep-models] [--jobs N] [--cpu-smoke]
+#       [--step-tokens N] [--no-serve] [--long 32768,131072] [--long-output 32] [--long-kv bf16,fp8]
+#       [--long-llama-kv f16,q8_0] [--long-step-tokens 8192]
 #
 # --bin: the folder with moeshard, moeshard-worker, -coordinator, -router (default: where
 #   `moeshard` is on PATH, else build/). On the GPU machine: build here, pack with
@@ -21,6 +23,13 @@
 #   folder with llama-server and llama-bench already built (skips the build).
 # --out: the table (table.txt), summary.json and each run's JSON (default WORK/out).
 # --cpu-smoke: the plumbing on a CPU: a tiny synthetic model, moeshard only, short runs.
+# --step-tokens: moeshard's --max-tokens-per-step for the serve runs (default: the coordinator's).
+# --no-serve: skip the concurrency and 4096-prefill runs (e.g. for a call that only runs --long).
+# --long LENS: long prompts (issue 19): for each engine a server with one sequence and room for the
+#   longest length, one request per length (prompt L, --long-output greedy tokens): TTFT, prefill
+#   tok/s and decode speed at L. moeshard once per --long-kv KV dtype (bf16, fp8; auto = bf16 on
+#   the GPU) with --max-tokens-per-step --long-step-tokens; llama-server once per --long-llama-kv
+#   cache type (f16 is its default; q8_0 = -ctk q8_0 -ctv q8_0).
 # Phases can be split over calls: --build-only, then --variants mxfp4 --skip-build, ...
 # Each run's results are kept in OUT, so a later call adds to the table.
 set -euo pipefail
@@ -30,7 +39,8 @@ repo=$(dirname "$here")
 shared=$repo/../shared; [ -d "$shared" ] || shared=$repo/shared
 bin="" work=/tmp/vs-llamacpp out="" variants=mxfp4,q8_0 engines=moeshard,llamacpp conc=1,4,16,64
 prompt=512 output=128 prefill=4096 requests="" llama_dir="" skip_build=0 build_only=0 llama_bench=1
-bench_model=1 keep=0 jobs=$(nproc) smoke=0
+bench_model=1 keep=0 jobs=$(nproc) smoke=0 step_tokens="" do_serve=1 long="" long_out=32 long_kv=bf16
+long_llama_kv=f16 long_step=8192
 die() { echo "vs_llamacpp: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -52,6 +62,13 @@ while [ $# -gt 0 ]; do
     --no-bench-model) bench_model=0 ;;
     --keep-models) keep=1 ;;
     --cpu-smoke) smoke=1 ;;
+    --step-tokens) step_tokens=$2; shift ;;
+    --no-serve) do_serve=0 ;;
+    --long) long=$2; shift ;;
+    --long-output) long_out=$2; shift ;;
+    --long-kv) long_kv=$2; shift ;;
+    --long-llama-kv) long_llama_kv=$2; shift ;;
+    --long-step-tokens) long_step=$2; shift ;;
     -h|--help) sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (--help)" ;;
   esac
@@ -60,6 +77,11 @@ done
 for v in ${variants//,/ }; do [[ $v == mxfp4 || $v == q8_0 ]] || die "--variants: mxfp4, q8_0 (got '$v')"; done
 for e in ${engines//,/ }; do [[ $e == moeshard || $e == llamacpp ]] || die "--engines: moeshard, llamacpp (got '$e')"; done
 [[ $conc =~ ^[0-9]+(,[0-9]+)*$ ]] || die "--concurrency: a list like 1,4,16"
+[ -z "$long" ] || [[ $long =~ ^[0-9]+(,[0-9]+)*$ ]] || die "--long: a list of prompt lengths like 32768,131072"
+for k in ${long_kv//,/ }; do [[ $k == bf16 || $k == fp8 || $k == auto || $k == float32 ]] || die "--long-kv: bf16, fp8, auto, float32 (got '$k')"; done
+for k in ${long_llama_kv//,/ }; do [[ $k == f16 || $k == q8_0 || $k == bf16 ]] || die "--long-llama-kv: f16, q8_0, bf16 (got '$k')"; done
+for n in "$long_out" "$long_step"; do [[ $n =~ ^[1-9][0-9]*$ ]] || die "--long-output and --long-step-tokens: positive counts"; done
+[ -z "$step_tokens" ] || [[ $step_tokens =~ ^[1-9][0-9]*$ ]] || die "--step-tokens: a positive count"
 device=cuda preset=full
 if [ $smoke = 1 ]; then
   device=cpu preset=tiny engines=moeshard llama_bench=0 bench_model=0
@@ -67,6 +89,7 @@ if [ $smoke = 1 ]; then
   [ "$prompt" = 512 ] && prompt=32
   [ "$output" = 128 ] && output=8
   [ "$prefill" = 4096 ] && prefill=64
+  [ "$long_kv" = bf16 ] && long_kv=auto
 fi
 if [ -z "$bin" ]; then
   if command -v moeshard > /dev/null; then bin=$(dirname "$(command -v moeshard)"); else bin=$repo/build; fi
@@ -139,6 +162,8 @@ wait_ready() {
   done
   echo "vs_llamacpp: $1 not ready after 600 s (log: $3)" >&2; return 1
 }
+# The cluster credential of every `moeshard up` here (its internal /metrics need it).
+export MOESHARD_CLUSTER_TOKEN=${MOESHARD_CLUSTER_TOKEN:-$(python3 -c 'import secrets; print(secrets.token_hex(16))')}
 server_pid=""
 stop_server() {
   [ -n "$server_pid" ] || return 0
@@ -172,19 +197,74 @@ url_from_log() {
   done
   return 1
 }
-# serve ENGINE VARIANT URL READY_PATH LOG COMMAND...: starts the server in its own process
-# group, benches it once URL/READY_PATH answers (URL "": the one `moeshard up` prints), stops it.
+# serve ENGINE VARIANT URL READY_PATH LOG BENCH_FN COMMAND...: starts the server in its own process
+# group, runs BENCH_FN ENGINE VARIANT URL once URL/READY_PATH answers (URL "": the one `moeshard up`
+# prints), stops it.
 serve() {
-  local engine=$1 variant=$2 url=$3 ready=$4 slog=$5 rc=0
-  shift 5
+  local engine=$1 variant=$2 url=$3 ready=$4 slog=$5 fn=$6 rc=0
+  shift 6
   log "$engine on $variant: $* (log: $slog)"
   setsid "$@" > "$slog" 2>&1 &
   server_pid=$!
   [ -n "$url" ] || url_from_log "$server_pid" "$slog" || { tail -20 "$slog"; url=http://no-url; }
-  if wait_ready "$url$ready" "$server_pid" "$slog"; then bench "$engine" "$variant" "$url" || rc=1; else rc=1; fi
+  if wait_ready "$url$ready" "$server_pid" "$slog"; then "$fn" "$engine" "$variant" "$url" || rc=1; else rc=1; fi
+  scrape_metrics "$engine" "$variant" "$slog" "$fn"
   stop_server
   return $rc
 }
+
+# scrape_metrics ENGINE VARIANT LOG BENCH_FN: after a moeshard run, every process's /metrics (router,
+# coordinator, workers: the URLs `moeshard up` prints) into OUT/metrics-BENCH_FN-ENGINE-VARIANT-I.txt:
+# the coordinator's step time and the worker's per-phase step time beside the served latencies.
+scrape_metrics() {
+  [[ $1 == moeshard* ]] || return 0
+  local i=0 u
+  for u in $(sed -n 's/^moeshard up: metrics //p' "$3" | head -1); do
+    python3 -c 'import os, sys, urllib.request
+r = urllib.request.Request(sys.argv[1], headers={"Authorization": "Bearer " + os.environ["MOESHARD_CLUSTER_TOKEN"]})
+sys.stdout.write(urllib.request.urlopen(r, timeout=10).read().decode())' "$u" > "$out/metrics-$4-$1-$2-$i.txt" 2> /dev/null || true
+    i=$((i + 1))
+  done
+}
+
+# Long prompts: one request per length at concurrency 1 (TTFT = prefill, TPOT = decode at L).
+long_lens=${long//,/ }
+long_max=0
+for L in $long_lens; do [ "$L" -gt "$long_max" ] && long_max=$L; done
+long_ctx=$(( (long_max + long_out + 16 + 255) / 256 * 256 ))
+bench_long() {
+  local rc=0 L
+  for L in $long_lens; do
+    log "$1 $2: long prompt $L, output $long_out"
+    "$moeshard" bench serve --url "$3" --stream --concurrency 1 --requests 1 --prompt-len "$L" \
+      --output-len "$long_out" --vocab "$vocab" --seed 11 --json "$out/long-$1-$2-$L.json" 2>&1 |
+      tee "$out/long-$1-$2-$L.log" || rc=1
+  done
+  return $rc
+}
+# long_runs VARIANT MODEL: each engine and KV type in turn on the long prompts.
+long_runs() {
+  local v=$1 model=$2 rc=0 k tag port
+  if has "$engines" moeshard; then
+    for k in ${long_kv//,/ }; do
+      tag=moeshard; [ "$k" = bf16 ] || tag=moeshard_$k
+      serve "$tag" "$v" "" /ready "$out/up-long-$k-$v.log" bench_long \
+        "$moeshard" up --model "$model" --device "$device" --workers 1 --max-model-len "$long_ctx" --max-num-seqs 1 \
+        --num-kv-blocks $(( long_ctx / 16 + 16 )) --max-tokens-per-step "$long_step" --kv-dtype "$k" || rc=1
+    done
+  fi
+  if has "$engines" llamacpp; then
+    for k in ${long_llama_kv//,/ }; do
+      tag=llamacpp; [ "$k" = f16 ] || tag=llamacpp_$k
+      port=$(free_port)
+      serve "$tag" "$v" "http://127.0.0.1:$port" /health "$out/llama-server-long-$k-$v.log" bench_long \
+        "$llama_dir/llama-server" -m "$model" -ngl 99 -fa on -c "$long_ctx" -np 1 -ctk "$k" -ctv "$k" \
+        --host 127.0.0.1 --port "$port" || rc=1
+    done
+  fi
+  return $rc
+}
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 status=0
 for v in ${variants//,/ }; do
@@ -198,22 +278,25 @@ for v in ${variants//,/ }; do
   fi
   # Prompt ids below the first special token of the Qwen3 tokenizer (151,643); the smoke model's vocab.
   vocab=151643; [ $smoke = 1 ] && vocab=509
-  if has "$engines" moeshard; then
-    serve moeshard "$v" "" /ready "$out/up-$v.log" \
-      "$moeshard" up --model "$model" --device "$device" --workers 1 --max-model-len "$ctx" --max-num-seqs "$maxc" ||
-      status=1
+  step_flag=(); [ -n "$step_tokens" ] && step_flag=(--max-tokens-per-step "$step_tokens")
+  if [ $do_serve = 1 ] && has "$engines" moeshard; then
+    # KV for every stream's whole context (the coordinator's default pool is 1,024 blocks).
+    serve moeshard "$v" "" /ready "$out/up-$v.log" bench \
+      "$moeshard" up --model "$model" --device "$device" --workers 1 --max-model-len "$ctx" --max-num-seqs "$maxc" \
+      --num-kv-blocks $(( (ctx / 16 + 1) * maxc + 16 )) "${step_flag[@]}" || status=1
   fi
-  if has "$engines" llamacpp; then
-    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-    serve llamacpp "$v" "http://127.0.0.1:$port" /health "$out/llama-server-$v.log" \
+  if [ $do_serve = 1 ] && has "$engines" llamacpp; then
+    port=$(free_port)
+    serve llamacpp "$v" "http://127.0.0.1:$port" /health "$out/llama-server-$v.log" bench \
       "$llama_dir/llama-server" -m "$model" -ngl 99 -fa on -c $((ctx * maxc)) -np "$maxc" --host 127.0.0.1 \
       --port "$port" || status=1
-    if [ $llama_bench = 1 ]; then
-      log "llama-bench -p $prompt,$prefill -n $output on $v"
-      "$llama_dir/llama-bench" -m "$model" -ngl 99 -fa 1 -p "$prompt,$prefill" -n "$output" -o json \
-        > "$out/llama-bench-$v.json" 2> "$out/llama-bench-$v.log" || { tail -5 "$out/llama-bench-$v.log"; status=1; }
-    fi
   fi
+  if [ $llama_bench = 1 ] && has "$engines" llamacpp; then
+    log "llama-bench -p $prompt,$prefill -n $output on $v"
+    "$llama_dir/llama-bench" -m "$model" -ngl 99 -fa 1 -p "$prompt,$prefill" -n "$output" -o json \
+      > "$out/llama-bench-$v.json" 2> "$out/llama-bench-$v.log" || { tail -5 "$out/llama-bench-$v.log"; status=1; }
+  fi
+  if [ -n "$long" ]; then long_runs "$v" "$model" || status=1; fi
   if [ $bench_model = 1 ] && has "$engines" moeshard; then
     log "moeshard bench-model, Qwen3-30B-A3B shape, experts $v"
     "$moeshard" bench-model --arch qwen3_moe --preset full-layer --layers 48 --expert-format "$v" \

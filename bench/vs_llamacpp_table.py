@@ -60,6 +60,9 @@ def rows_for(out, variant):
     for b in bench or []:
         kind = f"pp{b['n_prompt']}" if b.get("n_gen", 0) == 0 else f"tg{b['n_gen']}"
         rows.append((f"llama-bench {kind}", {"llamacpp": b["avg_ts"]}, True, "tok/s"))
+    for key, mean in sorted(metric_means(out, variant).items()):
+        label = key.replace("moeshard_", "").replace('{phase="', " ").replace('"}', "")
+        rows.append((f"moeshard {label}: mean over the serve runs", {"moeshard": mean * 1e3}, None, "ms"))
     try:
         with open(os.path.join(out, f"bench-model-{variant}.txt")) as f:
             for line in f:
@@ -70,6 +73,77 @@ def rows_for(out, variant):
     except OSError:
         pass
     return rows
+
+
+LONG_ENGINES = ("moeshard", "moeshard_fp8", "moeshard_auto", "moeshard_float32", "llamacpp", "llamacpp_q8_0")
+LONG_NAMES = {"moeshard": "moeshard (bf16 KV)", "moeshard_fp8": "moeshard (FP8 KV)", "moeshard_float32": "moeshard (fp32 KV)",
+              "moeshard_auto": "moeshard (default KV)",
+              "llamacpp": "llama.cpp (f16 KV)", "llamacpp_q8_0": "llama.cpp (q8_0 KV)"}
+# Ratios: moeshard over llama.cpp's default cache; moeshard's FP8 cache over llama.cpp's 8-bit one.
+LONG_PAIRS = (("moeshard", "llamacpp"), ("moeshard_fp8", "llamacpp"), ("moeshard_fp8", "llamacpp_q8_0"))
+
+
+def long_table(out, variant):
+    """Rows (label, {engine: value}, higher_is_better, unit) of the --long runs: per prompt length
+    the TTFT, prefill tok/s and decode tok/s (1 / TPOT p50) of one request."""
+    found = {}
+    for f in os.listdir(out):
+        m = re.match(rf"long-(\w+?)-{variant}-(\d+)\.json$", f)
+        if m and m.group(1) in LONG_ENGINES:
+            j = load(os.path.join(out, f))
+            r = j["runs"][0] if j and j.get("runs") else None
+            found.setdefault(int(m.group(2)), {})[m.group(1)] = r
+    rows = []
+    for L in sorted(found):
+        ok = {e: r for e, r in found[L].items() if r and r["successful"] > 0}
+        rows.append((f"{L}-token prompt: TTFT", {e: r["ttft"]["p50_ms"] for e, r in ok.items()}, False, "ms"))
+        rows.append((f"{L}-token prompt: prefill tok/s", {e: L * 1e3 / r["ttft"]["p50_ms"] for e, r in ok.items()
+                                                         if r["ttft"]["p50_ms"] > 0}, True, "tok/s"))
+        rows.append((f"{L}-token context: decode tok/s (1 / TPOT)", {e: 1e3 / r["tpot"]["p50_ms"] for e, r in ok.items()
+                                                                    if r["tpot"]["p50_ms"] > 0}, True, "tok/s"))
+        bad = {e: r["failed"] if r else "no result" for e, r in found[L].items() if not r or r["successful"] == 0}
+        if bad:
+            rows.append((f"{L}-token prompt: failed", bad, None, ""))
+    return rows
+
+
+def print_long(out, variant, summary):
+    rows = long_table(out, variant)
+    if not rows:
+        return
+    engines = [e for e in LONG_ENGINES if any(e in v for _, v, _, _ in rows)]
+    pairs = [p for p in LONG_PAIRS if p[0] in engines and p[1] in engines]
+    print(f"\n### long prompts, experts {variant.upper()} (one sequence)\n")
+    print("| | " + " | ".join(LONG_NAMES[e] for e in engines) + "".join(
+        f" | {LONG_NAMES[a]} / {LONG_NAMES[b]}" for a, b in pairs) + " |")
+    print("|---" * (1 + len(engines) + len(pairs)) + "|")
+    for label, vals, higher, unit in rows:
+        cells = ["-" if vals.get(e) is None else (f"{vals[e]:.2f} {unit}" if unit else str(vals[e])) for e in engines]
+        ratios = {}
+        for a, b in pairs:
+            x, y = vals.get(a), vals.get(b)
+            ratios[f"{a}/{b}"] = None if higher is None or not x or not y else (x / y if higher else y / x)
+        print(f"| {label} | " + " | ".join(cells) + "".join(
+            f" | {'-' if r is None else f'{r:.2f}x'}" for r in ratios.values()) + " |")
+        summary.setdefault(f"{variant}-long", []).append({"row": label, "unit": unit, **{e: vals.get(e) for e in engines},
+                                                          "ratios": ratios})
+
+
+def metric_means(out, variant):
+    """Mean seconds of moeshard's step histograms over its serve runs (all concurrency levels and the
+    prefill together): the coordinator's whole step and the worker's phases."""
+    sums, counts = {}, {}
+    for f in sorted(os.listdir(out)):
+        if not re.match(rf"metrics-bench-moeshard-{variant}-\d+\.txt$", f):
+            continue
+        with open(os.path.join(out, f)) as fh:
+            for line in fh:
+                m = re.match(r'(\w+?)_(sum|count)(\{[^}]*\})? ([0-9.eE+-]+)$', line.strip())
+                if not m or not m.group(1).endswith("step_seconds"):
+                    continue
+                key = m.group(1) + (m.group(3) or "")
+                (sums if m.group(2) == "sum" else counts)[key] = float(m.group(4))
+    return {k: sums[k] / counts[k] for k in sums if counts.get(k)}
 
 
 def run_any(s, n):
@@ -83,14 +157,16 @@ def main():
         sys.exit("usage: vs_llamacpp_table.py OUT_DIR")
     out = sys.argv[1]
     variants = sorted({m.group(1) for f in os.listdir(out)
-                       for m in [re.match(r"(?:serve|prefill)-\w+?-(mxfp4|q8_0)\.json$", f)] if m})
+                       for m in [re.match(r"(?:serve|prefill|long)-\w+?-(mxfp4|q8_0)(?:-\d+)?\.json$", f)] if m})
     summary = {}
     for v in variants:
-        print(f"\n### experts {v.upper()}, every other matrix Q8_0\n")
-        print("| | moeshard | llama.cpp | moeshard / llama.cpp (speed) |")
-        print("|---|---|---|---|")
+        rows = rows_for(out, v)
         summary[v] = []
-        for label, vals, higher, unit in rows_for(out, v):
+        if rows:
+            print(f"\n### experts {v.upper()}, every other matrix Q8_0\n")
+            print("| | moeshard | llama.cpp | moeshard / llama.cpp (speed) |")
+            print("|---|---|---|---|")
+        for label, vals, higher, unit in rows:
             m, l = vals.get("moeshard"), vals.get("llamacpp")
             ratio = None
             if higher is not None and m and l:
@@ -98,6 +174,7 @@ def main():
             cell = lambda x: "-" if x is None else (f"{x:.2f} {unit}" if unit else str(x))
             print(f"| {label} | {cell(m)} | {cell(l)} | {'-' if ratio is None else f'{ratio:.2f}x'} |")
             summary[v].append({"row": label, "unit": unit, "moeshard": m, "llamacpp": l, "ratio": ratio})
+        print_long(out, v, summary)
     if not variants:
         print("no results in", out)
     with open(os.path.join(out, "summary.json"), "w") as f:

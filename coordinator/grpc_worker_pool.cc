@@ -148,17 +148,23 @@ absl::StatusOr<StepResult> GrpcWorkerPool::Step(const StepRequest& step, std::ch
   v1::StepRequest request;
   ToProto(step, deltas_, &request);
   std::vector<v1::StepReply> replies(size());
+  auto call = [&](int w) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + deadline);
+    return stubs_[w]->Step(&ctx, request, &replies[w]);
+  };
+  // One worker: the call on this thread (no thread started per step); several: one each, at once.
   std::vector<std::future<grpc::Status>> done;
-  for (int w = 0; w < size(); ++w) {
-    done.push_back(std::async(std::launch::async, [&, w] {
-      grpc::ClientContext ctx;
-      ctx.set_deadline(std::chrono::system_clock::now() + deadline);
-      return stubs_[w]->Step(&ctx, request, &replies[w]);
-    }));
+  std::vector<grpc::Status> status(size());
+  if (size() == 1) {
+    status[0] = call(0);
+  } else {
+    for (int w = 0; w < size(); ++w) done.push_back(std::async(std::launch::async, call, w));
+    for (int w = 0; w < size(); ++w) status[w] = done[w].get();
   }
   absl::Status first = absl::OkStatus();
   for (int w = 0; w < size(); ++w) {
-    grpc::Status st = done[w].get();
+    const grpc::Status& st = status[w];
     if (!st.ok() && first.ok()) {
       const std::string why = st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
                                   ? absl::StrCat("missed the step deadline of ", deadline.count(), " ms (hung?)")

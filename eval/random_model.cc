@@ -229,7 +229,9 @@ absl::StatusOr<json> RandomModelConfig(const RandomModelSpec& s) {
     c["mlp_only_layers"] = json::array();
     c["rope_theta"] = 1000000.0;
     c["rms_norm_eps"] = 1e-6;
-    c["max_position_embeddings"] = 40960;
+    // Qwen3-30B-A3B-Instruct-2507's native context: llama-server caps a slot at the file's
+    // context_length, so the long-context comparisons (bench/vs_llamacpp.sh --long) need it.
+    c["max_position_embeddings"] = 262144;
     c["tie_word_embeddings"] = false;
     c["torch_dtype"] = "bfloat16";
   } else {

@@ -26,10 +26,15 @@ __device__ __forceinline__ float4 LoadKv4(const void* base, const float* scales,
     return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
                        __uint_as_float(u.y & 0xffff0000u));
   } else {
+    // The hardware conversion, two values an instruction (e4m3 -> fp16 and fp16 -> fp32 are
+    // exact: the same values as DevE4M3ToF32, NaN for the NaN code).
     const uint32_t u = *reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(base) + idx);
     const float s = scales[scale_idx];
-    return make_float4(DevE4M3ToF32(static_cast<uint8_t>(u)) * s, DevE4M3ToF32(static_cast<uint8_t>(u >> 8)) * s,
-                       DevE4M3ToF32(static_cast<uint8_t>(u >> 16)) * s, DevE4M3ToF32(static_cast<uint8_t>(u >> 24)) * s);
+    const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(u & 0xffffu), __NV_E4M3);
+    const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(u >> 16), __NV_E4M3);
+    const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&lo));
+    const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&hi));
+    return make_float4(a.x * s, a.y * s, b.x * s, b.y * s);
   }
 }
 
@@ -71,7 +76,8 @@ __device__ __forceinline__ void StoreRowPositions(const AttentionParams& p, int6
 }
 
 // The split-decode kernels' bookkeeping (attention_decode*.cu): split sp of token t's visible
-// keys is [kb, ke) — ranges of at least 64 keys, multiples of 32 — and its partials go to the
+// keys is [kb, ke) — ranges of at least p.split_min_keys keys (64 unless
+// MOESHARD_ATTN_SPLIT_KEYS says more), multiples of 32 — and its partials go to the
 // workspace: acc [tokens * heads * splits, head_dim], then m and l [tokens * heads * splits].
 struct DecodeSplit {
   int64_t kb = 0, ke = 0;
@@ -83,7 +89,7 @@ __device__ __forceinline__ DecodeSplit DecodeSplitOf(const AttentionParams& p, i
   const int64_t pos = p.pos[t];
   const int64_t first = p.window > 0 ? max(int64_t{0}, pos - p.window + 1) : 0;
   int64_t sz = (pos - first + 1 + splits - 1) / splits;
-  sz = max(int64_t{64}, (sz + 31) / 32 * 32);
+  sz = max(p.split_min_keys, (sz + 31) / 32 * 32);
   DecodeSplit s;
   s.kb = first + sp * sz;
   s.ke = min(pos + 1, s.kb + sz);

@@ -10,8 +10,10 @@
 // [i * HD / 32, (i + 1) * HD / 32). With one split the CTA writes the output; otherwise it
 // writes its unnormalized partial (acc, max, sum) to the workspace and a combine kernel
 // merges the splits of each (token, head). fp32 FMA throughout.
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
+#include <type_traits>
 
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/pdl.cuh"
@@ -223,7 +225,9 @@ cudaError_t LaunchDecodeHd(const AttentionParams& p, int splits, cudaStream_t st
     const char* v = std::getenv("MOESHARD_ATTN_ASYNC");
     return !(v && v[0] == '0');
   }();
-  if (E == KvElem::kBF16 && async_on && DecodeAsyncSupports(p)) {  // attention_decode_async.cu
+  if (std::is_same_v<Act, uint16_t> && DecodeTcSupports(p)) {  // attention_decode_tc.cu
+    if (cudaError_t e = LaunchAttentionDecodeTc(p, splits, st); e != cudaSuccess || splits == 1) return e;
+  } else if (E == KvElem::kBF16 && async_on && DecodeAsyncSupports(p)) {  // attention_decode_async.cu
     if (cudaError_t e = LaunchAttentionDecodeAsync(p, splits, st); e != cudaSuccess || splits == 1) return e;
   } else {
     dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(p.cache.num_kv_heads),
@@ -259,8 +263,16 @@ int64_t MaxAttentionSplits() { return kMaxSplits; }
 int64_t MaxSplitDecodeGroup() { return kMaxGroup; }
 
 cudaError_t LaunchAttentionSplitDecode(const AttentionParams& p, int64_t splits, cudaStream_t st) {
+  // MOESHARD_ATTN_SPLIT_KEYS: the fewest keys per split (default 64; rounded up to 32s).
+  static const int64_t min_keys = [] {
+    const char* v = std::getenv("MOESHARD_ATTN_SPLIT_KEYS");
+    const long n = v ? std::strtol(v, nullptr, 10) : 64;
+    return std::max<int64_t>(64, (n + 31) / 32 * 32);
+  }();
+  AttentionParams q = p;
+  q.split_min_keys = min_keys;
   const int s = static_cast<int>(splits);
-  return p.dtype == ActDType::kF32 ? LaunchDecodeAct<float>(p, s, st) : LaunchDecodeAct<uint16_t>(p, s, st);
+  return q.dtype == ActDType::kF32 ? LaunchDecodeAct<float>(q, s, st) : LaunchDecodeAct<uint16_t>(q, s, st);
 }
 
 }  // namespace moeshard::gpu

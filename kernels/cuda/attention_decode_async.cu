@@ -11,6 +11,7 @@
 // memory, and lane i accumulates output dims [i * HD / 32, (i + 1) * HD / 32). Keys past
 // the range are zero-filled and masked. fp32 scores, softmax and accumulation.
 #include "kernels/cuda/attention_common.cuh"
+#include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/pdl.cuh"
 
 namespace moeshard::gpu {
@@ -25,16 +26,6 @@ struct Geo {
   static constexpr int kKvBytes = 2 * kChunk * kLd * 2;    // K and V of one chunk
   static constexpr size_t kSmem = size_t{kMaxGroup} * HD * 4 + 2 * kKvBytes + size_t{kMaxGroup} * kChunk * 4;
 };
-
-__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void CpCommit() { asm volatile("cp.async.commit_group;"); }
-template <int N>
-__device__ __forceinline__ void CpWait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N));
-}
 
 template <typename Act, int HD>
 __global__ void __launch_bounds__(kThreads) DecodeAsyncKernel(AttentionParams p, int group, int splits, float* ws) {

@@ -14,6 +14,7 @@
 #include <cstdlib>
 
 #include "kernels/cuda/attention_common.cuh"
+#include "kernels/cuda/cp_async.cuh"
 
 namespace moeshard::gpu {
 namespace {
@@ -21,23 +22,17 @@ namespace {
 constexpr int kThreads = 128, kRows = 64, kBK = 64;
 constexpr bool kTcPipelineByDefault = true;
 
-// PIPE: K and V tiles of a bf16 cache are copied by cp.async into two buffers each, the next
-// tile's copy in flight while the current one is computed.
-template <int HD, bool PIPE>
+// PIPE: K and V tiles are copied by cp.async, the next tile's copy in flight while the current
+// one is computed: a bf16 cache into two bf16 buffers each; an FP8 cache's bytes and scales into
+// two staging buffers, converted (value times scale, rounded to bf16, as LoadKv4 + PackBf16
+// without the pipeline) into one bf16 buffer each before the tile is computed.
+template <int HD, bool PIPE, bool FP8 = false>
 constexpr size_t TcSmemBytes() {
   constexpr int nbuf = PIPE ? 2 : 1;
-  return (kRows + 2 * nbuf * kBK) * (HD + 8) * sizeof(uint16_t) + nbuf * kBK * sizeof(int64_t) +
+  constexpr int nbf = PIPE && !FP8 ? 2 : 1;  // bf16 K/V buffers
+  constexpr size_t staging = PIPE && FP8 ? 2 * 2 * (size_t{kBK} * HD + kBK * sizeof(float)) : 0;
+  return (kRows + 2 * nbf * kBK) * (HD + 8) * sizeof(uint16_t) + staging + nbuf * kBK * sizeof(int64_t) +
          2 * kRows * sizeof(int);
-}
-
-__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
 __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
@@ -53,6 +48,13 @@ __device__ __forceinline__ void Mma16816(float (&c)[4], uint32_t a0, uint32_t a1
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+__device__ __forceinline__ void LdMatrixX4(const uint16_t* p, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+
 __device__ __forceinline__ void LdMatrixX4Trans(const uint16_t* p, uint32_t& r0, uint32_t& r1, uint32_t& r2,
                                                 uint32_t& r3) {
   const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -63,14 +65,21 @@ __device__ __forceinline__ void LdMatrixX4Trans(const uint16_t* p, uint32_t& r0,
 
 template <KvElem E, int HD, bool PIPE>
 __global__ void __launch_bounds__(kThreads) TcAttentionKernel(AttentionParams p, int group, int tile_tokens) {
-  static_assert(!PIPE || E == KvElem::kBF16, "cp.async copies bf16 caches only");
+  constexpr bool FP8 = E == KvElem::kFp8E4M3;
+  static_assert(!PIPE || E == KvElem::kBF16 || FP8, "cp.async copies bf16 and FP8 caches only");
   constexpr int LD = HD + 8, D4 = HD / 4, D8 = HD / 8, KS = HD / 16, NT = HD / 8, SN = kBK / 8;
-  constexpr int kBuf = PIPE ? 2 : 1;
+  constexpr int kBuf = PIPE ? 2 : 1;          // slot-index buffers (and the copies in flight)
+  constexpr int kBf = PIPE && !FP8 ? 2 : 1;   // bf16 K/V buffers
   extern __shared__ float4 smem4[];
   uint16_t* Qs = reinterpret_cast<uint16_t*>(smem4);
-  uint16_t* Ks = Qs + kRows * LD;      // [kBuf][kBK][LD]
-  uint16_t* Vs = Ks + kBuf * kBK * LD;  // [kBuf][kBK][LD]
-  int64_t* kidx = reinterpret_cast<int64_t*>(Vs + kBuf * kBK * LD);  // [kBuf][kBK]
+  uint16_t* Ks = Qs + kRows * LD;     // [kBf][kBK][LD]
+  uint16_t* Vs = Ks + kBf * kBK * LD;  // [kBf][kBK][LD]
+  // FP8 staging: [kBuf][kBK][HD] bytes of K, then of V, then [kBuf][kBK] scales of K, of V.
+  uint8_t* k8 = reinterpret_cast<uint8_t*>(Vs + kBf * kBK * LD);
+  uint8_t* v8 = k8 + (PIPE && FP8 ? kBuf * kBK * HD : 0);
+  float* k8s = reinterpret_cast<float*>(v8 + (PIPE && FP8 ? kBuf * kBK * HD : 0));
+  float* v8s = k8s + (PIPE && FP8 ? kBuf * kBK : 0);
+  int64_t* kidx = reinterpret_cast<int64_t*>(v8s + (PIPE && FP8 ? kBuf * kBK : 0));  // [kBuf][kBK]
   int* rpos = reinterpret_cast<int*>(kidx + kBuf * kBK);
   int* rfirst = rpos + kRows;
   __shared__ int s_range[2];
@@ -122,6 +131,7 @@ __global__ void __launch_bounds__(kThreads) TcAttentionKernel(AttentionParams p,
     }
     __syncthreads();
     const int k_lo = s_range[0], k_hi = s_range[1];
+
     const int my_pos[2] = {rpos[row0], rpos[row0 + 8]};
     const int my_first[2] = {rfirst[row0], rfirst[row0 + 8]};
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
@@ -146,18 +156,37 @@ __global__ void __launch_bounds__(kThreads) TcAttentionKernel(AttentionParams p,
       }
     };
     auto copy_tile = [&](int b) {
-      const uint16_t* kc = static_cast<const uint16_t*>(p.cache.k);
-      const uint16_t* vc = static_cast<const uint16_t*>(p.cache.v);
+      if constexpr (FP8) {
+        const uint8_t* kc = static_cast<const uint8_t*>(p.cache.k);
+        const uint8_t* vc = static_cast<const uint8_t*>(p.cache.v);
 #pragma unroll 4
-      for (int i = tid; i < kBK * D8; i += kThreads) {
-        const int key = i / D8, d = (i % D8) * 8;
-        const int64_t sidx = kidx[b * kBK + key];
-        const bool valid = sidx >= 0 && d < hd;
-        const int64_t off = valid ? sidx * hd + d : 0;
-        CpAsync16(&Ks[(b * kBK + key) * LD + d], kc + off, valid);
-        CpAsync16(&Vs[(b * kBK + key) * LD + d], vc + off, valid);
+        for (int i = tid; i < kBK * (HD / 16); i += kThreads) {
+          const int key = i / (HD / 16), d = (i % (HD / 16)) * 16;
+          const int64_t sidx = kidx[b * kBK + key];
+          const bool valid = sidx >= 0 && d < hd;
+          const int64_t off = valid ? sidx * hd + d : 0;
+          CpAsync16(&k8[(b * kBK + key) * HD + d], kc + off, valid);
+          CpAsync16(&v8[(b * kBK + key) * HD + d], vc + off, valid);
+        }
+        if (tid < kBK) {
+          const int64_t sidx = kidx[b * kBK + tid];
+          CpAsync4(&k8s[b * kBK + tid], p.cache.k_scale + (sidx >= 0 ? sidx : 0), sidx >= 0);
+          CpAsync4(&v8s[b * kBK + tid], p.cache.v_scale + (sidx >= 0 ? sidx : 0), sidx >= 0);
+        }
+      } else {
+        const uint16_t* kc = static_cast<const uint16_t*>(p.cache.k);
+        const uint16_t* vc = static_cast<const uint16_t*>(p.cache.v);
+#pragma unroll 4
+        for (int i = tid; i < kBK * D8; i += kThreads) {
+          const int key = i / D8, d = (i % D8) * 8;
+          const int64_t sidx = kidx[b * kBK + key];
+          const bool valid = sidx >= 0 && d < hd;
+          const int64_t off = valid ? sidx * hd + d : 0;
+          CpAsync16(&Ks[(b * kBK + key) * LD + d], kc + off, valid);
+          CpAsync16(&Vs[(b * kBK + key) * LD + d], vc + off, valid);
+        }
       }
-      CpAsyncCommit();
+      CpCommit();
     };
     if constexpr (PIPE) {
       slots_of(k_lo, 0);
@@ -167,19 +196,34 @@ __global__ void __launch_bounds__(kThreads) TcAttentionKernel(AttentionParams p,
     int it = 0;
     for (int k0 = k_lo; k0 <= k_hi; k0 += kBK, ++it) {
       const int buf = PIPE ? (it & 1) : 0;
-      const uint16_t* Kb = Ks + buf * kBK * LD;
-      const uint16_t* Vb = Vs + buf * kBK * LD;
+      const uint16_t* Kb = Ks + (FP8 ? 0 : buf) * kBK * LD;
+      const uint16_t* Vb = Vs + (FP8 ? 0 : buf) * kBK * LD;
       if constexpr (PIPE) {
         const bool more = k0 + kBK <= k_hi;
         if (more) slots_of(k0 + kBK, buf ^ 1);  // that buffer's last tile finished at the last barrier
         __syncthreads();
         if (more) {
           copy_tile(buf ^ 1);
-          CpAsyncWait<1>();  // this thread's copies of tile `it` have landed
+          CpWait<1>();  // this thread's copies of tile `it` have landed
         } else {
-          CpAsyncWait<0>();
+          CpWait<0>();
         }
         __syncthreads();  // everyone's copies of tile `it` are visible
+        if constexpr (FP8) {  // staging -> the bf16 buffer (the last tile's reads ended at its barrier)
+          for (int i = tid; i < 2 * kBK * (HD / 4); i += kThreads) {
+            const int isv = i / (kBK * (HD / 4)), j = i % (kBK * (HD / 4));
+            const int key = j / (HD / 4), d = (j % (HD / 4)) * 4;
+            const uint32_t u = *reinterpret_cast<const uint32_t*>(&(isv ? v8 : k8)[(buf * kBK + key) * HD + d]);
+            const float sc = (isv ? v8s : k8s)[buf * kBK + key];
+            const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(u & 0xffffu), __NV_E4M3);
+            const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(u >> 16), __NV_E4M3);
+            const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&lo));
+            const float2 c = __half22float2(*reinterpret_cast<const __half2*>(&hi));
+            *reinterpret_cast<uint2*>(&(isv ? Vs : Ks)[key * LD + d]) =
+                make_uint2(PackBf16(a.x * sc, a.y * sc), PackBf16(c.x * sc, c.y * sc));
+          }
+          __syncthreads();
+        }
       } else {
         if (tid < kBK) {
           const int kp = k0 + tid;
@@ -207,18 +251,22 @@ __global__ void __launch_bounds__(kThreads) TcAttentionKernel(AttentionParams p,
 #pragma unroll
           for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
         }
+        // K's B fragments by ldmatrix: keys [16 np, 16 np + 16) x dims [16 ks, 16 ks + 16) give
+        // (b0, b1) of key tiles 2 np and 2 np + 1.
+        // This warp's Q rows as A fragments by ldmatrix (one per k step; kept in shared memory,
+        // not registers: 32 more registers a thread would cost a CTA per SM).
+        const uint16_t* krow = &Kb[(lane % 8 + (lane / 16) * 8) * LD + ((lane / 8) % 2) * 8];
+        const uint16_t* qrow = &Qs[(warp * 16 + lane % 16) * LD + (lane / 16) * 8];
 #pragma unroll
         for (int ks = 0; ks < KS; ++ks) {
-          const uint16_t* qa = &Qs[row0 * LD + ks * 16 + 2 * tq];
-          const uint32_t a0 = *reinterpret_cast<const uint32_t*>(qa);
-          const uint32_t a1 = *reinterpret_cast<const uint32_t*>(qa + 8 * LD);
-          const uint32_t a2 = *reinterpret_cast<const uint32_t*>(qa + 8);
-          const uint32_t a3 = *reinterpret_cast<const uint32_t*>(qa + 8 * LD + 8);
+          uint32_t a0, a1, a2, a3;
+          LdMatrixX4(qrow + ks * 16, a0, a1, a2, a3);
 #pragma unroll
-          for (int n = 0; n < SN; ++n) {
-            const uint16_t* kb = &Kb[(n * 8 + gq) * LD + ks * 16 + 2 * tq];
-            Mma16816(s[n], a0, a1, a2, a3, *reinterpret_cast<const uint32_t*>(kb),
-                     *reinterpret_cast<const uint32_t*>(kb + 8));
+          for (int np = 0; np < SN / 2; ++np) {
+            uint32_t b0, b1, b2, b3;
+            LdMatrixX4(krow + np * 16 * LD + ks * 16, b0, b1, b2, b3);
+            Mma16816(s[2 * np], a0, a1, a2, a3, b0, b1);
+            Mma16816(s[2 * np + 1], a0, a1, a2, a3, b2, b3);
           }
         }
         uint32_t pa[SN][2];  // P as bf16 pairs: [n][0] row gq, [n][1] row gq + 8
@@ -293,7 +341,8 @@ __global__ void __launch_bounds__(kThreads) TcAttentionKernel(AttentionParams p,
   }
 }
 
-// The cp.async pipeline for bf16 caches with head_dim % 8 == 0; MOESHARD_ATTN_TC_PIPELINE=0
+// The cp.async pipeline for bf16 caches with head_dim % 8 == 0 and FP8 caches with head_dim % 16
+// == 0; MOESHARD_ATTN_TC_PIPELINE=0
 // turns it off (a comparison knob for benchmarks).
 inline bool TcPipelineAllowed() {
   const char* v = std::getenv("MOESHARD_ATTN_TC_PIPELINE");
@@ -305,7 +354,7 @@ cudaError_t LaunchTcHdPipe(const AttentionParams& p, cudaStream_t st) {
   const int group = static_cast<int>(p.num_heads / p.cache.num_kv_heads);
   const int tile_tokens = kRows / group;
   const int64_t tiles = (p.num_tokens + tile_tokens - 1) / tile_tokens;
-  constexpr size_t smem = TcSmemBytes<HD, PIPE>();
+  constexpr size_t smem = TcSmemBytes<HD, PIPE, E == KvElem::kFp8E4M3>();
   auto* k = &TcAttentionKernel<E, HD, PIPE>;
   static std::atomic<uint64_t> smem_set{0};
   if (cudaError_t e = EnsureDynamicSmem(k, smem, smem_set); e != cudaSuccess) return e;
@@ -318,6 +367,12 @@ template <KvElem E, int HD>
 cudaError_t LaunchTcHd(const AttentionParams& p, cudaStream_t st) {
   if constexpr (E == KvElem::kBF16 && kTcPipelineByDefault) {
     if (p.cache.head_dim % 8 == 0 && TcPipelineAllowed()) return LaunchTcHdPipe<E, HD, true>(p, st);
+  }
+  if constexpr (E == KvElem::kFp8E4M3 && kTcPipelineByDefault) {
+    if (p.cache.head_dim % 16 == 0 && p.cache.k_scale != nullptr && p.cache.v_scale != nullptr &&
+        TcPipelineAllowed()) {
+      return LaunchTcHdPipe<E, HD, true>(p, st);
+    }
   }
   return LaunchTcHdPipe<E, HD, false>(p, st);
 }

@@ -184,6 +184,9 @@ struct AttentionParams {
   void* workspace = nullptr;
   int64_t workspace_bytes = 0;
   AttentionAlgo algo = AttentionAlgo::kAuto;
+  // Split decode: the fewest keys a split takes (a multiple of 32, >= 64); set by the launcher
+  // (MOESHARD_ATTN_SPLIT_KEYS), so short contexts use fewer, fuller splits and a smaller combine.
+  int64_t split_min_keys = 64;
 };
 
 // Top-k of each token's fp32 router logits (ties to the lower index), weights as

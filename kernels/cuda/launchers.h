@@ -33,6 +33,10 @@ int64_t AttentionDecodeSplits(const AttentionParams& p);
 // The streaming split-decode kernel (attention_decode_async.cu): bf16 KV, head_dim 64 or 128.
 bool DecodeAsyncSupports(const AttentionParams& p);
 cudaError_t LaunchAttentionDecodeAsync(const AttentionParams& p, int64_t splits, cudaStream_t stream);  // from the workspace and the SM count
+// The tensor-core split-decode kernel (attention_decode_tc.cu): bf16 activations, a bf16 or FP8
+// cache, head_dim <= 128 (a multiple of 16), group <= 16; MOESHARD_ATTN_TC_DECODE=0 turns it off.
+bool DecodeTcSupports(const AttentionParams& p);
+cudaError_t LaunchAttentionDecodeTc(const AttentionParams& p, int64_t splits, cudaStream_t stream);
 int64_t MaxAttentionSplits();
 int64_t MaxSplitDecodeGroup();  // query heads per KV head the split-decode kernel takes
 int64_t MaxRoutingTopK();

@@ -586,6 +586,37 @@ TEST_P(ModelOpsTest, PagedAttentionLongDecodeSplit) {
   ModelOpsTestRunAttention(c, bf16(), rng_);
 }
 
+// Decode at long contexts over bf16 and FP8 caches: with bf16 activations the split-decode
+// kernel runs on the tensor cores (attention_decode_tc.cu): GQA 8 (half an m16 tile) and 16
+// (a full tile), head_dim 128 and 64, a sliding window, sequences from 1 to 20,000 keys.
+TEST_P(ModelOpsTest, PagedAttentionDecodeLongContextBf16AndFp8) {
+  for (gpu::KvElem elem : {gpu::KvElem::kBF16, gpu::KvElem::kFp8E4M3}) {
+    for (int64_t window : {int64_t{0}, int64_t{300}}) {
+      AttnCase c;
+      c.seqs = {{19999, 1}, {0, 1}, {776, 1}, {4095, 1}};
+      c.nq = 32;
+      c.nkv = 4;
+      c.hd = 128;
+      c.bs = 16;
+      c.window = window;
+      c.elem = elem;
+      c.max_tokens_per_seq = 1;
+      c.algos = {gpu::AttentionAlgo::kSplitDecode, gpu::AttentionAlgo::kAuto};
+      ModelOpsTestRunAttention(c, bf16(), rng_);
+    }
+    AttnCase c;  // group 16, head_dim 64, one split's worth of keys and a long one
+    c.seqs = {{9000, 1}, {40, 1}};
+    c.nq = 32;
+    c.nkv = 2;
+    c.hd = 64;
+    c.bs = 16;
+    c.elem = elem;
+    c.max_tokens_per_seq = 1;
+    c.algos = {gpu::AttentionAlgo::kSplitDecode};
+    ModelOpsTestRunAttention(c, bf16(), rng_);
+  }
+}
+
 // Timing only (no timed asserts): a 4096-token prefill of a Qwen3-30B-shaped layer (32 q
 // heads, 4 KV heads, head_dim 128, bf16 cache) and a decode of 4 sequences at 4096 context,
 // each kernel against the reference kernel's output.

@@ -57,6 +57,36 @@ TEST(SamplerTest, GreedyIsArgmax) {
   EXPECT_EQ(s.Sample(l.data(), 4), 1);
 }
 
+// ArgMax (two vectorized passes) against the scan it replaces: first index of the largest value,
+// NaNs never winning (one at index 0 keeps 0), on lengths around the 8-lane blocks, with ties,
+// infinities and NaNs sprinkled in.
+TEST(SamplerTest, ArgMaxMatchesTheScan) {
+  auto scan = [](const std::vector<float>& l) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < static_cast<int64_t>(l.size()); ++i) {
+      if (l[i] > l[best]) best = i;
+    }
+    return static_cast<int32_t>(best);
+  };
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> small(-3, 3), kind(0, 19);
+  int checked = 0;
+  for (int64_t n : {1, 2, 7, 8, 9, 15, 16, 17, 63, 64, 65, 1000, 151936}) {
+    for (int trial = 0; trial < 40; ++trial) {
+      std::vector<float> l(n);
+      for (auto& x : l) {
+        const int k = kind(rng);
+        x = k == 0 ? NAN : k == 1 ? INFINITY : k == 2 ? -INFINITY : static_cast<float>(small(rng));  // many ties
+      }
+      if (trial % 4 == 0) l[0] = NAN;
+      if (trial % 5 == 0) std::fill(l.begin(), l.end(), -INFINITY);
+      ASSERT_EQ(ArgMax(l.data(), n), scan(l)) << "n " << n << " trial " << trial;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 13 * 40);
+}
+
 TEST(SamplerTest, SeededRunsRepeat) {
   std::vector<float> l = {0.5f, 0.4f, 0.3f, 0.2f, 0.1f};
   SamplingParams p;

@@ -1,0 +1,384 @@
+// Split-K decode attention on the tensor cores, for bf16 activations over a bf16 or FP8 KV
+// cache: the same split of each token's visible keys as attention_decode.cu (DecodeSplitOf)
+// and the same workspace layout, so its combine kernel merges the partials.
+//
+// One CTA of 4 warps per (split, KV head, token). The KV head's GQA query heads are the rows
+// of one m16 tile (group <= 16; rows past the group are zero and never stored), held as bf16
+// A fragments for the whole CTA. Keys stream through a three-stage cp.async ring, 64 keys a
+// stage; warp w takes keys [16 w, 16 w + 16) of every stage with its own online-softmax
+// state: S = Q Kᵀ (mma.sync m16n8k16, K's B fragments by ldmatrix), fp32 softmax on the
+// accumulator fragments, P rounded to bf16 and fed back as the A operand of O += P V (V's B
+// fragments by ldmatrix.trans), the FA2 register layout of attention_tc.cu. The four warps'
+// (max, sum, O) merge through shared memory at the end. An FP8 cache stages its raw bytes and
+// scales; each warp converts its own 16 keys to fp16 (exact for e4m3; one instruction per two
+// values) into warp-private rows, and the mmas run on fp16 operands (Q rounded to fp16, which
+// holds bf16 values exactly within its range; P in fp16): K's scale multiplies the key's score,
+// V's scale the key's probability in P (the softmax sum uses the unscaled one). Scores are
+// scaled in fp32.
+//
+// Why: the fp32-FMA decode kernels spend ~4 instructions per K/V element (convert, FMA, shared
+// loads) and are instruction-bound far below memory bandwidth at long contexts (a 128K-token
+// Qwen3-30B-shaped decode step read KV at ~1 TB/s); here a K/V element costs a fraction of an
+// mma and the loop is bound by the copy.
+#include <cuda_fp8.h>
+
+#include <cstdlib>
+
+#include "kernels/cuda/attention_common.cuh"
+#include "kernels/cuda/cp_async.cuh"
+#include "kernels/cuda/pdl.cuh"
+
+namespace moeshard::gpu {
+namespace {
+
+constexpr int kThreads = 128, kChunk = 64, kStages = 3, kRows = 16;
+
+template <int HD, KvElem E>
+struct TcGeo {
+  static constexpr int kLd = HD + 8;                               // bf16 elements per padded row
+  static constexpr int kBf16Stage = 2 * kChunk * kLd * 2;          // K and V of a stage, bytes
+  static constexpr int kRawStage = E == KvElem::kBF16 ? kBf16Stage  // bf16: the ring holds bf16 rows
+                                                      : 2 * kChunk * HD + 2 * kChunk * 4;  // FP8 K, V, scales
+  static constexpr int kQBytes = kRows * kLd * 2;
+  static constexpr int kWork = E == KvElem::kBF16 ? 0 : kBf16Stage;  // FP8: each warp's fp16 rows
+  static constexpr int kLoop = kQBytes + kStages * kRawStage + kWork;
+  static constexpr int kMerge = 4 * kRows * HD * 4 + 2 * 4 * kRows * 4;  // each warp's O, m, l
+  static constexpr size_t kSmem = kLoop > kMerge ? kLoop : kMerge;
+};
+
+__device__ __forceinline__ void LdMatrixX4(const uint16_t* p, uint32_t (&r)[4]) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+__device__ __forceinline__ void LdMatrixX4T(const uint16_t* p, uint32_t (&r)[4]) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+// c += a b on bf16 operands, or fp16 (F16).
+template <bool F16>
+__device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (F16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+template <bool F16>
+__device__ __forceinline__ uint32_t Pack(float lo, float hi) {
+  if constexpr (F16) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    return static_cast<uint32_t>(DevF32ToBf16(lo)) | (static_cast<uint32_t>(DevF32ToBf16(hi)) << 16);
+  }
+}
+__device__ __forceinline__ float QuadMax(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float QuadSum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// Two e4m3 bytes as two fp16 in one word (exact).
+__device__ __forceinline__ uint32_t E4m3x2ToF16x2(uint32_t v) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xffffu), __NV_E4M3);
+  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+}
+
+template <int HD, KvElem E>
+__global__ void __launch_bounds__(kThreads) DecodeTcKernel(AttentionParams p, int group, int splits, float* ws) {
+  using G = TcGeo<HD, E>;
+  constexpr int LD = G::kLd, KS = HD / 16;
+  constexpr bool F16 = E == KvElem::kFp8E4M3;
+  extern __shared__ float4 smem4[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>(smem4);
+  uint16_t* Qs = reinterpret_cast<uint16_t*>(smem);
+  uint8_t* ring = smem + G::kQBytes;
+  uint16_t* work = reinterpret_cast<uint16_t*>(ring + kStages * G::kRawStage);  // FP8 only
+  PdlWait();
+  PdlTrigger();
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int64_t t = blockIdx.z, g = blockIdx.y, sp = blockIdx.x;
+  const int64_t nkv = p.cache.num_kv_heads, bs = p.cache.block_size, H = p.num_heads, hd = p.cache.head_dim;
+  const DecodeSplit split = DecodeSplitOf(p, t, sp, splits, ws);
+  const int64_t kb = split.kb, ke = split.ke;
+  if (kb >= ke) return MarkEmptySplit(p, split, t, g, group, sp, splits, tid);
+  const int32_t* table = p.block_tables + p.table_offset[t];
+
+  // Stage `slot` <- keys [c0, c0 + 64): bf16 rows (padded) or FP8 rows and their scales.
+  auto issue = [&](int64_t c0, int slot) {
+    uint8_t* st = ring + slot * G::kRawStage;
+    if constexpr (E == KvElem::kBF16) {
+      constexpr int kPieces = HD / 8;  // 16-byte pieces of a row
+      uint16_t* ks = reinterpret_cast<uint16_t*>(st);
+      uint16_t* vs = ks + kChunk * LD;
+      const uint16_t* kc = static_cast<const uint16_t*>(p.cache.k);
+      const uint16_t* vc = static_cast<const uint16_t*>(p.cache.v);
+      for (int i = tid; i < kChunk * kPieces; i += kThreads) {
+        const int key = i / kPieces, piece = i % kPieces;
+        const int64_t kp = c0 + key;
+        const bool valid = kp < ke && piece * 8 < hd;
+        const int64_t row = valid ? ((static_cast<int64_t>(table[kp / bs]) * bs + kp % bs) * nkv + g) * hd : 0;
+        CpAsync16(ks + key * LD + piece * 8, kc + row + piece * 8, valid);
+        CpAsync16(vs + key * LD + piece * 8, vc + row + piece * 8, valid);
+      }
+    } else {
+      constexpr int kPieces = HD / 16;
+      uint8_t* ks = st;
+      uint8_t* vs = ks + kChunk * HD;
+      float* kscale = reinterpret_cast<float*>(vs + kChunk * HD);
+      float* vscale = kscale + kChunk;
+      const uint8_t* kc = static_cast<const uint8_t*>(p.cache.k);
+      const uint8_t* vc = static_cast<const uint8_t*>(p.cache.v);
+      for (int i = tid; i < kChunk * kPieces; i += kThreads) {
+        const int key = i / kPieces, piece = i % kPieces;
+        const int64_t kp = c0 + key;
+        const bool valid = kp < ke && piece * 16 < hd;
+        const int64_t row = valid ? ((static_cast<int64_t>(table[kp / bs]) * bs + kp % bs) * nkv + g) * hd : 0;
+        CpAsync16(ks + key * HD + piece * 16, kc + row + piece * 16, valid);
+        CpAsync16(vs + key * HD + piece * 16, vc + row + piece * 16, valid);
+      }
+      if (tid < kChunk) {
+        const int64_t kp = c0 + tid;
+        const bool valid = kp < ke;
+        const int64_t si = valid ? (static_cast<int64_t>(table[kp / bs]) * bs + kp % bs) * nkv + g : 0;
+        CpAsync4(kscale + tid, p.cache.k_scale + si, valid);
+        CpAsync4(vscale + tid, p.cache.v_scale + si, valid);
+      }
+    }
+    CpCommit();
+  };
+
+  const int64_t nchunks = (ke - kb + kChunk - 1) / kChunk;
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < nchunks) {
+      issue(kb + s * kChunk, s);
+    } else {
+      CpCommit();
+    }
+  }
+  // Q rows (the group's heads), zero past the group and past head_dim.
+  const uint16_t* q = static_cast<const uint16_t*>(p.q) + t * (p.q_stride ? p.q_stride : H * hd) + g * group * hd;
+  for (int i = tid; i < kRows * HD; i += kThreads) {
+    const int r = i / HD, d = i % HD;
+    uint16_t v = r < group && d < hd ? q[r * hd + d] : uint16_t{0};
+    if constexpr (F16) {
+      const __half h = __float2half_rn(DevBf16ToF32(v));
+      v = *reinterpret_cast<const uint16_t*>(&h);
+    }
+    Qs[r * LD + d] = v;
+  }
+  __syncthreads();
+  uint32_t qa[KS][4];
+#pragma unroll
+  for (int ks = 0; ks < KS; ++ks) LdMatrixX4(Qs + (lane % 16) * LD + ks * 16 + (lane / 16) * 8, qa[ks]);
+
+  float o[HD / 8][4];
+#pragma unroll
+  for (int i = 0; i < HD / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // rows lane / 4 and lane / 4 + 8
+
+  for (int64_t c = 0; c < nchunks; ++c) {
+    CpWait<kStages - 2>();
+    __syncthreads();  // stage c visible; every warp done with stage c - 1
+    if (c + kStages - 1 < nchunks) {
+      issue(kb + (c + kStages - 1) * kChunk, static_cast<int>((c + kStages - 1) % kStages));
+    } else {
+      CpCommit();
+    }
+    const uint8_t* st = ring + (c % kStages) * G::kRawStage;
+    const int kw = warp * 16;  // this warp's 16 keys of the stage
+    const uint16_t* ks;
+    const float *kscale = nullptr, *vscale = nullptr;
+    if constexpr (E == KvElem::kBF16) {
+      ks = reinterpret_cast<const uint16_t*>(st);
+    } else {
+      // This warp's keys, K then V, to fp16 in its own rows of `work`.
+      const uint8_t* k8 = st;
+      const uint8_t* v8 = k8 + kChunk * HD;
+      kscale = reinterpret_cast<const float*>(v8 + kChunk * HD);
+      vscale = kscale + kChunk;
+      __syncwarp();  // the warp's reads of its rows from the previous stage are done
+#pragma unroll
+      for (int i = lane; i < 2 * 16 * (HD / 8); i += 32) {
+        const int isv = i / (16 * (HD / 8)), j = i % (16 * (HD / 8));
+        const int key = kw + j / (HD / 8), d = (j % (HD / 8)) * 8;
+        const uint2 raw = *reinterpret_cast<const uint2*>((isv ? v8 : k8) + key * HD + d);
+        const uint4 w = make_uint4(E4m3x2ToF16x2(raw.x), E4m3x2ToF16x2(raw.x >> 16), E4m3x2ToF16x2(raw.y),
+                                   E4m3x2ToF16x2(raw.y >> 16));
+        *reinterpret_cast<uint4*>(work + isv * kChunk * LD + key * LD + d) = w;
+      }
+      __syncwarp();
+      ks = work;
+    }
+    const uint16_t* vs = ks + kChunk * LD;
+
+    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+    for (int k = 0; k < KS; ++k) {
+      uint32_t b[4];
+      LdMatrixX4(ks + (kw + lane % 8 + (lane / 16) * 8) * LD + k * 16 + ((lane / 8) % 2) * 8, b);
+      Mma<F16>(s[0], qa[k], b[0], b[1]);
+      Mma<F16>(s[1], qa[k], b[2], b[3]);
+    }
+    const int64_t key0 = kb + c * kChunk + kw + 2 * (lane % 4);
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const bool ok = key0 + n * 8 + (j % 2) < ke;
+        float sc = p.scale;
+        if constexpr (F16) sc *= kscale[kw + n * 8 + 2 * (lane % 4) + (j % 2)];
+        s[n][j] = ok ? s[n][j] * sc : -INFINITY;
+        mx[j / 2] = fmaxf(mx[j / 2], s[n][j]);
+      }
+    }
+    float corr[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float m_new = fmaxf(m[r], QuadMax(mx[r]));
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;
+      corr[r] = expf(m[r] - m_use);
+      m[r] = m_new;
+      mx[r] = m_use;
+    }
+    float sum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        s[n][j] = expf(s[n][j] - mx[j / 2]);
+        sum[j / 2] += s[n][j];
+      }
+    }
+    l[0] = l[0] * corr[0] + sum[0];
+    l[1] = l[1] * corr[1] + sum[1];
+    if constexpr (F16) {  // V's scale per key, in P only
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) s[n][j] *= vscale[kw + n * 8 + 2 * (lane % 4) + (j % 2)];
+      }
+    }
+    const uint32_t pa[4] = {Pack<F16>(s[0][0], s[0][1]), Pack<F16>(s[0][2], s[0][3]), Pack<F16>(s[1][0], s[1][1]),
+                            Pack<F16>(s[1][2], s[1][3])};
+#pragma unroll
+    for (int i = 0; i < HD / 8; ++i) {
+      o[i][0] *= corr[0];
+      o[i][1] *= corr[0];
+      o[i][2] *= corr[1];
+      o[i][3] *= corr[1];
+    }
+#pragma unroll
+    for (int d = 0; d < HD / 16; ++d) {
+      uint32_t b[4];
+      LdMatrixX4T(vs + (kw + lane % 8 + ((lane / 8) % 2) * 8) * LD + d * 16 + (lane / 16) * 8, b);
+      Mma<F16>(o[2 * d], pa, b[0], b[1]);
+      Mma<F16>(o[2 * d + 1], pa, b[2], b[3]);
+    }
+  }
+  CpWait<0>();
+  __syncthreads();  // the ring is reused for the merge
+
+  // Merge the four warps' partials of each row, then store like StoreDecodeHead.
+  float* Ow = reinterpret_cast<float*>(smem);  // [warp][row][HD]
+  float* Mw = Ow + 4 * kRows * HD;             // [warp][row]
+  float* Lw = Mw + 4 * kRows;
+  const int ra = lane / 4, rb = ra + 8;
+#pragma unroll
+  for (int i = 0; i < HD / 8; ++i) {
+    const int d = i * 8 + 2 * (lane % 4);
+    *reinterpret_cast<float2*>(Ow + (warp * kRows + ra) * HD + d) = make_float2(o[i][0], o[i][1]);
+    *reinterpret_cast<float2*>(Ow + (warp * kRows + rb) * HD + d) = make_float2(o[i][2], o[i][3]);
+  }
+  const float la = QuadSum(l[0]), lb = QuadSum(l[1]);
+  if (lane % 4 == 0) {
+    Mw[warp * kRows + ra] = m[0];
+    Mw[warp * kRows + rb] = m[1];
+    Lw[warp * kRows + ra] = la;
+    Lw[warp * kRows + rb] = lb;
+  }
+  __syncthreads();
+  for (int i = tid; i < group * HD; i += kThreads) {
+    const int r = i / HD, d = i % HD;
+    if (d >= hd) continue;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) M = fmaxf(M, Lw[w * kRows + r] > 0.f ? Mw[w * kRows + r] : -INFINITY);
+    float acc = 0.f, L = 0.f;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const float lw = Lw[w * kRows + r];
+      if (lw > 0.f) {
+        const float f = expf(Mw[w * kRows + r] - M);
+        acc = fmaf(Ow[(w * kRows + r) * HD + d], f, acc);
+        L = fmaf(lw, f, L);
+      }
+    }
+    const int64_t h = g * group + r;
+    if (splits == 1) {
+      uint16_t* out = static_cast<uint16_t*>(p.out) + t * (p.out_stride ? p.out_stride : H * hd) + h * hd;
+      StoreF(out + d, L > 0.f ? acc / L : 0.f);
+    } else {
+      const int64_t w = (t * H + h) * splits + sp;
+      split.acc[w * hd + d] = acc;
+      if (d == 0) {
+        split.m[w] = M;
+        split.l[w] = L;
+      }
+    }
+  }
+}
+
+template <int HD, KvElem E>
+cudaError_t LaunchTcHd(const AttentionParams& p, int splits, cudaStream_t st) {
+  const int group = static_cast<int>(p.num_heads / p.cache.num_kv_heads);
+  auto* k = &DecodeTcKernel<HD, E>;
+  static std::atomic<uint64_t> smem_set{0};
+  if (cudaError_t e = EnsureDynamicSmem(k, TcGeo<HD, E>::kSmem, smem_set); e != cudaSuccess) return e;
+  float* ws = splits > 1 ? static_cast<float*>(p.workspace) : nullptr;
+  dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(p.cache.num_kv_heads),
+            static_cast<unsigned>(p.num_tokens));
+  return LaunchPdl(k, grid, kThreads, TcGeo<HD, E>::kSmem, st, p, group, splits, ws);
+}
+
+}  // namespace
+
+bool DecodeTcSupports(const AttentionParams& p) {
+  static const bool on = [] {
+    const char* v = std::getenv("MOESHARD_ATTN_TC_DECODE");
+    return !(v && v[0] == '0');
+  }();
+  const int64_t hd = p.cache.head_dim, nkv = p.cache.num_kv_heads;
+  const bool elem_ok = p.cache.elem == KvElem::kBF16 ||
+                       (p.cache.elem == KvElem::kFp8E4M3 && p.cache.k_scale != nullptr && p.cache.v_scale != nullptr);
+  return on && p.dtype == ActDType::kBF16 && elem_ok && hd > 0 && hd <= 128 && hd % 16 == 0 && nkv > 0 &&
+         p.num_heads % nkv == 0 && p.num_heads / nkv <= kRows &&
+         reinterpret_cast<uintptr_t>(p.cache.k) % 16 == 0 && reinterpret_cast<uintptr_t>(p.cache.v) % 16 == 0;
+}
+
+cudaError_t LaunchAttentionDecodeTc(const AttentionParams& p, int64_t splits, cudaStream_t st) {
+  const int s = static_cast<int>(splits);
+  const bool fp8 = p.cache.elem == KvElem::kFp8E4M3;
+  if (p.cache.head_dim <= 64) return fp8 ? LaunchTcHd<64, KvElem::kFp8E4M3>(p, s, st) : LaunchTcHd<64, KvElem::kBF16>(p, s, st);
+  return fp8 ? LaunchTcHd<128, KvElem::kFp8E4M3>(p, s, st) : LaunchTcHd<128, KvElem::kBF16>(p, s, st);
+}
+
+}  // namespace moeshard::gpu
