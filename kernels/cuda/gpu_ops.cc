@@ -108,6 +108,19 @@ absl::Status KvWrite(const KvWriteParams& p, GpuStream stream) {
   return absl::OkStatus();
 }
 
+absl::Status KvDequant(const KvDequantParams& p, GpuStream stream) {
+  if (p.num_blocks <= 0) return absl::OkStatus();
+  if (absl::Status s = CheckCache(p.src); !s.ok()) return s;
+  if (p.src.elem != KvElem::kFp8E4M3 || !p.src.k_scale || !p.src.v_scale) {
+    return absl::InvalidArgumentError("KvDequant: the source must be an FP8 cache with its scales");
+  }
+  if (p.src.head_dim % 8 != 0) return absl::InvalidArgumentError("KvDequant: head_dim must be a multiple of 8");
+  if (!p.src_blocks || !p.k_out || !p.v_out) return absl::InvalidArgumentError("KvDequant: missing blocks or outputs");
+  if (p.num_blocks > 0x7fffffff) return absl::InvalidArgumentError("KvDequant: too many blocks");
+  MOESHARD_CUDA_RETURN_IF_ERROR(LaunchKvDequant(p, stream));
+  return absl::OkStatus();
+}
+
 bool QkPrepSupports(int64_t head_dim) { return head_dim > 0 && head_dim % 64 == 0 && head_dim <= 256; }
 
 absl::Status QkPrep(const QkPrepParams& p, GpuStream stream) {

@@ -21,6 +21,8 @@ absl::Status RmsNorm(const RmsNormParams& p, GpuStream stream);
 absl::Status Residual(const ResidualParams& p, GpuStream stream);
 absl::Status Rope(const RopeParams& p, GpuStream stream);
 absl::Status KvWrite(const KvWriteParams& p, GpuStream stream);
+// KvDequantParams: an FP8 cache's blocks as a bf16 copy (the FP8 prefill path of the GPU runner).
+absl::Status KvDequant(const KvDequantParams& p, GpuStream stream);
 // q/k norm + RoPE + KV write in one launch; QkPrepSupports says whether the shape qualifies.
 bool QkPrepSupports(int64_t head_dim);
 absl::Status QkPrep(const QkPrepParams& p, GpuStream stream);

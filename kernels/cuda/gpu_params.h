@@ -56,6 +56,18 @@ struct KvCacheView {
   int64_t block_size = 0, num_kv_heads = 0, head_dim = 0;
 };
 
+// An FP8 cache's blocks src_blocks[i] (i < num_blocks) dequantized to bf16 block i of k_out /
+// v_out ([num_blocks, block_size, num_kv_heads, head_dim]): value x scale of its (slot, head), the
+// arithmetic of the tensor-core prefill kernel's FP8 tiles (e4m3 -> fp16 -> fp32, x scale, round to
+// bf16), so attention over the copy equals attention over the FP8 cache.
+struct KvDequantParams {
+  KvCacheView src;
+  const int32_t* src_blocks = nullptr;
+  int64_t num_blocks = 0;
+  void* k_out = nullptr;
+  void* v_out = nullptr;
+};
+
 // out[t, :] = row ids[t] of w, decoded to fp32 (the residual stream).
 struct EmbedParams {
   WeightRef w;

@@ -15,6 +15,7 @@ cudaError_t LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream);
 cudaError_t LaunchResidual(const ResidualParams& p, cudaStream_t stream);
 cudaError_t LaunchRope(const RopeParams& p, cudaStream_t stream);
 cudaError_t LaunchKvWrite(const KvWriteParams& p, cudaStream_t stream);
+cudaError_t LaunchKvDequant(const KvDequantParams& p, cudaStream_t stream);
 cudaError_t LaunchQkPrep(const QkPrepParams& p, cudaStream_t stream);
 cudaError_t LaunchAttention(const AttentionParams& p, cudaStream_t stream);
 cudaError_t LaunchRouting(const RoutingParams& p, cudaStream_t stream);

@@ -25,6 +25,7 @@
 #include "tests/kernels/gpu_test_util.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gpu_ops.h"
+#include "worker/kv_copy_plan.h"
 
 namespace moeshard {
 namespace {
@@ -365,6 +366,11 @@ struct AttnCase {
   std::vector<gpu::AttentionAlgo> algos;
   int64_t max_tokens_per_seq = 0;
   bool workspace = true;
+  // FP8 only: also through the runner's FP8 prefill copy (PlanKvCopy + KvDequant): every copied
+  // value equals the host's dequantization, and each kernel's output over the copy equals its
+  // output over the FP8 cache (bit for bit for the tensor-core prefill kernel, whose FP8 tiles
+  // hold the copy's values), else the CPU reference within the FP8 bound.
+  bool via_copy = false;
 };
 
 const char* AlgoName(gpu::AttentionAlgo a) {
@@ -500,6 +506,63 @@ void ModelOpsTestRunAttention(const AttnCase& c, bool bf16, std::mt19937& rng) {
     EXPECT_LE(RelErr(got, out_ref), bound)
         << AlgoName(algo) << " window " << c.window << " kv elem " << static_cast<int>(c.elem) << " hd " << hd
         << " nq " << nq << " nkv " << nkv;
+    if (!c.via_copy || c.elem != gpu::KvElem::kFp8E4M3) continue;
+    std::vector<SeqChunk> chunks;
+    int64_t toff_at = 0;
+    for (const AttnSeq& s : c.seqs) {
+      SeqChunk ch;
+      ch.start_pos = s.start;
+      ch.tokens.assign(s.n, 0);
+      const int64_t nb = (s.start + s.n + bs - 1) / bs;
+      ch.block_table.assign(tables.begin() + toff_at, tables.begin() + toff_at + nb);
+      toff_at += nb;
+      chunks.push_back(std::move(ch));
+    }
+    absl::StatusOr<KvCopyPlan> plan = PlanKvCopy(chunks, bs, c.window, false);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const int64_t nblk = static_cast<int64_t>(plan->src_blocks.size()), per_block = bs * nkv * hd;
+    Dev<int32_t> dsrc(plan->src_blocks), dctab(plan->tables), dctoff(plan->table_offset);
+    Dev<uint16_t> ck(nblk * per_block), cv(nblk * per_block);
+    gpu::KvDequantParams kp;
+    kp.src = cache;
+    kp.src_blocks = dsrc.get();
+    kp.num_blocks = nblk;
+    kp.k_out = ck.get();
+    kp.v_out = cv.get();
+    STATUS_OK(gpu::KvDequant(kp, nullptr));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    {  // the copy against the host's e4m3 x scale, rounded to bf16
+      const std::vector<uint8_t> k8 = kc.Host(), v8 = vc.Host();
+      const std::vector<float> k_sc = ks.Host(), v_sc = vs.Host();
+      const std::vector<uint16_t> gk = ck.Host(), gv = cv.Host();
+      size_t bad = 0;
+      for (int64_t i = 0; i < nblk; ++i) {
+        for (int64_t e = 0; e < per_block; ++e) {
+          const int64_t src = static_cast<int64_t>(plan->src_blocks[i]) * per_block + e;
+          const int64_t sc = static_cast<int64_t>(plan->src_blocks[i]) * bs * nkv + e / hd;
+          bad += gk[i * per_block + e] != F32ToBf16(E4M3ToF32Exact(k8[src]) * k_sc[sc]);
+          bad += gv[i * per_block + e] != F32ToBf16(E4M3ToF32Exact(v8[src]) * v_sc[sc]);
+        }
+      }
+      EXPECT_EQ(bad, 0u) << "KvDequant values differ from the host's";
+    }
+    gpu::AttentionParams cp = ap;
+    cp.cache = gpu::KvCacheView{ck.get(), cv.get(), nullptr, nullptr, gpu::KvElem::kBF16, bs, nkv, hd};
+    cp.block_tables = dctab.get();
+    cp.table_offset = dctoff.get();
+    ASSERT_EQ(cudaMemset(out, 0xff, out_bytes), cudaSuccess);
+    STATUS_OK(gpu::Attention(cp, nullptr));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<float> via = bf16 ? FromBf16(dout16->Host()) : dout32->Host();
+    const bool same_tiles = bf16 && hd <= 128 &&
+                            (algo == gpu::AttentionAlgo::kTiledTensorCore ||
+                             (algo == gpu::AttentionAlgo::kAuto && c.max_tokens_per_seq == 0 && T > 8));
+    if (same_tiles) {
+      EXPECT_EQ(std::memcmp(via.data(), got.data(), via.size() * 4), 0)
+          << AlgoName(algo) << ": the copy's output differs from the FP8 cache's, hd " << hd << " window " << c.window;
+    } else {
+      EXPECT_LE(RelErr(via, out_ref), bound) << AlgoName(algo) << " over the copy, hd " << hd;
+    }
   }
 }
 
@@ -550,7 +613,20 @@ TEST_P(ModelOpsTest, PagedAttentionLongPrefillTiled) {
   c.window = 0;
   c.elem = gpu::KvElem::kFp8E4M3;
   c.algos = {gpu::AttentionAlgo::kTiled, gpu::AttentionAlgo::kTiledTensorCore, gpu::AttentionAlgo::kSplitDecode};
+  c.via_copy = true;
   ModelOpsTestRunAttention(c, bf16(), rng_);
+  for (int64_t window : {int64_t{0}, int64_t{64}}) {  // FP8 long prefill through the copy, head_dim 128
+    AttnCase f;
+    f.seqs = {{2500, 300}, {0, 200}, {100, 37}};
+    f.nq = 16;
+    f.nkv = 2;
+    f.bs = 16;
+    f.window = window;
+    f.elem = gpu::KvElem::kFp8E4M3;
+    f.algos = {gpu::AttentionAlgo::kTiledTensorCore, gpu::AttentionAlgo::kAuto};
+    f.via_copy = true;
+    ModelOpsTestRunAttention(f, bf16(), rng_);
+  }
 }
 
 // Decode of 4 sequences at long and short contexts through the split-decode kernel (with
@@ -614,6 +690,36 @@ TEST_P(ModelOpsTest, PagedAttentionDecodeLongContextBf16AndFp8) {
     c.max_tokens_per_seq = 1;
     c.algos = {gpu::AttentionAlgo::kSplitDecode};
     ModelOpsTestRunAttention(c, bf16(), rng_);
+  }
+}
+
+// The test models' own shapes (tests/testdata: head_dim 16 and the demo's 32, GQA 2 and 4, a
+// 16- or 64-token sliding window, 16-token blocks): prefill chunks continuing past the window,
+// a 33-token prompt, one-token decode steps before and after the window fills, each kernel
+// (the tensor-core ones run head_dim 16/32 in their 64-wide instantiation).
+TEST_P(ModelOpsTest, PagedAttentionTestModelShapes) {
+  for (int64_t hd : {int64_t{16}, int64_t{32}}) {
+    for (int64_t window : {int64_t{0}, int64_t{16}, int64_t{64}}) {
+      for (gpu::KvElem elem : {gpu::KvElem::kF32, gpu::KvElem::kBF16, gpu::KvElem::kFp8E4M3}) {
+        for (int64_t nq : {int64_t{4}, int64_t{8}}) {
+          AttnCase c;
+          c.nq = nq;
+          c.nkv = 2;
+          c.hd = hd;
+          c.bs = 16;
+          c.window = window;
+          c.elem = elem;
+          c.seqs = {{0, 33}, {9000, 40}, {70, 3}};
+          c.algos = kAllAttentionAlgos;
+          c.via_copy = true;
+          ModelOpsTestRunAttention(c, bf16(), rng_);
+          AttnCase d = c;
+          d.seqs = {{35, 1}, {15, 1}, {16, 1}, {9255, 1}, {0, 1}, {64, 1}};
+          d.max_tokens_per_seq = 1;
+          ModelOpsTestRunAttention(d, bf16(), rng_);
+        }
+      }
+    }
   }
 }
 

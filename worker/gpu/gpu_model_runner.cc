@@ -225,6 +225,7 @@ absl::Status GpuModelRunner::Attention(int64_t li, int64_t window) {
   }
   auto region = prof_.Region("attention", stream_);
   if (!fused_prep_) RETURN_IF_ERROR(gpu::KvWrite(kw, stream_));
+  if (kv_copy_active_) RETURN_IF_ERROR(UseKvCopy(li, &ap));
   return gpu::Attention(ap, stream_);
 }
 

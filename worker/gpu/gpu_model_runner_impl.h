@@ -92,6 +92,11 @@ class GpuModelRunner : public ModelRunner, private LayerOps {
 
  private:
   absl::Status Prepare(const std::vector<SeqChunk>& batch);
+  // The FP8 prefill path (kv_copy.cc): a prefill step over an FP8 cache copies the blocks its
+  // queries see to bf16 once per layer and runs the bf16 tensor-core attention on the copy.
+  absl::Status PrepareKvCopy(const std::vector<SeqChunk>& batch);
+  // With a copy planned for this step: dequantizes layer li's blocks and points ap at the copy.
+  absl::Status UseKvCopy(int64_t li, AttentionParams* ap);
   absl::Status StartDevice();
   absl::Status InitBuffers();
   absl::Status EmbedDevice() {
@@ -197,6 +202,21 @@ class GpuModelRunner : public ModelRunner, private LayerOps {
   float* stage_ = nullptr;  // pinned host memory for all-reduces and hidden states
   int64_t index_capacity_ = 0;  // int32 entries of a step's index upload
   int64_t stage_floats_ = 0, nq_ = 0, nkv_ = 0, inter_ = 0, logit_rows_ = 0;
+  // The FP8 prefill copy (kv_copy.cc): MOESHARD_FP8_PREFILL_COPY_MB caps its bf16 bytes; 0 = off
+  // (the prefill kernel converts FP8 tiles itself). Off by default until it has run on a GPU (the
+  // op tests of model_ops_test's via_copy cases and the FP8 served runs; issue 19's notes).
+  // [0] full layers, [1] the sliding-window layers (their window of each chunk, from its sliding
+  // table with a sliding pool).
+  struct KvCopyDevice {
+    int32_t *src = nullptr, *tables = nullptr, *toff = nullptr;
+    int64_t blocks = 0;
+  };
+  int64_t kv_copy_cap_mb_ = 0;
+  bool kv_copy_active_ = false;
+  KvCopyDevice kv_copy_[2];
+  void *kv_copy_k_ = nullptr, *kv_copy_v_ = nullptr;
+  std::vector<int32_t> kv_copy_host_;
+  DeviceBuffer kv_copy_buf_;
   // The current step.
   std::vector<int32_t> host_idx_;
   int64_t T_ = 0, R_ = 0, max_chunk_tokens_ = 0;

@@ -23,6 +23,7 @@ absl::Status GpuModelRunner::StartDevice() {
   qk_prep_enabled_ = !(prep && std::string(prep) == "0");
   const char* fuse = std::getenv("MOESHARD_FUSE_NORMS");
   fuse_norms_ = !(fuse && std::string(fuse) == "0");
+  if (const char* mb = std::getenv("MOESHARD_FP8_PREFILL_COPY_MB")) kv_copy_cap_mb_ = std::max(0L, std::strtol(mb, nullptr, 10));
   const char* moe_res = std::getenv("MOESHARD_FUSE_MOE_RESIDUAL");
   fuse_moe_residual_ = !(moe_res && std::string(moe_res) == "0");
   if (comm_ && comm_->device_memory()) comm_->set_stream(stream_);
@@ -178,7 +179,7 @@ absl::Status GpuModelRunner::Prepare(const std::vector<SeqChunk>& batch) {
   sliding_toff_ = sliding ? dev + 5 * T_ : toff_;
   rows_ = dev + per_token * T_;
   tables_ = rows_ + R_;
-  return absl::OkStatus();
+  return PrepareKvCopy(batch);
 }
 
 absl::Status GpuModelRunner::UploadHidden(const std::vector<float>& h) {
