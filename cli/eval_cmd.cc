@@ -30,6 +30,7 @@
 #include "worker/runner_flags.h"
 #include "common/status.h"
 #include "worker/inprocess_group.h"
+#include "common/model/kv_pools.h"
 #include "common/model/model_loader.h"
 #include "worker/model_runner.h"
 
@@ -44,6 +45,8 @@ class WindowRunner {
     WindowRunner w;
     const int64_t nb = (ctx + ro.block_size - 1) / ro.block_size;
     ro.num_kv_blocks = nb;
+    // Sliding-window layers in their own pool of just their window when that is smaller.
+    ro.num_sliding_kv_blocks = DefaultSlidingKvBlocks(m.config, nb, ro.block_size, 1, ro.max_batch_tokens);
     for (int32_t i = 0; i < nb; ++i) w.table_.push_back(i);
     ASSIGN_OR_RETURN(w.runner_, CreateInProcessRunner(m.config, *m.source, ro, tp, split));
     return w;

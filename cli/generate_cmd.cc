@@ -12,6 +12,7 @@
 #include "cli/commands.h"
 #include "common/status.h"
 #include "common/tokenizer/chat_template.h"
+#include "common/model/kv_pools.h"
 #include "common/model/model_loader.h"
 #include "local/local_engine.h"
 
@@ -47,6 +48,9 @@ absl::Status Run(const Args& a) {
   }
   ASSIGN_OR_RETURN(RunnerOptions ro, ParseRunnerFlags(a));
   ro.num_kv_blocks = (static_cast<int64_t>(prompt.size()) + n) / ro.block_size + 2;
+  // Sliding-window layers in their own pool of just their window when that is smaller (the
+  // engine frees their blocks as the sequence moves on).
+  ro.num_sliding_kv_blocks = DefaultSlidingKvBlocks(m.config, ro.num_kv_blocks, ro.block_size, 1, ro.max_batch_tokens);
   ShardSpec shard{0, m.config.num_layers, 0, 1, true, true};
   ASSIGN_OR_RETURN(auto runner, ModelRunner::Create(m.config, *m.source, shard, ro));
   EngineRequest req;

@@ -1,5 +1,7 @@
 #include "eval/golden_check.h"
 
+#include "common/model/kv_pools.h"
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -282,6 +284,10 @@ absl::StatusOr<CheckReport> CheckModel(const LoadedModel& model, const std::stri
   int64_t total = 64;
   for (auto& s : seqs) total += s.ids.size();
   ro.num_kv_blocks = total / ro.block_size + 2 * static_cast<int64_t>(seqs.size()) + 8;
+  // A model with both layer kinds keeps its sliding-window layers' KV in their own, smaller pool
+  // when that saves memory (long goldens), as a coordinator does (common/model/kv_pools.h).
+  ro.num_sliding_kv_blocks = DefaultSlidingKvBlocks(c, ro.num_kv_blocks, ro.block_size,
+                                                    static_cast<int64_t>(seqs.size()) + 1, ro.max_batch_tokens);
   ASSIGN_OR_RETURN(auto runner, CreateInProcessRunner(c, *model.source, ro, layout.tp, layout.stages));
   BlockAllocator blocks(ro.num_kv_blocks);
   CheckReport rep;
@@ -326,11 +332,15 @@ absl::StatusOr<CheckReport> CheckModel(const LoadedModel& model, const std::stri
     RETURN_IF_ERROR(blocks.Reserve(table, T, ro.block_size));
     std::vector<float> l, step;
     const SeqChunk first_half{std::vector<int32_t>(ids.begin(), ids.begin() + half), 0, table, true};
-    absl::Status st = ForwardChunked(*runner, {first_half}, &l);
+    SlidingTables sliding(*runner);  // the sequence's sliding table across the prefill and each step
+    absl::Status st = ForwardChunked(*runner, {first_half}, &l, 0, &sliding);
     for (int64_t p = half; st.ok() && p < T; ++p) {
-      st = runner->Forward({SeqChunk{{ids[p]}, p, table, false}}, &step);
+      SeqChunk piece{{ids[p]}, p, table, false};
+      st = sliding.Prepare(0, piece);
+      if (st.ok()) st = runner->Forward({piece}, &step);
       l.insert(l.end(), step.begin(), step.end());
     }
+    sliding.Release(0);
     blocks.Free(table);
     RETURN_IF_ERROR(st);
     rep.seqs.push_back(Compare(absl::StrCat("seq", k, " decode"), seqs[k], l, V, tol));

@@ -7,6 +7,28 @@
 
 namespace moeshard {
 
+SlidingTables::SlidingTables(const ModelRunner& runner)
+    : enabled_(runner.sliding_pool()),
+      window_(runner.config().sliding_window),
+      block_size_(runner.options().block_size),
+      alloc_(enabled_ ? runner.options().num_sliding_kv_blocks : 0) {}
+
+absl::Status SlidingTables::Prepare(int64_t seq, SeqChunk& piece) {
+  if (!enabled_) return absl::OkStatus();
+  std::vector<int32_t>& t = tables_[seq];
+  alloc_.ReleaseBeforeWindow(t, piece.start_pos, window_, block_size_);
+  RETURN_IF_ERROR(alloc_.Reserve(t, piece.start_pos + static_cast<int64_t>(piece.tokens.size()), block_size_));
+  piece.sliding_table = t;
+  return absl::OkStatus();
+}
+
+void SlidingTables::Release(int64_t seq) {
+  auto it = tables_.find(seq);
+  if (it == tables_.end()) return;
+  alloc_.Free(it->second);
+  tables_.erase(it);
+}
+
 std::vector<std::vector<SeqChunk>> SplitIntoSteps(const std::vector<SeqChunk>& batch, int64_t max_step_tokens) {
   std::vector<std::vector<SeqChunk>> steps(1);
   int64_t room = max_step_tokens;
@@ -33,15 +55,31 @@ std::vector<std::vector<SeqChunk>> SplitIntoSteps(const std::vector<SeqChunk>& b
   return steps;
 }
 
+namespace {
+
+absl::Status ForwardSteps(ModelRunner& runner, const std::vector<SeqChunk>& batch, std::vector<float>* logits,
+                          int64_t max_step_tokens, SlidingTables& sliding);
+
+}  // namespace
+
 absl::Status ForwardChunked(ModelRunner& runner, const std::vector<SeqChunk>& batch, std::vector<float>* logits,
-                            int64_t max_step_tokens) {
+                            int64_t max_step_tokens, SlidingTables* sliding) {
   if (max_step_tokens <= 0) max_step_tokens = runner.options().max_batch_tokens;
   if (max_step_tokens <= 0) return absl::InvalidArgumentError("the step size must be positive");
   logits->clear();
+  if (sliding != nullptr) return ForwardSteps(runner, batch, logits, max_step_tokens, *sliding);
+  SlidingTables own(runner);
+  return ForwardSteps(runner, batch, logits, max_step_tokens, own);  // own's blocks go with it
+}
+
+namespace {
+
+absl::Status ForwardSteps(ModelRunner& runner, const std::vector<SeqChunk>& batch, std::vector<float>* logits,
+                          int64_t max_step_tokens, SlidingTables& sliding) {
   // One Forward when it fits: no copies, and the runner validates the batch as it always has.
   int64_t total = 0;
   for (const SeqChunk& c : batch) total += static_cast<int64_t>(c.tokens.size());
-  if (total <= max_step_tokens) return runner.Forward(batch, logits);
+  if (total <= max_step_tokens && !sliding.enabled()) return runner.Forward(batch, logits);
   for (const SeqChunk& c : batch) {
     if (c.tokens.empty()) return absl::InvalidArgumentError("a chunk has no tokens");
   }
@@ -52,7 +90,19 @@ absl::Status ForwardChunked(ModelRunner& runner, const std::vector<SeqChunk>& ba
   for (size_t i = 0; i < batch.size(); ++i) left[i] = static_cast<int64_t>(batch[i].tokens.size());
   size_t chunk_idx = 0;
   std::vector<float> step_logits;
-  for (const std::vector<SeqChunk>& step : SplitIntoSteps(batch, max_step_tokens)) {
+  for (std::vector<SeqChunk>& step : SplitIntoSteps(batch, max_step_tokens)) {
+    if (sliding.enabled()) {  // each piece's sliding table, its chunk's index as the sequence
+      size_t c = chunk_idx;
+      for (SeqChunk& piece : step) {
+        while (left[c] == 0) ++c;
+        RETURN_IF_ERROR(sliding.Prepare(static_cast<int64_t>(c), piece));
+        if (piece.start_pos + static_cast<int64_t>(piece.tokens.size()) <
+            batch[c].start_pos + static_cast<int64_t>(batch[c].tokens.size())) {
+          continue;  // the chunk goes on in the next step (the only piece that can)
+        }
+        ++c;
+      }
+    }
     RETURN_IF_ERROR(runner.Forward(step, &step_logits));
     int64_t row = 0;
     for (const SeqChunk& piece : step) {
@@ -72,5 +122,7 @@ absl::Status ForwardChunked(ModelRunner& runner, const std::vector<SeqChunk>& ba
   }
   return absl::OkStatus();
 }
+
+}  // namespace
 
 }  // namespace moeshard

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/model/kv_pools.h"
 #include "common/model/model_loader.h"
 #include "eval/golden_check.h"
 #include "gtest/gtest.h"
@@ -213,6 +214,50 @@ TEST_P(ChunkedForwardTest, EngineStepsAreCappedAtTheRunnersBatch) {
     EXPECT_EQ(*largest, std::min<int64_t>(step, 150)) << "the largest step over a runner of " << step;
   }
   EXPECT_EQ(got[0], got[1]);
+}
+
+// The in-process commands over a runner with a sliding pool (muse-spark-tiny: window 16, layers of
+// both kinds): a ragged batch of 300-, 90- and 41-token prompts in steps of 16, 7 and 40 tokens
+// gives the one-pool logits bit for bit, every chunk's sliding table holding only its window
+// (the pool is sized for the window and one step, far below the prompts' blocks), and every
+// sliding block is back in the pool afterwards. A one-kind model keeps one pool.
+TEST_P(ChunkedForwardTest, SlidingPoolGivesTheOnePoolLogits) {
+  const ModelConfig& c = model_->config;
+  const int64_t V = c.vocab_size;
+  std::vector<SeqChunk> batch = {SeqChunk{Prompt(300, 21, V), 0, {}, true}, SeqChunk{Prompt(90, 22, V), 0, {}, false},
+                                 SeqChunk{Prompt(41, 23, V), 0, {}, true}};
+  const std::vector<float> whole = Run(batch, 0);
+  for (int64_t step : {16, 7, 40}) {
+    RunnerOptions ro = Options(step);
+    ro.num_sliding_kv_blocks = DefaultSlidingKvBlocks(c, ro.num_kv_blocks, ro.block_size, 3, step);
+    auto runner = CreateInProcessRunner(c, *model_->source, ro, GetParam().tp, GetParam().stages);
+    ASSERT_TRUE(runner.ok()) << runner.status();
+    if (!HasBothLayerKinds(c)) {
+      EXPECT_EQ(ro.num_sliding_kv_blocks, 0);
+      EXPECT_FALSE((*runner)->sliding_pool());
+      continue;
+    }
+    ASSERT_TRUE((*runner)->sliding_pool()) << "steps of " << step;
+    EXPECT_LT(ro.num_sliding_kv_blocks, (300 + 90 + 41) / 16) << "a pool that could hold every block proves nothing";
+    BlockAllocator blocks(128);
+    std::vector<SeqChunk> b = batch;
+    std::vector<std::vector<int32_t>> tables(b.size());
+    for (size_t i = 0; i < b.size(); ++i) {
+      ASSERT_TRUE(blocks.Reserve(tables[i], static_cast<int64_t>(b[i].tokens.size()), 16).ok());
+      b[i].block_table = tables[i];
+    }
+    SlidingTables sliding(**runner);
+    std::vector<float> logits;
+    absl::Status st = ForwardChunked(**runner, b, &logits, 0, &sliding);
+    ASSERT_TRUE(st.ok()) << st;
+    EXPECT_EQ(logits, whole) << "steps of " << step;
+    for (int64_t i = 0; i < 3; ++i) sliding.Release(i);
+    EXPECT_EQ(sliding.num_free(), ro.num_sliding_kv_blocks);
+    // Without the caller's tables the call keeps its own, with the same logits.
+    std::vector<float> again;
+    ASSERT_TRUE(ForwardChunked(**runner, b, &again).ok());
+    EXPECT_EQ(again, whole) << "steps of " << step << ", the call's own tables";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, ChunkedForwardTest,
