@@ -2,11 +2,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "common/splitmix64.h"
 #include "common/thread_pool.h"
+#include "worker/fast_exp.h"
+#include "worker/sampler_buckets.h"
 
 namespace moeshard {
 
@@ -42,25 +46,93 @@ int32_t ArgMax(const float* l, int64_t v) {
   return 0;  // unreachable: m is one of the values
 }
 
+namespace {
+
+// sum of exp((l[i] - m) * inv_t) over i < v (m >= every l[i]): eight running sums, so that the
+// loop vectorizes without reassociating one sum.
+double ExpSum(const float* l, int64_t v, double m, double inv_t) {
+  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= v; i += 8) {
+    for (int j = 0; j < 8; ++j) acc[j] += ExpNonPositive((static_cast<double>(l[i + j]) - m) * inv_t);
+  }
+  for (; i < v; ++i) acc[0] += ExpNonPositive((static_cast<double>(l[i]) - m) * inv_t);
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+// The best g ids of [0, v) under `before` (a strict order: larger logit, then smaller id), best
+// first: one pass keeping a heap of g whose worst is at its front; an id enters only when it beats
+// that worst, which for a large vocabulary is rare after the first few thousand.
+template <typename Cmp>
+std::vector<int32_t> TopIds(int64_t v, int64_t g, Cmp before) {
+  std::vector<int32_t> h;
+  h.reserve(g);
+  int64_t i = 0;
+  for (; i < v && static_cast<int64_t>(h.size()) < g; ++i) {
+    h.push_back(static_cast<int32_t>(i));
+    std::push_heap(h.begin(), h.end(), before);
+  }
+  for (; i < v; ++i) {
+    if (!before(static_cast<int32_t>(i), h.front())) continue;  // a tie never beats it: its id is smaller
+    std::pop_heap(h.begin(), h.end(), before);
+    h.back() = static_cast<int32_t>(i);
+    std::push_heap(h.begin(), h.end(), before);
+  }
+  std::sort(h.begin(), h.end(), before);
+  return h;
+}
+
+}  // namespace
+
+// The smallest vocabulary the bucketed draw takes (below it sorting a prefix is as cheap).
+constexpr int64_t kBucketedVocab = 2048;
+
 int32_t Sampler::Sample(const float* logits, int64_t vocab, int64_t position) {
   if (p_.temperature <= 0.f) return ArgMax(logits, vocab);
   if (p_.has_seed && position >= 0) {
     rng_.seed(PositionSeed(p_.seed, position));
   }
-  // Candidates in order of logit (descending), ties by id for reproducibility. Only the
-  // prefix that the filters and the draw reach is ever sorted: a prefix of 256, grown 8×
-  // at a time (nth_element then sort of the new part), instead of a sort of the whole
-  // vocabulary per token (~10 ms for 152K ids). The normalizing sum runs over every
-  // candidate in id order; everything else is what a full sort would give.
-  auto cmp = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
-  std::vector<int32_t> idx(vocab);
-  std::iota(idx.begin(), idx.end(), 0);
+  // Candidates in order of logit (descending), ties by id for reproducibility; everything is
+  // what a full sort of the vocabulary would give (SampleByFullSort), without that sort
+  // (~25 ms for 152K ids). A large vocabulary without top-k: bucketed by weight
+  // (sampler_buckets.h). Otherwise only the prefix that the filters and the draw reach is
+  // sorted, and the normalizing sum runs over every candidate in id order.
   const int64_t cand = p_.top_k > 0 && p_.top_k < vocab ? p_.top_k : vocab;  // the top-k candidates
+  if (cand == vocab && vocab >= kBucketedVocab) {
+    return SampleWholeVocabulary(logits, vocab, 1.0 / p_.temperature, p_.top_p, p_.min_p, rng_);
+  }
+  // NaN ranks as -inf, so the order is strict whatever the row holds (a sort under a comparator
+  // that is not a strict order may run past its range).
+  auto key = [&](int32_t a) { return logits[a] == logits[a] ? logits[a] : -std::numeric_limits<float>::infinity(); };
+  auto cmp = [&](int32_t a, int32_t b) {
+    const float ka = key(a), kb = key(b);
+    return ka > kb || (ka == kb && a < b);
+  };
+  // idx[0, sorted) is the best `sorted` ids in order. The first 256 come from one heap pass
+  // (TopIds); only a filter or draw that reaches past them makes idx every id (the rest after
+  // the prefix) and grows the prefix 8x at a time by nth_element and a sort of the new part.
+  std::vector<int32_t> idx;
+  bool every_id = false;
   int64_t sorted = 0;
   auto ensure = [&](int64_t want) {  // idx[0, want) sorted, and no candidate outside beats them
     want = std::min(want, cand);
     if (want <= sorted) return;
-    const int64_t grow = std::min(cand, std::max(want, sorted == 0 ? int64_t{256} : sorted * 8));
+    constexpr int64_t kFirst = 256;
+    if (sorted == 0 && want <= kFirst) {
+      idx = TopIds(vocab, std::min(kFirst, cand), cmp);
+      sorted = static_cast<int64_t>(idx.size());
+      return;
+    }
+    if (!every_id) {
+      std::vector<char> in(vocab, 0);
+      for (int64_t i = 0; i < sorted; ++i) in[idx[i]] = 1;
+      idx.reserve(vocab);
+      for (int64_t id = 0; id < vocab; ++id) {
+        if (!in[id]) idx.push_back(static_cast<int32_t>(id));
+      }
+      every_id = true;
+    }
+    const int64_t grow = std::min(cand, std::max(want, sorted == 0 ? kFirst : sorted * 8));
     if (grow < vocab) std::nth_element(idx.begin() + sorted, idx.begin() + grow, idx.end(), cmp);
     std::sort(idx.begin() + sorted, idx.begin() + grow, cmp);
     sorted = grow;
@@ -70,7 +142,7 @@ int32_t Sampler::Sample(const float* logits, int64_t vocab, int64_t position) {
   const double m = logits[idx[0]];
   double sum = 0;
   if (cand == vocab) {
-    for (int64_t i = 0; i < vocab; ++i) sum += std::exp((logits[i] - m) * inv_t);
+    sum = ExpSum(logits, vocab, m, inv_t);
   } else {
     ensure(cand);
     for (int64_t i = 0; i < cand; ++i) sum += std::exp((logits[idx[i]] - m) * inv_t);

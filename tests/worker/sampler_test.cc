@@ -7,9 +7,22 @@
 #include <random>
 
 #include "gtest/gtest.h"
+#include "worker/fast_exp.h"
 
 namespace moeshard {
 namespace {
+
+// Seeded sampling parameters.
+SamplingParams Seeded(float t, int top_k, float top_p, float min_p, uint64_t seed) {
+  SamplingParams p;
+  p.temperature = t;
+  p.top_k = top_k;
+  p.top_p = top_p;
+  p.min_p = min_p;
+  p.seed = seed;
+  p.has_seed = true;
+  return p;
+}
 
 // The sampler sorts only the prefix that filters and draw reach; it must pick what the full
 // sort picks, for every filter combination, peaked and flat rows, ties, small and large
@@ -28,13 +41,7 @@ TEST(SamplerTest, MatchesTheFullSortDefinition) {
         for (int k : {0, 1, 5, 50}) {
           for (float top_p : {1.f, 0.9f, 0.5f}) {
             for (float min_p : {0.f, 0.05f, 0.3f}) {
-              SamplingParams p;
-              p.temperature = t;
-              p.top_k = k;
-              p.top_p = top_p;
-              p.min_p = min_p;
-              p.seed = gen();
-              p.has_seed = true;
+              const SamplingParams p = Seeded(t, k, top_p, min_p, gen());
               Sampler s(p);
               for (int64_t pos : {0, 17}) {
                 ASSERT_EQ(s.Sample(l.data(), V, pos), SampleByFullSort(l.data(), V, p, pos))
@@ -49,6 +56,89 @@ TEST(SamplerTest, MatchesTheFullSortDefinition) {
     }
   }
   EXPECT_EQ(checked, 6 * 3 * 3 * 4 * 3 * 3 * 2);
+}
+
+// ExpNonPositive (the normalizing sum's exp) against std::exp over [-708, 0]: a few ulp, and the
+// floor below -708.
+TEST(SamplerTest, ExpNonPositiveIsStdExp) {
+  std::mt19937 gen(3);
+  std::uniform_real_distribution<double> wide(-708.0, 0.0), near(-1.0, 0.0);
+  double worst = 0;
+  for (int i = 0; i < 200000; ++i) {
+    const double x = i % 2 ? wide(gen) : near(gen);
+    const double want = std::exp(x);
+    worst = std::max(worst, std::abs(ExpNonPositive(x) - want) / want);
+  }
+  for (double x : {0.0, -1e-300, -0.5 * std::log(2.0), -std::log(2.0), -1.0, -700.0, -708.0}) {
+    worst = std::max(worst, std::abs(ExpNonPositive(x) - std::exp(x)) / std::exp(x));
+  }
+  EXPECT_LE(worst, 8e-16);
+  EXPECT_EQ(ExpNonPositive(0.0), 1.0);
+  EXPECT_GT(ExpNonPositive(-1e6), 0.0);
+  EXPECT_LT(ExpNonPositive(-1e6), 1e-300);
+}
+
+// Qwen3's vocabulary size (the bucketed draw, worker/sampler_buckets.h) against the definition:
+// peaked to flat temperatures, with top-p and min-p, rows with ties.
+TEST(SamplerTest, LargeVocabularyMatchesTheFullSortDefinition) {
+  const int64_t V = 151936;
+  std::mt19937 gen(77);
+  std::normal_distribution<float> nd(0.f, 3.f);
+  std::vector<float> l(V);
+  for (auto& x : l) x = nd(gen);
+  for (int64_t i = 0; i + 5 < V; i += 31) l[i + 5] = l[i];  // ties
+  int checked = 0;
+  for (float t : {0.2f, 0.7f, 1.f, 1.7f}) {
+    for (float top_p : {1.f, 0.95f, 0.5f}) {
+      for (float min_p : {0.f, 0.02f}) {
+        const SamplingParams p = Seeded(t, 0, top_p, min_p, gen());
+        Sampler s(p);
+        for (int64_t pos : {0, 5, 9}) {
+          ASSERT_EQ(s.Sample(l.data(), V, pos), SampleByFullSort(l.data(), V, p, pos))
+              << "t " << t << " top_p " << top_p << " min_p " << min_p << " pos " << pos;
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(checked, 4 * 3 * 2 * 3);
+}
+
+// A row with NaNs (a broken model's logits): every setting draws an id of a real logit, on the
+// prefix path (small vocabulary, top-k) and the bucketed one; never a crash.
+TEST(SamplerTest, NaNLogitsNeverWin) {
+  for (int64_t V : {int64_t{40}, int64_t{5000}}) {
+    std::mt19937 gen(5);
+    std::normal_distribution<float> nd(0.f, 2.f);
+    std::vector<float> l(V);
+    for (auto& x : l) x = nd(gen);
+    for (int64_t i = 0; i < V; i += 3) l[i] = NAN;
+    for (int k : {0, 5}) {
+      for (float top_p : {1.f, 0.9f}) {
+        Sampler s(Seeded(1.f, k, top_p, 0.f, 4));
+        for (int64_t pos = 0; pos < 20; ++pos) {
+          const int32_t id = s.Sample(l.data(), V, pos);
+          ASSERT_TRUE(id >= 0 && id < V) << id;
+          EXPECT_FALSE(std::isnan(l[id])) << "V " << V << " k " << k << " top_p " << top_p << " drew a NaN at " << id;
+        }
+      }
+    }
+  }
+}
+
+// A flat row (every logit equal) of a large vocabulary: the candidates past the first 256 come in
+// id order as the full sort gives them, whatever the filter reaches.
+TEST(SamplerTest, FlatRowsFollowTheIdOrder) {
+  for (int64_t V : {int64_t{255}, int64_t{256}, int64_t{257}, int64_t{151936}}) {
+    std::vector<float> l(V, 1.5f);
+    for (float top_p : {1.f, 0.5f, 0.01f}) {
+      const SamplingParams p = Seeded(1.f, 0, top_p, 0.f, 99);
+      Sampler s(p);
+      for (int64_t pos : {0, 1, 2, 3}) {
+        ASSERT_EQ(s.Sample(l.data(), V, pos), SampleByFullSort(l.data(), V, p, pos)) << "V " << V << " top_p " << top_p;
+      }
+    }
+  }
 }
 
 TEST(SamplerTest, GreedyIsArgmax) {
