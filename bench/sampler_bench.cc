@@ -3,10 +3,13 @@
 // for greedy, temperature, top-p, min-p and top-k settings, and checks both pick the same
 // tokens. Usage: sampler_bench [--vocab N] [--scale S] [--tokens N]
 //   --scale: standard deviation of the random logits (larger: a more peaked distribution).
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -76,5 +79,36 @@ int main(int argc, char** argv) {
     bad += !same;
     std::printf("| %s | %.3f | %.3f | %.1fx | %s |\n", c.name, fast, full, full / fast, same ? "yes" : "NO");
   }
+  // What a request with logprobs and top_logprobs 20 adds per token: LogProb + TopLogProbs against
+  // the plain definition (std::exp summed in id order, a partial sort of every id).
+  std::vector<std::pair<int32_t, float>> top, want;
+  SamplerSet set;
+  RowDraw draw;
+  draw.sampling.temperature = 0.f;
+  draw.logprobs = true;
+  draw.top_logprobs = 20;
+  RowDraw plain_draw = draw;  // the same greedy draw without logprobs, subtracted below
+  plain_draw.logprobs = false;
+  plain_draw.top_logprobs = 0;
+  const double greedy_only = MsPerToken(tokens, [&](int) { (void)set.Sample({plain_draw}, logits.data(), vocab); });
+  const double lp = MsPerToken(tokens, [&](int) { top = set.Sample({draw}, logits.data(), vocab)[0].top; }) - greedy_only;
+  const double plain = MsPerToken(tokens, [&](int i) {
+    double m = logits[0], sum = 0;
+    for (float x : logits) m = std::max<double>(m, x);
+    for (float x : logits) sum += std::exp(x - m);
+    volatile float x = static_cast<float>(logits[i] - (m + std::log(sum)));
+    (void)x;
+    std::vector<int32_t> idx(vocab);
+    std::iota(idx.begin(), idx.end(), 0);
+    std::partial_sort(idx.begin(), idx.begin() + 20, idx.end(), [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    want.clear();
+    for (int k = 0; k < 20; ++k) want.push_back({idx[k], static_cast<float>(logits[idx[k]] - (m + std::log(sum)))});
+  });
+  bool same = top.size() == want.size();
+  for (size_t k = 0; same && k < top.size(); ++k) same = top[k].first == want[k].first && std::abs(top[k].second - want[k].second) < 1e-5f;
+  bad += !same;
+  std::printf("| logprob + top 20 logprobs | %.3f | %.3f (plain) | %.1fx | %s |\n", lp, plain, plain / lp, same ? "yes" : "NO");
   return bad ? 1 : 0;
 }

@@ -229,24 +229,30 @@ int32_t SampleByFullSort(const float* l, int64_t V, const SamplingParams& p, int
   return idx[n - 1];
 }
 
+// log(sum exp(l)) in double: the vectorized sum of exp(l - max) (ExpSum).
 static double LogSumExp(const float* l, int64_t v) {
-  double m = l[ArgMax(l, v)], s = 0;
-  for (int64_t i = 0; i < v; ++i) s += std::exp(l[i] - m);
-  return m + std::log(s);
+  const double m = l[ArgMax(l, v)];
+  return m + std::log(ExpSum(l, v, m, 1.0));
 }
 
 float LogProb(const float* l, int64_t v, int32_t id) { return static_cast<float>(l[id] - LogSumExp(l, v)); }
 
-std::vector<std::pair<int32_t, float>> TopLogProbs(const float* l, int64_t v, int n) {
+// The n best ids by one heap pass (TopIds; NaN ranks last), with their logprobs given the row's lse.
+static std::vector<std::pair<int32_t, float>> TopLogProbsWith(const float* l, int64_t v, int n, double lse) {
   n = static_cast<int>(std::min<int64_t>(n, v));
-  std::vector<int32_t> idx(v);
-  std::iota(idx.begin(), idx.end(), 0);
-  std::partial_sort(idx.begin(), idx.begin() + n, idx.end(),
-                    [&](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
-  double lse = LogSumExp(l, v);
   std::vector<std::pair<int32_t, float>> out;
+  if (n <= 0) return out;
+  auto key = [&](int32_t a) { return l[a] == l[a] ? l[a] : -std::numeric_limits<float>::infinity(); };
+  const std::vector<int32_t> idx = TopIds(v, n, [&](int32_t a, int32_t b) {
+    const float ka = key(a), kb = key(b);
+    return ka > kb || (ka == kb && a < b);
+  });
   for (int i = 0; i < n; ++i) out.push_back({idx[i], static_cast<float>(l[idx[i]] - lse)});
   return out;
+}
+
+std::vector<std::pair<int32_t, float>> TopLogProbs(const float* l, int64_t v, int n) {
+  return TopLogProbsWith(l, v, n, LogSumExp(l, v));
 }
 
 std::vector<RowSample> SamplerSet::Sample(const std::vector<RowDraw>& rows, const float* logits, int64_t vocab) {
@@ -262,8 +268,11 @@ std::vector<RowSample> SamplerSet::Sample(const std::vector<RowDraw>& rows, cons
       const RowDraw& r = rows[i];
       const float* row = logits + r.row * vocab;
       out[i].token = samplers[i]->Sample(row, vocab, r.position);
-      if (r.logprobs || r.top_logprobs > 0) out[i].logprob = LogProb(row, vocab, out[i].token);
-      if (r.top_logprobs > 0) out[i].top = TopLogProbs(row, vocab, std::min(r.top_logprobs, 20));
+      if (r.logprobs || r.top_logprobs > 0) {
+        const double lse = LogSumExp(row, vocab);  // once for both
+        out[i].logprob = static_cast<float>(row[out[i].token] - lse);
+        if (r.top_logprobs > 0) out[i].top = TopLogProbsWith(row, vocab, std::min(r.top_logprobs, 20), lse);
+      }
     }
   });
   return out;

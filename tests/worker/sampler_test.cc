@@ -253,6 +253,34 @@ TEST(SamplerTest, LogProbs) {
   auto top = TopLogProbs(l.data(), 2, 1);
   ASSERT_EQ(top.size(), 1u);
   EXPECT_EQ(top[0].first, 1);
+  EXPECT_TRUE(TopLogProbs(l.data(), 2, 0).empty());
+  EXPECT_EQ(TopLogProbs(l.data(), 2, 5).size(), 2u);
+}
+
+// Logprobs over Qwen3's vocabulary against the plain definition (std::exp summed in id order, a
+// full sort for the top 20, ties by id): the same ids, values within float rounding.
+TEST(SamplerTest, LogProbsOfALargeVocabulary) {
+  const int64_t V = 151936;
+  std::mt19937 gen(8);
+  std::normal_distribution<float> nd(0.f, 4.f);
+  std::vector<float> l(V);
+  for (auto& x : l) x = nd(gen);
+  for (int64_t i = 0; i + 3 < V; i += 50) l[i + 3] = l[i];  // ties
+  double m = l[0];
+  for (float x : l) m = std::max<double>(m, x);
+  double sum = 0;
+  for (float x : l) sum += std::exp(x - m);
+  const double lse = m + std::log(sum);
+  std::vector<int32_t> order(V);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+  const auto top = TopLogProbs(l.data(), V, 20);
+  ASSERT_EQ(top.size(), 20u);
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_EQ(top[i].first, order[i]) << i;
+    EXPECT_NEAR(top[i].second, l[order[i]] - lse, 2e-6) << i;
+  }
+  for (int32_t id : {0, 1, 777, 151935}) EXPECT_NEAR(LogProb(l.data(), V, id), l[id] - lse, 2e-6) << id;
 }
 
 }  // namespace
