@@ -12,6 +12,15 @@
 namespace moeshard {
 namespace {
 
+// V logits ~ N(0, scale) with a tie every `every` ids (l[i + 3] = l[i]).
+std::vector<float> RowWithTies(int64_t V, float scale, int64_t every, std::mt19937& gen) {
+  std::normal_distribution<float> nd(0.f, scale);
+  std::vector<float> l(V);
+  for (auto& x : l) x = nd(gen);
+  for (int64_t i = 0; i + 3 < V; i += every) l[i + 3] = l[i];
+  return l;
+}
+
 // Seeded sampling parameters.
 SamplingParams Seeded(float t, int top_k, float top_p, float min_p, uint64_t seed) {
   SamplingParams p;
@@ -83,10 +92,7 @@ TEST(SamplerTest, ExpNonPositiveIsStdExp) {
 TEST(SamplerTest, LargeVocabularyMatchesTheFullSortDefinition) {
   const int64_t V = 151936;
   std::mt19937 gen(77);
-  std::normal_distribution<float> nd(0.f, 3.f);
-  std::vector<float> l(V);
-  for (auto& x : l) x = nd(gen);
-  for (int64_t i = 0; i + 5 < V; i += 31) l[i + 5] = l[i];  // ties
+  const std::vector<float> l = RowWithTies(V, 3.f, 31, gen);
   int checked = 0;
   for (float t : {0.2f, 0.7f, 1.f, 1.7f}) {
     for (float top_p : {1.f, 0.95f, 0.5f}) {
@@ -262,10 +268,7 @@ TEST(SamplerTest, LogProbs) {
 TEST(SamplerTest, LogProbsOfALargeVocabulary) {
   const int64_t V = 151936;
   std::mt19937 gen(8);
-  std::normal_distribution<float> nd(0.f, 4.f);
-  std::vector<float> l(V);
-  for (auto& x : l) x = nd(gen);
-  for (int64_t i = 0; i + 3 < V; i += 50) l[i + 3] = l[i];  // ties
+  const std::vector<float> l = RowWithTies(V, 4.f, 50, gen);
   double m = l[0];
   for (float x : l) m = std::max<double>(m, x);
   double sum = 0;
