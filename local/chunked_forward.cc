@@ -58,23 +58,6 @@ std::vector<std::vector<SeqChunk>> SplitIntoSteps(const std::vector<SeqChunk>& b
 namespace {
 
 absl::Status ForwardSteps(ModelRunner& runner, const std::vector<SeqChunk>& batch, std::vector<float>* logits,
-                          int64_t max_step_tokens, SlidingTables& sliding);
-
-}  // namespace
-
-absl::Status ForwardChunked(ModelRunner& runner, const std::vector<SeqChunk>& batch, std::vector<float>* logits,
-                            int64_t max_step_tokens, SlidingTables* sliding) {
-  if (max_step_tokens <= 0) max_step_tokens = runner.options().max_batch_tokens;
-  if (max_step_tokens <= 0) return absl::InvalidArgumentError("the step size must be positive");
-  logits->clear();
-  if (sliding != nullptr) return ForwardSteps(runner, batch, logits, max_step_tokens, *sliding);
-  SlidingTables own(runner);
-  return ForwardSteps(runner, batch, logits, max_step_tokens, own);  // own's blocks go with it
-}
-
-namespace {
-
-absl::Status ForwardSteps(ModelRunner& runner, const std::vector<SeqChunk>& batch, std::vector<float>* logits,
                           int64_t max_step_tokens, SlidingTables& sliding) {
   // One Forward when it fits: no copies, and the runner validates the batch as it always has.
   int64_t total = 0;
@@ -124,5 +107,15 @@ absl::Status ForwardSteps(ModelRunner& runner, const std::vector<SeqChunk>& batc
 }
 
 }  // namespace
+
+absl::Status ForwardChunked(ModelRunner& runner, const std::vector<SeqChunk>& batch, std::vector<float>* logits,
+                            int64_t max_step_tokens, SlidingTables* sliding) {
+  if (max_step_tokens <= 0) max_step_tokens = runner.options().max_batch_tokens;
+  if (max_step_tokens <= 0) return absl::InvalidArgumentError("the step size must be positive");
+  logits->clear();
+  if (sliding != nullptr) return ForwardSteps(runner, batch, logits, max_step_tokens, *sliding);
+  SlidingTables own(runner);
+  return ForwardSteps(runner, batch, logits, max_step_tokens, own);  // own's blocks go with it
+}
 
 }  // namespace moeshard
