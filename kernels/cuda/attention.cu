@@ -195,6 +195,7 @@ cudaError_t LaunchAttention(const AttentionParams& p, cudaStream_t st) {
   switch (p.algo) {
     case AttentionAlgo::kTiled: return LaunchAttentionTiled(p, st);
     case AttentionAlgo::kTiledTensorCore: return LaunchAttentionTensorCore(p, st);
+    case AttentionAlgo::kWgmma: return LaunchAttentionWgmma(p, st);
     case AttentionAlgo::kSplitDecode: return LaunchAttentionSplitDecode(p, AttentionDecodeSplits(p), st);
     default: break;
   }

@@ -182,10 +182,18 @@ absl::StatusOr<AttentionAlgo> ResolveAttentionAlgo(const AttentionParams& p) {
         return absl::InvalidArgumentError("Attention: the tensor-core kernel needs bf16 activations, head_dim <= 128");
       }
       return AttentionAlgo::kTiledTensorCore;
+    case AttentionAlgo::kWgmma:
+      if (!tiled || !WgmmaAttentionSupports(p)) {
+        return absl::InvalidArgumentError(
+            "Attention: the wgmma kernel needs an sm_90 device, bf16 activations and cache, head_dim 64 or 128 and "
+            "query heads per KV head dividing 128");
+      }
+      return AttentionAlgo::kWgmma;
     case AttentionAlgo::kAuto: break;
   }
   const int64_t q_len = p.max_tokens_per_seq > 0 ? p.max_tokens_per_seq : p.num_tokens;
   if (decode && q_len <= 8) return AttentionAlgo::kSplitDecode;
+  if (tiled && WgmmaAttentionSupports(p)) return AttentionAlgo::kWgmma;
   if (tensor_core && kTensorCoreByDefault) return AttentionAlgo::kTiledTensorCore;
   if (tiled) return AttentionAlgo::kTiled;
   return AttentionAlgo::kReference;

@@ -157,7 +157,9 @@ struct QkPrepParams {
 
 // Which attention kernel runs (kernels/cuda/attention*.cu). kAuto picks one from the shape:
 // kSplitDecode when every sequence contributes few tokens (max_tokens_per_seq, or
-// num_tokens when that is unknown, at most 8), kTiledTensorCore for other bf16 batches
+// num_tokens when that is unknown, at most 8), kWgmma for other batches it can run (an sm_90
+// device, bf16 activations and cache, head_dim 64 or 128, query heads per KV head dividing 128;
+// MOESHARD_ATTN_WGMMA=0 leaves it out), kTiledTensorCore for other bf16 batches
 // with head_dim <= 128, kTiled otherwise, and kReference where
 // neither applies (head_dim not a multiple of 4 or above 256, more than 64 query heads per
 // KV head, or a cache pointer not 16-byte aligned). Forcing one that cannot run the shape
@@ -167,7 +169,8 @@ enum class AttentionAlgo : uint8_t {
   kReference,   // one block per (token, query head); the first version, kept as a fallback
   kTiled,       // flash-attention-2 style: one CTA per (query tile, KV head), all GQA heads
   kSplitDecode, // per (token, KV head, key split), partials merged by a combine kernel
-  kTiledTensorCore  // kTiled on mma.sync bf16 tensor cores: bf16 activations, head_dim <= 128
+  kTiledTensorCore,  // kTiled on mma.sync bf16 tensor cores: bf16 activations, head_dim <= 128
+  kWgmma  // FA3-style on Hopper's wgmma (sm_90a): bf16 activations and cache, head_dim 64 or 128
 };
 
 // Causal paged attention for a ragged batch: token t (at position pos[t], its sequence's

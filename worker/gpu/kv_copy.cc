@@ -4,8 +4,9 @@
 // per prefill step the runner plans which blocks each chunk's queries can see
 // (worker/kv_copy_plan.h; the window's blocks for sliding-window layers), and each layer's
 // Attention dequantizes exactly those blocks into a bf16 copy (kernels/cuda/kv_dequant.cu, ~0.1 ms
-// a layer for a 128K context) and runs the bf16 kernel on it through the plan's tables. The copy's
-// values are the ones the kernel's FP8 tiles would hold, so the result is the same.
+// a layer for a 128K context) and runs the bf16 kernels on it through the plan's tables (the wgmma
+// prefill kernel on Hopper). The copy's values are the ones the tensor-core kernel's FP8 tiles
+// would hold (model_ops_test checks that kernel bit for bit over the copy).
 #include <algorithm>
 
 #include "worker/gpu/gpu_model_runner_impl.h"
@@ -21,7 +22,7 @@ absl::Status GpuModelRunner::PrepareKvCopy(const std::vector<SeqChunk>& batch) {
   kv_copy_active_ = false;
   const int64_t hd = config_.head_dim, bs = options_.block_size;
   // Only a prefill step (one-token steps take the split-decode kernels, which read FP8 at their
-  // own pace) on bf16 activations, whose attention is the tensor-core prefill kernel.
+  // own pace) on bf16 activations, whose attention is a bf16 tensor-core kernel.
   if (kv_copy_cap_mb_ <= 0 || kv_elem_ != KvElem::kFp8E4M3 || act_ != ActDType::kBF16 || max_chunk_tokens_ <= 8 ||
       hd > 128 || hd % 8 != 0 || kv_.empty()) {
     return absl::OkStatus();
