@@ -10,13 +10,14 @@
 // causal and window masks and the online softmax on S's fragments in fp32 (exp2, the scale
 // folded into the scores); P rounded to bf16 in registers as the A operand of O += P V (wgmma,
 // V in shared memory as an MN-major B). A warpgroup skips tiles that none of its rows sees.
-// MOESHARD_ATTN_WGMMA=0 in the environment leaves the kernel out of kAuto (an A/B knob).
+// This is the first version (every thread copies and computes); the default is its warp-specialized
+// form (attention_wgmma_ws.cu). MOESHARD_ATTN_WGMMA=0 leaves both out of kAuto, =1 picks this one.
 #include <climits>
 #include <cstdlib>
 
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/cp_async.cuh"
-#include "kernels/cuda/wgmma.cuh"
+#include "kernels/cuda/attention_wgmma.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MOESHARD_WGMMA_DEVICE 1
@@ -25,7 +26,7 @@
 namespace moeshard::gpu {
 namespace {
 
-constexpr int kWgThreads = 256, kWgRows = 128, kWgKeys = 128;
+constexpr int kWgThreads = 256;
 
 // Q [HD/64][128 rows][64] and two buffers each of K and V [HD/64][128 keys][64] (bf16, swizzled),
 // the rows' positions and first visible keys, and up to 1 KB to align the tiles to 1,024 bytes.
@@ -34,21 +35,10 @@ constexpr size_t WgSmemBytes() {
   return size_t{kWgRows} * HD * 2 + 4 * size_t{kWgKeys} * HD * 2 + 2 * kWgRows * sizeof(int) + 1024;
 }
 
-// Byte offset of 16-byte chunk c (of HD / 8) of row r in a [HD/64][rows][64] swizzled tile.
-__device__ __forceinline__ uint32_t SwizzledChunk(int r, int c, int rows) {
-  return static_cast<uint32_t>((c >> 3) * rows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
-}
-
-__device__ __forceinline__ uint32_t PackBf16Pair(float lo, float hi) {
-  return static_cast<uint32_t>(DevF32ToBf16(lo)) | (static_cast<uint32_t>(DevF32ToBf16(hi)) << 16);
-}
-
 template <int HD>
 __global__ void __launch_bounds__(kWgThreads, 1) WgmmaAttentionKernel(AttentionParams p, int group, int tile_tokens) {
 #ifdef MOESHARD_WGMMA_DEVICE
   constexpr int CH = HD / 8;           // 16-byte chunks of a row
-  constexpr int NS = kWgKeys / 8;      // 8-column blocks of S
-  constexpr int NO = HD / 8;           // 8-column blocks of O
   constexpr uint32_t kQBytes = kWgRows * HD * 2, kTileBytes = kWgKeys * HD * 2;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
@@ -67,10 +57,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) WgmmaAttentionKernel(AttentionP
   const int64_t tile = static_cast<int64_t>(gridDim.x) - 1 - blockIdx.x;
   const int64_t t_begin = tile * tile_tokens, t_end = min(p.num_tokens, t_begin + tile_tokens);
   const int64_t q_stride = p.q_stride ? p.q_stride : p.num_heads * HD;
-  const int64_t o_stride = p.out_stride ? p.out_stride : p.num_heads * HD;
   const int rows_used = tile_tokens * group;
   const uint16_t* qbase = static_cast<const uint16_t*>(p.q);
-  uint16_t* obase = static_cast<uint16_t*>(p.out);
   const uint16_t* kc = static_cast<const uint16_t*>(p.cache.k);
   const uint16_t* vc = static_cast<const uint16_t*>(p.cache.v);
   const int row0 = wg * 64 + (warp % 4) * 16 + gq;  // this thread's rows: row0 and row0 + 8
@@ -92,29 +80,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) WgmmaAttentionKernel(AttentionP
     }
     FenceProxyAsyncShared();
     __syncthreads();
-    if (warp == 0) {
-      int lo_all = INT_MAX, hi_all = -1;
-#pragma unroll
-      for (int w = 0; w < 2; ++w) {
-        int lo = INT_MAX, hi = -1;
-        for (int r = w * 64 + lane; r < w * 64 + 64; r += 32) {
-          lo = min(lo, rfirst[r]);
-          hi = max(hi, rpos[r]);
-        }
-        lo = WarpMinInt(lo);
-        hi = WarpMaxInt(hi);
-        if (lane == 0) {
-          s_range[1 + w][0] = lo;
-          s_range[1 + w][1] = hi;
-        }
-        lo_all = min(lo_all, lo);
-        hi_all = max(hi_all, hi);
-      }
-      if (lane == 0) {
-        s_range[0][0] = lo_all;
-        s_range[0][1] = hi_all;
-      }
-    }
+    if (warp == 0) WgKeyRanges(rpos, rfirst, lane, s_range);
     __syncthreads();
     const int k_lo = s_range[0][0], k_hi = s_range[0][1];
     const int wg_lo = s_range[1 + wg][0], wg_hi = s_range[1 + wg][1];
@@ -161,85 +127,13 @@ __global__ void __launch_bounds__(kWgThreads, 1) WgmmaAttentionKernel(AttentionP
       FenceProxyAsyncShared();
       __syncthreads();  // tile `it` is in shared memory, visible to the wgmma
       if (k0 <= wg_hi && k0 + kWgKeys - 1 >= wg_lo) {
-        const uint32_t q_addr = base + wg * 64 * 128;
         const uint32_t k_addr = static_cast<uint32_t>(__cvta_generic_to_shared(k_tiles + b * kTileBytes));
         const uint32_t v_addr = static_cast<uint32_t>(__cvta_generic_to_shared(v_tiles + b * kTileBytes));
-        WgmmaFence();
-#pragma unroll
-        for (int ks = 0; ks < HD / 16; ++ks) {
-          const uint32_t kof = (ks % 4) * 32u;  // 16 elements of K further into the 128-byte rows
-          const uint64_t da = WgmmaDesc(q_addr + (ks / 4) * (kWgRows * 128) + kof, 16, 1024);
-          const uint64_t db = WgmmaDesc(k_addr + (ks / 4) * (kWgKeys * 128) + kof, 16, 1024);
-          WgmmaSS128(s, da, db, ks > 0 ? 1 : 0);
-        }
-        WgmmaCommit();
-        WgmmaWait<0>();
-        WgmmaPin(s);
-        uint32_t pk[NS][2];  // P as bf16 pairs: [block][0] row gq, [block][1] row gq + 8
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float mx = -INFINITY;
-#pragma unroll
-          for (int n = 0; n < NS; ++n) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int kp = k0 + n * 8 + 2 * tq + e;
-              float& v = s[4 * n + 2 * h + e];
-              v = (kp > my_pos[h] || kp < my_first[h]) ? -INFINITY : v * scale_log2;
-              mx = fmaxf(mx, v);
-            }
-          }
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          const float m_new = fmaxf(m[h], mx);
-          const float m_use = m_new == -INFINITY ? 0.f : m_new;
-          const float corr = exp2f(m[h] - m_use);
-          float psum = 0.f;
-#pragma unroll
-          for (int n = 0; n < NS; ++n) {
-            const float p0 = exp2f(s[4 * n + 2 * h] - m_use), p1 = exp2f(s[4 * n + 2 * h + 1] - m_use);
-            psum += p0 + p1;
-            pk[n][h] = PackBf16Pair(p0, p1);
-          }
-          l[h] = l[h] * corr + psum;
-          m[h] = m_new;
-#pragma unroll
-          for (int n = 0; n < NO; ++n) {
-            o[4 * n + 2 * h] *= corr;
-            o[4 * n + 2 * h + 1] *= corr;
-          }
-        }
-        WgmmaFence();
-#pragma unroll
-        for (int kk = 0; kk < kWgKeys / 16; ++kk) {
-          const uint64_t db = WgmmaDesc(v_addr + kk * 2048, kWgKeys * 128, 1024);
-          if constexpr (HD == 128) {
-            WgmmaRS128TransB(o, pk[2 * kk][0], pk[2 * kk][1], pk[2 * kk + 1][0], pk[2 * kk + 1][1], db, 1);
-          } else {
-            WgmmaRS64TransB(o, pk[2 * kk][0], pk[2 * kk][1], pk[2 * kk + 1][0], pk[2 * kk + 1][1], db, 1);
-          }
-        }
-        WgmmaCommit();
-        WgmmaWait<0>();
-        WgmmaPin(o);
+        WgAttendTile<HD>(s, o, m, l, base + wg * 64 * 128, k_addr, v_addr, k0, my_pos, my_first, tq, scale_log2);
       }
       __syncthreads();  // every warpgroup is done with buffer b
     }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float L = l[h];
-      L += __shfl_xor_sync(0xffffffffu, L, 1);
-      L += __shfl_xor_sync(0xffffffffu, L, 2);
-      if (my_pos[h] < 0) continue;
-      const int r = row0 + 8 * h;
-      const int64_t t = s0 + r / group;
-      uint16_t* out = obase + t * o_stride + (g * group + r % group) * HD;
-      const float inv = L > 0.f ? 1.f / L : 0.f;
-#pragma unroll
-      for (int n = 0; n < NO; ++n) {
-        *reinterpret_cast<uint32_t*>(out + n * 8 + 2 * tq) = PackBf16Pair(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
-      }
-    }
+    WgStoreRows<HD>(p, o, l, my_pos, row0, s0, group, g, tq);
     s0 = s1;
   }
 #else
@@ -247,12 +141,14 @@ __global__ void __launch_bounds__(kWgThreads, 1) WgmmaAttentionKernel(AttentionP
 #endif
 }
 
-bool WgmmaAllowed() {
-  static const bool allowed = [] {
+// MOESHARD_ATTN_WGMMA: 0 leaves the wgmma kernels out of kAuto, 1 picks this file's two-warpgroup
+// kernel, anything else (or unset) the warp-specialized one (attention_wgmma_ws.cu).
+int WgmmaMode() {
+  static const int mode = [] {
     const char* v = std::getenv("MOESHARD_ATTN_WGMMA");
-    return v == nullptr || v[0] != '0';
+    return v == nullptr ? 2 : v[0] == '0' ? 0 : v[0] == '1' ? 1 : 2;
   }();
-  return allowed;
+  return mode;
 }
 
 // Compute capability 9.0 (the sm_90a code), per device, read once.
@@ -306,11 +202,12 @@ bool WgmmaAttentionSupports(const AttentionParams& p) {
   const auto aligned = [](const void* q, uintptr_t a) { return reinterpret_cast<uintptr_t>(q) % a == 0; };
   if (!aligned(p.q, 16) || !aligned(c.k, 16) || !aligned(c.v, 16) || !aligned(p.out, 4)) return false;
   if (p.q_stride % 8 != 0 || p.out_stride % 2 != 0) return false;
-  return WgmmaAllowed() && DeviceIsSm90();
+  return WgmmaMode() != 0 && DeviceIsSm90();
 #endif
 }
 
 cudaError_t LaunchAttentionWgmma(const AttentionParams& p, cudaStream_t st) {
+  if (WgmmaMode() != 1) return LaunchAttentionWgmmaWs(p, st);
   return p.cache.head_dim == 64 ? LaunchWgmmaHd<64>(p, st) : LaunchWgmmaHd<128>(p, st);
 }
 

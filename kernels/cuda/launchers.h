@@ -33,6 +33,7 @@ cudaError_t LaunchAttentionTensorCore(const AttentionParams& p, cudaStream_t str
 // its launch.
 bool WgmmaAttentionSupports(const AttentionParams& p);
 cudaError_t LaunchAttentionWgmma(const AttentionParams& p, cudaStream_t stream);
+cudaError_t LaunchAttentionWgmmaWs(const AttentionParams& p, cudaStream_t stream);  // attention_wgmma_ws.cu
 cudaError_t LaunchAttentionSplitDecode(const AttentionParams& p, int64_t splits, cudaStream_t stream);
 int64_t AttentionDecodeSplits(const AttentionParams& p);
 // The streaming split-decode kernel (attention_decode_async.cu): bf16 KV, head_dim 64 or 128.

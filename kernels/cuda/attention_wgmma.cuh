@@ -1,0 +1,154 @@
+// Internal to the wgmma attention kernels (attention_wgmma.cu, attention_wgmma_ws.cu): the tile
+// shapes, the swizzled shared-memory placement, and one warpgroup's work on one key tile
+// (S = Q Kᵀ, masks and online softmax, O += P V) and its output rows. sm_90a only.
+#pragma once
+
+#include <climits>
+#include <cstdint>
+
+#include "kernels/cuda/act.cuh"
+#include "kernels/cuda/gpu_params.h"
+#include "kernels/cuda/wgmma.cuh"
+
+namespace moeshard::gpu {
+
+// 128 query rows a CTA (two warpgroups of 64), key tiles of 128.
+constexpr int kWgRows = 128, kWgKeys = 128;
+
+// Byte offset of 16-byte chunk c (of head_dim / 8) of row r in a [head_dim/64][rows][64] bf16 tile
+// in the 128-byte swizzle (wgmma.cuh).
+__device__ __forceinline__ uint32_t SwizzledChunk(int r, int c, int rows) {
+  return static_cast<uint32_t>((c >> 3) * rows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+__device__ __forceinline__ uint32_t PackBf16Pair(float lo, float hi) {
+  return static_cast<uint32_t>(DevF32ToBf16(lo)) | (static_cast<uint32_t>(DevF32ToBf16(hi)) << 16);
+}
+
+// One warp: the keys the CTA's 128 rows see, [first, last] into range[0], and each warpgroup's
+// 64 rows' into range[1] and range[2] (INT_MAX, -1 where no row is valid).
+__device__ __forceinline__ void WgKeyRanges(const int* rpos, const int* rfirst, int lane, int (*range)[2]) {
+  int lo_all = INT_MAX, hi_all = -1;
+#pragma unroll
+  for (int w = 0; w < 2; ++w) {
+    int lo = INT_MAX, hi = -1;
+    for (int r = w * 64 + lane; r < w * 64 + 64; r += 32) {
+      lo = min(lo, rfirst[r]);
+      hi = max(hi, rpos[r]);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+      hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+    }
+    if (lane == 0) {
+      range[1 + w][0] = lo;
+      range[1 + w][1] = hi;
+    }
+    lo_all = min(lo_all, lo);
+    hi_all = max(hi_all, hi);
+  }
+  if (lane == 0) {
+    range[0][0] = lo_all;
+    range[0][1] = hi_all;
+  }
+}
+
+// One warpgroup's 64 query rows against the key tile [k0, k0 + 128): q_addr, k_addr and v_addr are
+// shared addresses of its Q rows and of the tile's K and V (swizzled, 1,024-byte aligned). The
+// thread holds rows gq and gq + 8 of each warp's 16 (positions pos, first visible keys first),
+// S and O as wgmma accumulator fragments (column 8 n + 2 tq + e of row h at [4 n + 2 h + e]);
+// m is the running maximum in scores times scale_log2 (= scale * log2 e), l this thread's part
+// of the running sum.
+template <int HD>
+__device__ __forceinline__ void WgAttendTile(float (&s)[kWgKeys / 2], float (&o)[HD / 2], float (&m)[2],
+                                             float (&l)[2], uint32_t q_addr, uint32_t k_addr, uint32_t v_addr,
+                                             int k0, const int (&pos)[2], const int (&first)[2], int tq,
+                                             float scale_log2) {
+  constexpr int NS = kWgKeys / 8, NO = HD / 8;
+  WgmmaFence();
+#pragma unroll
+  for (int ks = 0; ks < HD / 16; ++ks) {
+    const uint32_t kof = (ks % 4) * 32u;  // 16 elements of K further into the 128-byte rows
+    const uint64_t da = WgmmaDesc(q_addr + (ks / 4) * (kWgRows * 128) + kof, 16, 1024);
+    const uint64_t db = WgmmaDesc(k_addr + (ks / 4) * (kWgKeys * 128) + kof, 16, 1024);
+    WgmmaSS128(s, da, db, ks > 0 ? 1 : 0);
+  }
+  WgmmaCommit();
+  WgmmaWait<0>();
+  WgmmaPin(s);
+  uint32_t pk[NS][2];  // P as bf16 pairs: [block][0] row gq, [block][1] row gq + 8
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < NS; ++n) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int kp = k0 + n * 8 + 2 * tq + e;
+        float& v = s[4 * n + 2 * h + e];
+        v = (kp > pos[h] || kp < first[h]) ? -INFINITY : v * scale_log2;
+        mx = fmaxf(mx, v);
+      }
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m[h], mx);
+    const float m_use = m_new == -INFINITY ? 0.f : m_new;
+    const float corr = exp2f(m[h] - m_use);
+    float psum = 0.f;
+#pragma unroll
+    for (int n = 0; n < NS; ++n) {
+      const float p0 = exp2f(s[4 * n + 2 * h] - m_use), p1 = exp2f(s[4 * n + 2 * h + 1] - m_use);
+      psum += p0 + p1;
+      pk[n][h] = PackBf16Pair(p0, p1);
+    }
+    l[h] = l[h] * corr + psum;
+    m[h] = m_new;
+#pragma unroll
+    for (int n = 0; n < NO; ++n) {
+      o[4 * n + 2 * h] *= corr;
+      o[4 * n + 2 * h + 1] *= corr;
+    }
+  }
+  WgmmaFence();
+#pragma unroll
+  for (int kk = 0; kk < kWgKeys / 16; ++kk) {
+    const uint64_t db = WgmmaDesc(v_addr + kk * 2048, kWgKeys * 128, 1024);
+    if constexpr (HD == 128) {
+      WgmmaRS128TransB(o, pk[2 * kk][0], pk[2 * kk][1], pk[2 * kk + 1][0], pk[2 * kk + 1][1], db, 1);
+    } else {
+      WgmmaRS64TransB(o, pk[2 * kk][0], pk[2 * kk][1], pk[2 * kk + 1][0], pk[2 * kk + 1][1], db, 1);
+    }
+  }
+  WgmmaCommit();
+  WgmmaWait<0>();
+  WgmmaPin(o);
+}
+
+// The thread's two output rows (row0 and row0 + 8 of the CTA's 128): O / l in bf16; rows with
+// pos < 0 (past the run) are not written.
+template <int HD>
+__device__ __forceinline__ void WgStoreRows(const AttentionParams& p, const float (&o)[HD / 2], const float (&l)[2],
+                                            const int (&pos)[2], int row0, int64_t s0, int group, int64_t g,
+                                            int tq) {
+  const int64_t o_stride = p.out_stride ? p.out_stride : p.num_heads * HD;
+  uint16_t* obase = static_cast<uint16_t*>(p.out);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float L = l[h];
+    L += __shfl_xor_sync(0xffffffffu, L, 1);
+    L += __shfl_xor_sync(0xffffffffu, L, 2);
+    if (pos[h] < 0) continue;
+    const int r = row0 + 8 * h;
+    const int64_t t = s0 + r / group;
+    uint16_t* out = obase + t * o_stride + (g * group + r % group) * HD;
+    const float inv = L > 0.f ? 1.f / L : 0.f;
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n) {
+      *reinterpret_cast<uint32_t*>(out + n * 8 + 2 * tq) = PackBf16Pair(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
+    }
+  }
+}
+
+}  // namespace moeshard::gpu

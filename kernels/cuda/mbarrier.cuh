@@ -1,0 +1,49 @@
+// Shared-memory barriers (mbarrier, sm_90) for producer/consumer rings in the attention kernels:
+// init, arrive, the arrival of a thread's earlier cp.async copies, a parity wait, and warpgroup
+// register reallocation (setmaxnreg) and named barriers for warp-specialized kernels.
+#pragma once
+
+#include <cstdint>
+
+namespace moeshard::gpu {
+
+__device__ __forceinline__ uint32_t SharedAddr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+__device__ __forceinline__ void MbarrierInit(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(SharedAddr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void MbarrierArrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(SharedAddr(bar)) : "memory");
+}
+// One arrival on `bar` once every cp.async this thread issued before it has landed.
+__device__ __forceinline__ void MbarrierArriveOnCpAsync(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(SharedAddr(bar)) : "memory");
+}
+// Waits until the phase of parity `parity` has completed (a fresh barrier counts parity 1 as
+// completed, so a ring's producer passes its first wait on each empty slot).
+__device__ __forceinline__ void MbarrierWait(uint64_t* bar, uint32_t parity) {
+  const uint32_t a = SharedAddr(bar);
+  uint32_t ok = 0;
+  do {
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(ok)
+                 : "r"(a), "r"(parity)
+                 : "memory");
+  } while (!ok);
+}
+
+// Warpgroup-wide register budget changes (every thread of the warpgroup executes them).
+template <int N>
+__device__ __forceinline__ void RegsDecrease() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void RegsIncrease() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
+}
+// Barrier `id` (1..15; 0 is __syncthreads) among `threads` threads (a multiple of 32).
+__device__ __forceinline__ void NamedBarrierSync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+}  // namespace moeshard::gpu
