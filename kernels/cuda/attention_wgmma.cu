@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) WgmmaAttentionKernel(AttentionP
   uint8_t* v_tiles = k_tiles + 2 * kTileBytes;   // [2][kTileBytes]
   int* rpos = reinterpret_cast<int*>(v_tiles + 2 * kTileBytes);
   int* rfirst = rpos + kWgRows;
-  __shared__ int s_range[3][2];  // [CTA, warpgroup 0, warpgroup 1][first key, last key]
+  __shared__ int s_range[3][4];  // [CTA, warpgroup 0, warpgroup 1][first key, last key, ...]
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wg = warp / 4;
   const int gq = lane / 4, tq = lane % 4;

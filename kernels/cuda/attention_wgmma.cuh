@@ -26,24 +26,34 @@ __device__ __forceinline__ uint32_t PackBf16Pair(float lo, float hi) {
 }
 
 // One warp: the keys the CTA's 128 rows see, [first, last] into range[0], and each warpgroup's
-// 64 rows' into range[1] and range[2] (INT_MAX, -1 where no row is valid).
-__device__ __forceinline__ void WgKeyRanges(const int* rpos, const int* rfirst, int lane, int (*range)[2]) {
+// 64 rows' into range[1] and range[2] (INT_MAX, -1 where no row is valid), with [2] the latest
+// first key and [3] the earliest position of its valid rows: a key tile inside [range[2],
+// range[3]] is visible to every row, so it needs no mask.
+__device__ __forceinline__ void WgKeyRanges(const int* rpos, const int* rfirst, int lane, int (*range)[4]) {
   int lo_all = INT_MAX, hi_all = -1;
 #pragma unroll
   for (int w = 0; w < 2; ++w) {
-    int lo = INT_MAX, hi = -1;
+    int lo = INT_MAX, hi = -1, first_max = -1, pos_min = INT_MAX;
     for (int r = w * 64 + lane; r < w * 64 + 64; r += 32) {
       lo = min(lo, rfirst[r]);
       hi = max(hi, rpos[r]);
+      if (rpos[r] >= 0) {
+        first_max = max(first_max, rfirst[r]);
+        pos_min = min(pos_min, rpos[r]);
+      }
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
       lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
       hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+      first_max = max(first_max, __shfl_xor_sync(0xffffffffu, first_max, o));
+      pos_min = min(pos_min, __shfl_xor_sync(0xffffffffu, pos_min, o));
     }
     if (lane == 0) {
       range[1 + w][0] = lo;
       range[1 + w][1] = hi;
+      range[1 + w][2] = first_max;
+      range[1 + w][3] = pos_min;
     }
     lo_all = min(lo_all, lo);
     hi_all = max(hi_all, hi);
@@ -54,18 +64,16 @@ __device__ __forceinline__ void WgKeyRanges(const int* rpos, const int* rfirst, 
   }
 }
 
-// One warpgroup's 64 query rows against the key tile [k0, k0 + 128): q_addr, k_addr and v_addr are
-// shared addresses of its Q rows and of the tile's K and V (swizzled, 1,024-byte aligned). The
-// thread holds rows gq and gq + 8 of each warp's 16 (positions pos, first visible keys first),
-// S and O as wgmma accumulator fragments (column 8 n + 2 tq + e of row h at [4 n + 2 h + e]);
-// m is the running maximum in scores times scale_log2 (= scale * log2 e), l this thread's part
-// of the running sum.
+// One warpgroup's 64 query rows against the key tile [k0, k0 + 128), in two parts so a caller can
+// order the warpgroups' MMA issue: WgIssueScores issues S = Q Kᵀ (q_addr, k_addr: shared addresses
+// of its Q rows and the tile's K, swizzled, 1,024-byte aligned) and commits it; WgSoftmaxPv waits
+// for it, applies the masks (mask: some key of the tile is outside some row's [first, pos]) and the
+// online softmax, and accumulates O += P V (v_addr: the tile's V). The thread holds rows gq and
+// gq + 8 of each warp's 16 (positions pos, first visible keys first); S and O are wgmma
+// accumulator fragments (column 8 n + 2 tq + e of row h at [4 n + 2 h + e]); m is the running
+// maximum of scores times scale_log2 (= scale * log2 e), l this thread's part of the running sum.
 template <int HD>
-__device__ __forceinline__ void WgAttendTile(float (&s)[kWgKeys / 2], float (&o)[HD / 2], float (&m)[2],
-                                             float (&l)[2], uint32_t q_addr, uint32_t k_addr, uint32_t v_addr,
-                                             int k0, const int (&pos)[2], const int (&first)[2], int tq,
-                                             float scale_log2) {
-  constexpr int NS = kWgKeys / 8, NO = HD / 8;
+__device__ __forceinline__ void WgIssueScores(float (&s)[kWgKeys / 2], uint32_t q_addr, uint32_t k_addr) {
   WgmmaFence();
 #pragma unroll
   for (int ks = 0; ks < HD / 16; ++ks) {
@@ -75,8 +83,31 @@ __device__ __forceinline__ void WgAttendTile(float (&s)[kWgKeys / 2], float (&o)
     WgmmaSS128(s, da, db, ks > 0 ? 1 : 0);
   }
   WgmmaCommit();
+}
+
+//
+// `mask` is a runtime flag (a branch around the masks only): wgmma instructions on a path the
+// compiler cannot prove warp-uniform are serialized (ptxas C7518).
+template <int HD>
+__device__ __forceinline__ void WgSoftmaxPv(float (&s)[kWgKeys / 2], float (&o)[HD / 2], float (&m)[2],
+                                            float (&l)[2], uint32_t v_addr, int k0, const int (&pos)[2],
+                                            const int (&first)[2], int tq, float scale_log2, bool mask) {
+  constexpr int NS = kWgKeys / 8, NO = HD / 8;
   WgmmaWait<0>();
   WgmmaPin(s);
+  if (mask) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int n = 0; n < NS; ++n) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int kp = k0 + n * 8 + 2 * tq + e;
+          if (kp > pos[h] || kp < first[h]) s[4 * n + 2 * h + e] = -INFINITY;
+        }
+      }
+    }
+  }
   uint32_t pk[NS][2];  // P as bf16 pairs: [block][0] row gq, [block][1] row gq + 8
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -84,22 +115,18 @@ __device__ __forceinline__ void WgAttendTile(float (&s)[kWgKeys / 2], float (&o)
 #pragma unroll
     for (int n = 0; n < NS; ++n) {
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int kp = k0 + n * 8 + 2 * tq + e;
-        float& v = s[4 * n + 2 * h + e];
-        v = (kp > pos[h] || kp < first[h]) ? -INFINITY : v * scale_log2;
-        mx = fmaxf(mx, v);
-      }
+      for (int e = 0; e < 2; ++e) mx = fmaxf(mx, s[4 * n + 2 * h + e]);
     }
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(m[h], mx);
+    const float m_new = fmaxf(m[h], mx * scale_log2);
     const float m_use = m_new == -INFINITY ? 0.f : m_new;
     const float corr = exp2f(m[h] - m_use);
     float psum = 0.f;
 #pragma unroll
     for (int n = 0; n < NS; ++n) {
-      const float p0 = exp2f(s[4 * n + 2 * h] - m_use), p1 = exp2f(s[4 * n + 2 * h + 1] - m_use);
+      const float p0 = exp2f(fmaf(s[4 * n + 2 * h], scale_log2, -m_use));
+      const float p1 = exp2f(fmaf(s[4 * n + 2 * h + 1], scale_log2, -m_use));
       psum += p0 + p1;
       pk[n][h] = PackBf16Pair(p0, p1);
     }
@@ -124,6 +151,16 @@ __device__ __forceinline__ void WgAttendTile(float (&s)[kWgKeys / 2], float (&o)
   WgmmaCommit();
   WgmmaWait<0>();
   WgmmaPin(o);
+}
+
+// Both parts, every key masked (the two-warpgroup kernel).
+template <int HD>
+__device__ __forceinline__ void WgAttendTile(float (&s)[kWgKeys / 2], float (&o)[HD / 2], float (&m)[2],
+                                             float (&l)[2], uint32_t q_addr, uint32_t k_addr, uint32_t v_addr,
+                                             int k0, const int (&pos)[2], const int (&first)[2], int tq,
+                                             float scale_log2) {
+  WgIssueScores<HD>(s, q_addr, k_addr);
+  WgSoftmaxPv<HD>(s, o, m, l, v_addr, k0, pos, first, tq, scale_log2, true);
 }
 
 // The thread's two output rows (row0 and row0 + 8 of the CTA's 128): O / l in bf16; rows with

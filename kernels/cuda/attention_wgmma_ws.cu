@@ -4,11 +4,15 @@
 // Three warpgroups: warpgroup 0 gathers key tiles from the paged cache by cp.async (the slot of
 // each of a tile's 128 keys looked up once, by one thread, then 16-byte chunks into the swizzled
 // layout) into a two-slot ring and signals each slot's "full" mbarrier as its copies land;
-// warpgroups 1 and 2 each own 64 query rows, wait for a slot, attend it (WgAttendTile) and
-// release it on its "empty" mbarrier, so neither the copies' address work nor the other
-// warpgroup's softmax holds a warpgroup's MMAs back. The producer gives registers up
-// (setmaxnreg) to the two consumers.
+// warpgroups 1 and 2 each own 64 query rows, wait for a slot, attend it and release it on its
+// "empty" mbarrier, so the copies' address work never holds their MMAs back. The consumers take
+// turns issuing S = Q Kᵀ (named barriers; MOESHARD_ATTN_WGMMA_PINGPONG=0 off), so one's softmax
+// runs beside the other's MMAs; tiles that every row of a warpgroup sees whole skip the masks.
+// (Issuing the next tile's S before a tile's softmax, within a warpgroup, needs a second S in
+// registers: past the 168 a thread ptxas allocates for 384 threads, it spills and serializes.)
+// The producer gives registers up (setmaxnreg) to the two consumers.
 #include <climits>
+#include <cstdlib>
 
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/attention_wgmma.cuh"
@@ -24,6 +28,15 @@ namespace {
 
 constexpr int kWsThreads = 384, kStages = 2;
 
+// MOESHARD_ATTN_WGMMA_PINGPONG=0: the consumer warpgroups issue their MMAs without taking turns.
+int PingPong() {
+  static const int on = [] {
+    const char* v = std::getenv("MOESHARD_ATTN_WGMMA_PINGPONG");
+    return v == nullptr || v[0] != '0' ? 1 : 0;
+  }();
+  return on;
+}
+
 // Q [HD/64][128 rows][64], kStages slots of K and of V [HD/64][128 keys][64] (bf16, swizzled), the
 // rows' positions and first keys, each slot's key slots, and 1 KB to align the tiles.
 template <int HD>
@@ -33,7 +46,8 @@ constexpr size_t WsSmemBytes() {
 }
 
 template <int HD>
-__global__ void __launch_bounds__(kWsThreads, 1) WgmmaWsAttentionKernel(AttentionParams p, int group, int tile_tokens) {
+__global__ void __launch_bounds__(kWsThreads, 1) WgmmaWsAttentionKernel(AttentionParams p, int group, int tile_tokens,
+                                                                         int pingpong) {
 #ifdef MOESHARD_WGMMA_DEVICE
   constexpr int CH = HD / 8;  // 16-byte chunks of a row
   constexpr uint32_t kQBytes = kWgRows * HD * 2, kTileBytes = kWgKeys * HD * 2;
@@ -47,7 +61,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) WgmmaWsAttentionKernel(Attentio
   int* rfirst = rpos + kWgRows;
   int* kslot = rfirst + kWgRows;  // [kStages][kWgKeys]: cache slot of each key, -1 past k_hi
   __shared__ alignas(8) uint64_t full[kStages], empty[kStages];
-  __shared__ int s_range[3][2];
+  __shared__ int s_range[3][4];
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wg = warp / 4;
   const int64_t g = blockIdx.y;
@@ -105,6 +119,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) WgmmaWsAttentionKernel(Attentio
   } else {
     RegsIncrease<232>();
     const int cw = wg - 1, gq = lane / 4, tq = lane % 4;
+    if (pingpong && cw == 1) NamedBarrierArrive(3, 256);  // warpgroup 1's first turn goes first
     const int row0 = cw * 64 + (warp % 4) * 16 + gq;
     const float scale_log2 = p.scale * 1.4426950408889634f;
     const int64_t q_stride = p.q_stride ? p.q_stride : p.num_heads * HD;
@@ -126,7 +141,6 @@ __global__ void __launch_bounds__(kWsThreads, 1) WgmmaWsAttentionKernel(Attentio
       NamedBarrierSync(2, kWsThreads);  // C
       const int k_lo = s_range[0][0], k_hi = s_range[0][1];
       const int ntiles = k_hi >= k_lo ? (k_hi - k_lo) / kWgKeys + 1 : 0;
-      const int wg_lo = s_range[1 + cw][0], wg_hi = s_range[1 + cw][1];
       const int my_pos[2] = {rpos[row0], rpos[row0 + 8]};
       const int my_first[2] = {rfirst[row0], rfirst[row0 + 8]};
       float o[HD / 2], s[kWgKeys / 2];
@@ -135,14 +149,21 @@ __global__ void __launch_bounds__(kWsThreads, 1) WgmmaWsAttentionKernel(Attentio
 #pragma unroll
       for (int i = 0; i < kWgKeys / 2; ++i) s[i] = 0.f;
       float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+      const int wg_first_max = s_range[1 + cw][2], wg_pos_min = s_range[1 + cw][3];
       for (int it = 0; it < ntiles; ++it, ++cnt) {
         const int st = cnt % kStages, k0 = k_lo + it * kWgKeys;
         MbarrierWait(&full[st], (cnt / kStages) & 1);
         FenceProxyAsyncShared();  // the landed copies, before the wgmma reads them
-        if (k0 <= wg_hi && k0 + kWgKeys - 1 >= wg_lo) {
-          WgAttendTile<HD>(s, o, m, l, base + cw * 64 * 128, SharedAddr(k_tiles + st * kTileBytes),
-                           SharedAddr(v_tiles + st * kTileBytes), k0, my_pos, my_first, tq, scale_log2);
-        }
+        // Ping-pong: the warpgroups take turns issuing S (each waits for its turn, then hands the
+        // turn over), so one's softmax runs beside the other's MMAs. Every warpgroup attends every
+        // tile of the CTA's range (the masks zero what its rows do not see): a wgmma on a branch
+        // the compiler cannot prove uniform would be serialized.
+        if (pingpong) NamedBarrierSync(3 + cw, 256);
+        WgIssueScores<HD>(s, base + cw * 64 * 128, SharedAddr(k_tiles + st * kTileBytes));
+        if (pingpong) NamedBarrierArrive(3 + (cw ^ 1), 256);
+        const bool whole = k0 >= wg_first_max && k0 + kWgKeys - 1 <= wg_pos_min;
+        WgSoftmaxPv<HD>(s, o, m, l, SharedAddr(v_tiles + st * kTileBytes), k0, my_pos, my_first, tq, scale_log2,
+                        !whole);
         MbarrierArrive(&empty[st]);
       }
       WgStoreRows<HD>(p, o, l, my_pos, row0, s0, group, g, tq);
@@ -164,7 +185,7 @@ cudaError_t LaunchWgmmaWsHd(const AttentionParams& p, cudaStream_t st) {
   static std::atomic<uint64_t> smem_set{0};
   if (cudaError_t e = EnsureDynamicSmem(k, smem, smem_set); e != cudaSuccess) return e;
   dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.cache.num_kv_heads));
-  k<<<grid, kWsThreads, smem, st>>>(p, group, tile_tokens);
+  k<<<grid, kWsThreads, smem, st>>>(p, group, tile_tokens, PingPong());
   return cudaGetLastError();
 }
 

@@ -41,9 +41,13 @@ template <int N>
 __device__ __forceinline__ void RegsIncrease() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
 }
-// Barrier `id` (1..15; 0 is __syncthreads) among `threads` threads (a multiple of 32).
+// Barrier `id` (1..15; 0 is __syncthreads) among `threads` threads (a multiple of 32): wait for
+// all of them, or only count this thread's arrival.
 __device__ __forceinline__ void NamedBarrierSync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void NamedBarrierArrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
 }  // namespace moeshard::gpu
