@@ -175,15 +175,12 @@ bool DeviceIsSm90() {
 
 template <int HD>
 cudaError_t LaunchWgmmaHd(const AttentionParams& p, cudaStream_t st) {
-  const int group = static_cast<int>(p.num_heads / p.cache.num_kv_heads);
-  const int tile_tokens = kWgRows / group;
-  const int64_t tiles = (p.num_tokens + tile_tokens - 1) / tile_tokens;
+  const WgGrid w = WgLaunchGrid(p);
   constexpr size_t smem = WgSmemBytes<HD>();
   auto* k = &WgmmaAttentionKernel<HD>;
   static std::atomic<uint64_t> smem_set{0};
   if (cudaError_t e = EnsureDynamicSmem(k, smem, smem_set); e != cudaSuccess) return e;
-  dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.cache.num_kv_heads));
-  k<<<grid, kWgThreads, smem, st>>>(p, group, tile_tokens);
+  k<<<w.grid, kWgThreads, smem, st>>>(p, w.group, w.tile_tokens);
   return cudaGetLastError();
 }
 

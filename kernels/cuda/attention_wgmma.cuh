@@ -15,6 +15,20 @@ namespace moeshard::gpu {
 // 128 query rows a CTA (two warpgroups of 64), key tiles of 128.
 constexpr int kWgRows = 128, kWgKeys = 128;
 
+// A launch's shape: one CTA per (tile of 128 / group consecutive tokens, KV head).
+struct WgGrid {
+  dim3 grid;
+  int group = 1, tile_tokens = 1;
+};
+inline WgGrid WgLaunchGrid(const AttentionParams& p) {
+  WgGrid w;
+  w.group = static_cast<int>(p.num_heads / p.cache.num_kv_heads);
+  w.tile_tokens = kWgRows / w.group;
+  w.grid = dim3(static_cast<unsigned>((p.num_tokens + w.tile_tokens - 1) / w.tile_tokens),
+                static_cast<unsigned>(p.cache.num_kv_heads));
+  return w;
+}
+
 // Byte offset of 16-byte chunk c (of head_dim / 8) of row r in a [head_dim/64][rows][64] bf16 tile
 // in the 128-byte swizzle (wgmma.cuh).
 __device__ __forceinline__ uint32_t SwizzledChunk(int r, int c, int rows) {

@@ -177,15 +177,12 @@ __global__ void __launch_bounds__(kWsThreads, 1) WgmmaWsAttentionKernel(Attentio
 
 template <int HD>
 cudaError_t LaunchWgmmaWsHd(const AttentionParams& p, cudaStream_t st) {
-  const int group = static_cast<int>(p.num_heads / p.cache.num_kv_heads);
-  const int tile_tokens = kWgRows / group;
-  const int64_t tiles = (p.num_tokens + tile_tokens - 1) / tile_tokens;
+  const WgGrid w = WgLaunchGrid(p);
   constexpr size_t smem = WsSmemBytes<HD>();
   auto* k = &WgmmaWsAttentionKernel<HD>;
   static std::atomic<uint64_t> smem_set{0};
   if (cudaError_t e = EnsureDynamicSmem(k, smem, smem_set); e != cudaSuccess) return e;
-  dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.cache.num_kv_heads));
-  k<<<grid, kWsThreads, smem, st>>>(p, group, tile_tokens, PingPong());
+  k<<<w.grid, kWsThreads, smem, st>>>(p, w.group, w.tile_tokens, PingPong());
   return cudaGetLastError();
 }
 
