@@ -1,4 +1,4 @@
-// Internal to the wgmma attention kernels (attention_wgmma.cu, attention_wgmma_ws.cu): the tile
+// Internal to the wgmma attention (attention_wgmma.cu, attention_wgmma_ws.cu): the tile
 // shapes, the swizzled shared-memory placement, and one warpgroup's work on one key tile
 // (S = Q Kᵀ, masks and online softmax, O += P V) and its output rows. sm_90a only.
 #pragma once
@@ -165,16 +165,6 @@ __device__ __forceinline__ void WgSoftmaxPv(float (&s)[kWgKeys / 2], float (&o)[
   WgmmaCommit();
   WgmmaWait<0>();
   WgmmaPin(o);
-}
-
-// Both parts, every key masked (the two-warpgroup kernel).
-template <int HD>
-__device__ __forceinline__ void WgAttendTile(float (&s)[kWgKeys / 2], float (&o)[HD / 2], float (&m)[2],
-                                             float (&l)[2], uint32_t q_addr, uint32_t k_addr, uint32_t v_addr,
-                                             int k0, const int (&pos)[2], const int (&first)[2], int tq,
-                                             float scale_log2) {
-  WgIssueScores<HD>(s, q_addr, k_addr);
-  WgSoftmaxPv<HD>(s, o, m, l, v_addr, k0, pos, first, tq, scale_log2, true);
 }
 
 // The thread's two output rows (row0 and row0 + 8 of the CTA's 128): O / l in bf16; rows with

@@ -1,5 +1,5 @@
-// The wgmma prefill attention, warp-specialized (the default wgmma kernel; attention_wgmma.cu has
-// the shapes it takes and the two-warpgroup version every thread of which copies and computes).
+// The wgmma prefill attention (kAuto's prefill kernel on sm_90; attention_wgmma.cu says which
+// shapes it takes), warp-specialized.
 //
 // Three warpgroups: warpgroup 0 gathers key tiles from the paged cache by cp.async (the slot of
 // each of a tile's 128 keys looked up once, by one thread, then 16-byte chunks into the swizzled
@@ -188,7 +188,7 @@ cudaError_t LaunchWgmmaWsHd(const AttentionParams& p, cudaStream_t st) {
 
 }  // namespace
 
-cudaError_t LaunchAttentionWgmmaWs(const AttentionParams& p, cudaStream_t st) {
+cudaError_t LaunchAttentionWgmma(const AttentionParams& p, cudaStream_t st) {
   return p.cache.head_dim == 64 ? LaunchWgmmaWsHd<64>(p, st) : LaunchWgmmaWsHd<128>(p, st);
 }
 

@@ -29,11 +29,10 @@ int64_t MaxAttentionHeadDim();
 // attention_decode.cu).
 cudaError_t LaunchAttentionTiled(const AttentionParams& p, cudaStream_t stream);
 cudaError_t LaunchAttentionTensorCore(const AttentionParams& p, cudaStream_t stream);  // bf16, head_dim <= 128
-// The wgmma prefill kernel (attention_wgmma.cu): whether it can run p on the current device, and
-// its launch.
+// The wgmma prefill kernel: whether it can run p on the current device (attention_wgmma.cu), and
+// its launch (attention_wgmma_ws.cu).
 bool WgmmaAttentionSupports(const AttentionParams& p);
 cudaError_t LaunchAttentionWgmma(const AttentionParams& p, cudaStream_t stream);
-cudaError_t LaunchAttentionWgmmaWs(const AttentionParams& p, cudaStream_t stream);  // attention_wgmma_ws.cu
 cudaError_t LaunchAttentionSplitDecode(const AttentionParams& p, int64_t splits, cudaStream_t stream);
 int64_t AttentionDecodeSplits(const AttentionParams& p);
 // The streaming split-decode kernel (attention_decode_async.cu): bf16 KV, head_dim 64 or 128.

@@ -395,6 +395,7 @@ TEST_P(ModelOpsTest, PagedAttentionDecodeLongContextBf16AndFp8) {
 // chunk continuing mid-block at 2500, a 129-token prompt, one-token and short chunks, so tiles
 // straddle sequences and key tiles start off the block grid; 16- and 4-token blocks.
 TEST_P(ModelOpsTest, PagedAttentionWgmmaPrefill) {
+  if (!DeviceIsSm90()) GTEST_SKIP() << "the wgmma kernel runs on sm_90 devices only";
   struct Heads {
     int64_t nq, nkv;
   };
