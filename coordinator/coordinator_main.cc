@@ -1,5 +1,6 @@
 // moeshard-coordinator: holds the plan, the scheduler and the KV block manager of one
 // model replica, and drives its workers. Serves the Coordinator gRPC service and /metrics.
+#include <cstdlib>
 #include <csignal>
 #include <cstdio>
 #include <random>
@@ -56,6 +57,10 @@ absl::StatusOr<moeshard::EngineOptions> Options(const moeshard::Args& a, const s
   }
   ASSIGN_OR_RETURN(o.comm_timeout_ms, a.GetInt("comm-timeout-ms", 60000));
   o.prefix_caching = !a.Flag("no-prefix-caching");
+  // Lookahead decode steps (one worker with the whole model); MOESHARD_LOOKAHEAD=0 also turns
+  // them off (for A/B runs through `moeshard up`).
+  const char* lookahead_env = std::getenv("MOESHARD_LOOKAHEAD");
+  o.lookahead = !a.Flag("no-lookahead") && !(lookahead_env && lookahead_env[0] == '0');
   ASSIGN_OR_RETURN(o.admission.max_queued_requests, a.GetInt("max-queued-requests", 4 * o.max_num_seqs));
   ASSIGN_OR_RETURN(o.admission.max_queued_tokens, a.GetInt("max-queued-tokens", 4 * o.num_kv_blocks * o.block_size));
   ASSIGN_OR_RETURN(int64_t queue_time_s, a.GetInt("max-queue-time-s", 30));
@@ -80,14 +85,14 @@ int main(int argc, char** argv) {
                         "num-sliding-kv-blocks", "max-num-seqs", "max-tokens-per-step", "max-model-len", "comm-timeout-ms", "served-model-name", "metric-prefix",
                         "max-queued-requests", "max-queued-tokens", "max-queue-time-s", "step-deadline-floor-ms",
                         "cluster-token-file", "internal-tls-cert", "internal-tls-key", "internal-tls-ca"},
-                       {"no-prefix-caching", "help"});
+                       {"no-prefix-caching", "no-lookahead", "help"});
   if (!a.ok() || a->Flag("help")) {
     std::fprintf(stderr,
                  "usage: moeshard-coordinator --model PATH --workers HOST:PORT[,HOST:PORT...] [--mode layer-split|tensor-parallel]\n"
                  "       [--layer-split 2,1,1] [--host 127.0.0.1] [--port 0] [--metrics-port 0] [--num-kv-blocks 1024]\n"
                  "       [--num-sliding-kv-blocks auto (models with sliding-window layers; 0: one pool)]\n"
                  "       [--block-size 16] [--max-num-seqs 64] [--max-tokens-per-step 512] [--max-model-len N]\n"
-                 "       [--comm-timeout-ms 60000] [--no-prefix-caching] [--metric-prefix moeshard_|moeshard:]\n"
+                 "       [--comm-timeout-ms 60000] [--no-prefix-caching] [--no-lookahead] [--metric-prefix moeshard_|moeshard:]\n"
                  "       [--max-queued-requests 4*max-num-seqs] [--max-queued-tokens 4*num-kv-blocks*block-size]\n"
                  "       [--max-queue-time-s 30] [--step-deadline-floor-ms 2000]\n       %s\n%s\n",
                  kInternalSecurityUsage, a.ok() ? "" : std::string(a.status().message()).c_str());

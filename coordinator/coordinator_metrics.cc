@@ -22,6 +22,8 @@ CoordinatorMetrics::CoordinatorMetrics() : registry_(std::make_shared<prometheus
   preemptions = counter(MetricName("num_preemptions_total"), "Cumulative number of preemptions (recomputed later)");
   prefix_queries = counter(MetricName("prefix_cache_queries_total"), "Prefix cache queries, in prompt tokens");
   prefix_hits = counter(MetricName("prefix_cache_hits_total"), "Prefix cache hits, in prompt tokens");
+  lookahead_chunks = counter(MetricName("lookahead_chunks_total"),
+                             "Decode chunks sent before their token was drawn (lookahead: one worker with the whole model)");
   success = &prometheus::BuildCounter().Name(MetricName("request_success_total"))
                  .Help("Count of finished requests, by finish reason (stop, length, abort)").Register(r);
   for (const char* reason : {"stop", "length", "abort"}) success->Add({{"finished_reason", reason}});

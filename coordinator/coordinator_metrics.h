@@ -28,7 +28,7 @@ class CoordinatorMetrics {
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
 
   prometheus::Gauge *running, *waiting, *kv_usage;
-  prometheus::Counter *prompt_tokens, *generation_tokens, *preemptions, *prefix_queries, *prefix_hits;
+  prometheus::Counter *prompt_tokens, *generation_tokens, *preemptions, *prefix_queries, *prefix_hits, *lookahead_chunks;
   prometheus::Family<prometheus::Counter>* success;
   prometheus::Family<prometheus::Counter>* rejected;
   prometheus::Histogram *ttft, *itl, *e2e, *queue_time, *prefill_time, *decode_time, *step_time;

@@ -73,6 +73,9 @@ absl::Status Engine::Connect() {
   sc.max_model_len = o_.max_model_len;
   scheduler_ = std::make_unique<Scheduler>(sc, blocks_.get());
   next_step_id_ = 0;
+  applied_through_ = -1;
+  last_reply_ = {};
+  lookahead_ = o_.lookahead && workers_->FollowsTokens();
   released_.clear();
   // A warm-up sequence: readiness means a real step went through every worker.
   SeqRequest warm;
@@ -89,7 +92,6 @@ absl::Status Engine::Connect() {
 }
 
 void Engine::Loop() {
-  const int64_t max_in_flight = o_.plan.mode == ParallelMode::kLayerSplit ? o_.plan.pp_size : 1;
   while (true) {
     bool need_connect;
     {
@@ -120,17 +122,20 @@ void Engine::Loop() {
       Heartbeat(l);
       continue;
     }
+    const int64_t max_in_flight =
+        std::max<int64_t>(o_.plan.mode == ParallelMode::kLayerSplit ? o_.plan.pp_size : 1, lookahead_ ? 2 : 1);
     if (!connected_ || in_flight_ >= max_in_flight || !scheduler_->HasWork()) {
       cv_.wait_for(l, std::chrono::milliseconds(100));
       continue;
     }
-    std::optional<StepPlan> plan = scheduler_->Schedule();
+    std::optional<StepPlan> plan = scheduler_->Schedule(lookahead_);
     if (!plan) {
       cv_.wait_for(l, std::chrono::milliseconds(100));
       continue;
     }
     auto now = std::chrono::steady_clock::now();
     for (const auto& c : plan->chunks) {
+      if (c.follow) metrics_.lookahead_chunks->Increment();
       auto it = timing_.find(c.seq_id);
       if (it != timing_.end() && !it->second.scheduled) {
         it->second.scheduled = true;
@@ -141,7 +146,10 @@ void Engine::Loop() {
     // Until a step went through the (re-formed) group its time is unknown: the warm-up step
     // pages weights in and gets the ceiling.
     const bool warm = last_ok_step_ != std::chrono::steady_clock::time_point{};
-    const std::chrono::milliseconds deadline = warm ? step_deadline_.For(plan->num_tokens()) : step_deadline_.ceiling();
+    std::chrono::milliseconds deadline = warm ? step_deadline_.For(plan->num_tokens()) : step_deadline_.ceiling();
+    // Behind a step in flight (lookahead) a step also waits for that one to run.
+    if (lookahead_ && in_flight_ > 0) deadline = std::min(deadline + in_flight_deadline_, step_deadline_.ceiling());
+    in_flight_deadline_ = deadline;
     int64_t step_id = next_step_id_++;
     ++in_flight_;
     // The sequences released so far go with this step, taken as it is planned: a step planned
@@ -207,7 +215,15 @@ void Engine::RunStep(StepPlan plan, std::vector<int64_t> released, int64_t step_
   req.preempted_seqs = plan.preempted;
   auto t0 = std::chrono::steady_clock::now();
   absl::StatusOr<StepResult> rep = workers_->Step(req, deadline);
-  std::lock_guard<std::mutex> l(mu_);
+  const auto replied = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> l(mu_);
+  // Results apply in step order: a lookahead step's chunks extend the step before it. (Every
+  // step of a group is applied before the engine reconnects: Connect waits for in_flight_ == 0.)
+  cv_.wait(l, [&] { return applied_through_ + 1 >= step_id; });
+  // The worker started this step when it had finished the one before, if that was later.
+  const auto started = lookahead_ ? std::max(t0, last_reply_) : t0;
+  applied_through_ = step_id;
+  last_reply_ = replied;
   --in_flight_;
   cv_.notify_all();
   if (!rep.ok()) {
@@ -223,7 +239,7 @@ void Engine::RunStep(StepPlan plan, std::vector<int64_t> released, int64_t step_
   }
   if (!connected_) return;  // a failure of another step already reset the engine
   metrics_.steps_ok->Increment();
-  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - t0;
+  const std::chrono::duration<double> took = replied - started;
   metrics_.step_time->Observe(took.count());
   step_deadline_.Observe(plan.num_tokens(), took);
   last_ok_step_ = std::chrono::steady_clock::now();

@@ -1,8 +1,9 @@
 // The engine: owns the plan, the scheduler and the KV block manager, and drives a
 // WorkerPool (worker processes over gRPC in a cluster, model runners in this process for
 // `moeshard generate` / `check`, a fake in tests). A loop thread forms steps (continuous batching, chunked prefill;
-// in layer split up to one micro-batch per stage in flight so that stages overlap), sends
-// each to every worker, and turns the sampled tokens into per-sequence updates.
+// in layer split up to one micro-batch per stage in flight so that stages overlap; with one
+// worker, a lookahead step in flight behind the running one), sends each to every worker, and
+// turns the sampled tokens into per-sequence updates, step by step in order.
 // It speaks plain structs; coordinator/wire.h converts them to and from protobuf.
 // Thread-safety: Submit/Cancel/GetStatus may be called from any thread.
 #pragma once
@@ -48,6 +49,10 @@ struct EngineOptions {
   std::string model_name;
   AdmissionConfig admission;
   StepDeadlineConfig step_deadline;  // the engine sets its ceiling: 4 x comm_timeout_ms + 60 s
+  // Lookahead (coordinator/scheduler.h) where the group runs it (one worker with the whole model):
+  // the next decode step is sent while the current one runs, so the worker starts it as soon as
+  // it has drawn the tokens, without waiting for the round trip through this process.
+  bool lookahead = true;
   // Consecutive handshakes a worker refuses for good (wrong model, bad weights, wrong protocol)
   // before the engine gives up (WaitFatal returns).
   int max_handshake_refusals = 3;
@@ -150,6 +155,10 @@ class Engine {
   std::map<int64_t, int64_t> remaining_;  // prompt + max new tokens, for the load report
   std::vector<int64_t> released_;
   int64_t next_seq_id_ = 1, next_step_id_ = 0, in_flight_ = 0;
+  int64_t applied_through_ = -1;  // the results of steps [0, this] are applied (in order)
+  bool lookahead_ = false;        // o_.lookahead and the group runs it (set by Connect)
+  std::chrono::milliseconds in_flight_deadline_{0};  // of the newest step in flight
+  std::chrono::steady_clock::time_point last_reply_{};  // when the last applied step's reply came
   bool connected_ = false, stop_ = false;
   int generation_ = 0;
   std::string error_;

@@ -29,6 +29,7 @@ void ToProto(const StepRequest& r, const TableDeltas& deltas, v1::StepRequest* p
     }
     cp->mutable_cached_prefix()->Add(c.cached_prefix.begin(), c.cached_prefix.end());
     cp->set_sample(c.sample);
+    cp->set_follow(c.follow);
     if (c.sample) {
       SamplingToProto(c.sampling, cp->mutable_sampling());
       cp->set_logprobs(c.logprobs);
@@ -140,6 +141,8 @@ absl::Status GrpcWorkerPool::Handshake(const Plan& plan, const HandshakeOptions&
   for (int w = 0; w < size(); ++w) {
     if (plan.shards[w].last_stage && plan.shards[w].tp_rank == 0) sampler_worker_ = w;
   }
+  follows_ = first.ok() && size() == 1 && plan.shards.size() == 1 && plan.shards[0].first_stage &&
+             plan.shards[0].last_stage && plan.shards[0].tp_size == 1;
   deltas_.Reset(first.ok() ? o.block_size : 0);  // the workers start from empty records
   return first;
 }

@@ -26,11 +26,13 @@ class GrpcWorkerPool final : public WorkerPool {
   absl::Status Handshake(const Plan& plan, const HandshakeOptions& options) override;
   // A worker that misses the deadline fails the step with a message naming it.
   absl::StatusOr<StepResult> Step(const StepRequest& request, std::chrono::milliseconds deadline) override;
+  bool FollowsTokens() const override { return follows_; }
 
  private:
   std::vector<std::string> addresses_;
   std::vector<std::unique_ptr<v1::Worker::Stub>> stubs_;
   int sampler_worker_ = 0;
+  bool follows_ = false;  // one worker with the whole model (set by Handshake)
   TableDeltas deltas_;  // which table entries the workers hold: steps send the rest
 };
 

@@ -79,7 +79,7 @@ void Scheduler::Abort(int64_t seq_id) {
   pending_events_.erase(std::remove_if(pending_events_.begin(), pending_events_.end(),
                                        [&](const SeqEvent& e) { return e.seq_id == seq_id; }),
                         pending_events_.end());
-  if (it->second.in_flight) {
+  if (it->second.in_flight > 0) {
     it->second.aborted = true;
   } else {
     Finish(seq_id);
@@ -97,11 +97,20 @@ ChunkPlan Scheduler::MakeChunk(Seq& seq, int64_t n) {
   c.sampling = seq.req.sampling;
   c.logprobs = seq.req.logprobs;
   c.top_logprobs = seq.req.top_logprobs;
-  seq.in_flight = true;
+  ++seq.in_flight;
+  seq.samples_in_flight = c.sample;
   return c;
 }
 
-std::optional<StepPlan> Scheduler::Schedule() {
+bool Scheduler::CanLookAhead(const Seq& s) const {
+  if (!s.running || s.aborted || s.in_flight != 1 || !s.samples_in_flight) return false;
+  const int64_t total = static_cast<int64_t>(s.tokens.size()) + 1;  // with the token in flight
+  const int64_t bs = blocks_->block_size();
+  return s.num_generated() + 1 < s.req.max_new_tokens && total < config_.max_model_len &&
+         (total + bs - 1) / bs <= blocks_->num_blocks();
+}
+
+std::optional<StepPlan> Scheduler::Schedule(bool lookahead) {
   if (!config_status_.ok()) return std::nullopt;
   StepPlan step;
   int64_t budget = config_.max_tokens_per_step;
@@ -115,7 +124,22 @@ std::optional<StepPlan> Scheduler::Schedule() {
     if (budget == 0) break;
     Seq& s = seqs_.at(id);
     const int64_t total = static_cast<int64_t>(s.tokens.size());
-    if (!s.running || s.in_flight || total - s.num_computed != 1) continue;
+    if (lookahead && CanLookAhead(s)) {  // the token at `total` is being sampled
+      // The sliding blocks stay as the in-flight chunk's last position sees them: if its token
+      // does not come, that position runs again and reads the same window.
+      if (!blocks_->CanAppend(id, total - 1, total + 1) || !blocks_->Append(id, total - 1, total + 1).ok()) continue;
+      ChunkPlan c = MakeChunk(s, 0);
+      c.start_pos = total;
+      c.tokens = {-1};
+      c.follow = true;
+      c.sample = true;
+      s.samples_in_flight = true;
+      step.chunks.push_back(std::move(c));
+      in_step.insert(id);
+      --budget;
+      continue;
+    }
+    if (!s.running || s.in_flight > 0 || total - s.num_computed != 1) continue;
     while (!blocks_->CanAppend(id, s.num_computed, total)) {
       if (!PreemptFor(id, in_step, &step)) break;
     }
@@ -134,7 +158,7 @@ std::optional<StepPlan> Scheduler::Schedule() {
     if (it == seqs_.end()) continue;
     Seq& s = it->second;
     const int64_t pending = static_cast<int64_t>(s.tokens.size()) - s.num_computed;
-    if (!s.running || s.in_flight || in_step.count(id) || pending <= 1) continue;
+    if (!s.running || s.in_flight > 0 || in_step.count(id) || pending <= 1) continue;
     // Full blocks were reserved at admission; sliding-pool blocks come chunk by chunk. When they
     // are short, a smaller chunk, then the newest preemptible sequence's blocks (as for decodes).
     int64_t n = std::min(pending, budget);
@@ -181,7 +205,7 @@ std::optional<StepPlan> Scheduler::Schedule() {
 bool Scheduler::PreemptFor(int64_t seq_id, const std::unordered_set<int64_t>& in_step, StepPlan* step) {
   for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
     const int64_t v = *it;
-    if (v == seq_id || in_step.count(v) || seqs_.at(v).in_flight) continue;
+    if (v == seq_id || in_step.count(v) || seqs_.at(v).in_flight > 0) continue;
     Preempt(v, step);
     return true;
   }
@@ -228,11 +252,12 @@ std::vector<SeqEvent> Scheduler::OnStepDone(const StepPlan& step,
     auto it = seqs_.find(chunk.seq_id);
     if (it == seqs_.end()) continue;
     Seq& s = it->second;
-    s.in_flight = false;
+    if (--s.in_flight == 0) s.samples_in_flight = false;
     if (s.aborted) {
       Finish(chunk.seq_id);
       continue;
     }
+    if (chunk.start_pos != s.num_computed) continue;  // a lookahead whose token did not come
     SeqEvent ev;
     ev.seq_id = chunk.seq_id;
     bool report = false;
@@ -243,7 +268,9 @@ std::vector<SeqEvent> Scheduler::OnStepDone(const StepPlan& step,
     }
     auto tok = token_of.find(chunk.seq_id);
     const bool got_token = chunk.sample && tok != token_of.end();
-    // Without its token, a sampled chunk's last position runs again (rewriting the same KV).
+    // Without its token, a sampled chunk's last position runs again (rewriting the same KV), and
+    // a lookahead in flight behind it is void: nothing may follow that one.
+    if (chunk.sample && !got_token && s.in_flight > 0) s.samples_in_flight = false;
     s.num_computed += static_cast<int64_t>(chunk.tokens.size()) - (chunk.sample && !got_token ? 1 : 0);
     blocks_->MarkComputed(chunk.seq_id, s.tokens, s.num_computed);
     if (got_token) {
@@ -283,17 +310,20 @@ absl::Status Scheduler::CheckIntegrity() const {
     const int64_t total = static_cast<int64_t>(s.tokens.size());
     if (!blocks_->Has(id) || capacity < std::max(s.num_computed, total - 1)) return bad("sequence ", id, " lacks blocks");
     if (s.num_computed >= total) return bad("sequence ", id, " has no pending token");
-    if (s.aborted && !s.in_flight) return bad("aborted sequence ", id, " is still held");
-    num_in_flight += s.in_flight;
+    if (s.aborted && s.in_flight == 0) return bad("aborted sequence ", id, " is still held");
+    if (s.in_flight < 0 || s.in_flight > 2) return bad("sequence ", id, " is in ", s.in_flight, " steps");
+    num_in_flight += s.in_flight > 0;
   }
   for (int64_t id : waiting_) {
     auto it = seqs_.find(id);
     if (it == seqs_.end() || !seen.insert(id).second || it->second.running) return bad("waiting entry ", id, " is stale");
     const Seq& s = it->second;
-    if (blocks_->Has(id) || s.num_computed != 0 || s.in_flight) return bad("waiting sequence ", id, " holds state");
+    if (blocks_->Has(id) || s.num_computed != 0 || s.in_flight > 0) return bad("waiting sequence ", id, " holds state");
   }
-  if ((num_in_flight > 0) != !in_flight_steps_.empty()) {
-    return bad(num_in_flight, " sequences in flight but ", in_flight_steps_.size(), " steps");
+  // (A step may be left with no live sequence: one that finished or was aborted while its
+  // lookahead was in flight.)
+  if (num_in_flight > 0 && in_flight_steps_.empty()) {
+    return bad(num_in_flight, " sequences in flight but no step");
   }
   return blocks_->CheckIntegrity();
 }

@@ -20,7 +20,19 @@
 //      sliding-pool blocks are reserved chunk by chunk, each step releasing those its window left).
 //      Nothing is admitted in a step that had to preempt or wait for blocks.
 // Several steps may be in flight at once (pipeline micro-batches): Schedule() only picks
-// sequences not in flight, so the steps it returns before OnStepDone() are disjoint.
+// sequences not in flight, so the steps it returns before OnStepDone() are disjoint, except
+// for lookahead.
+//
+// Lookahead (Schedule(true), for a worker that embeds the tokens it samples: one worker holding
+// the whole model): a running sequence whose one in-flight chunk samples its next token gets a
+// decode chunk for that token in the next step before the token is known ("follow": the
+// worker puts in the token it sampled for the sequence in the step before). The workers run
+// steps in order, so the GPU starts step n+1 as soon as step n's token is drawn instead of
+// after the round trip through the coordinator. Not planned when the in-flight token is the
+// sequence's last by length (max_new_tokens, max_model_len, the pool); when it turns out to be a
+// stop token the lookahead's result is dropped (the sequence has finished; its blocks were
+// freed as it finished: any step planned later runs after the lookahead on every worker). A
+// lookahead never preempts. OnStepDone() must see the steps in step order.
 //
 // Finishing: a sampled stop token ("stop"), or "length" at max_new_tokens, at max_model_len
 // tokens, or when the whole KV pool could not hold one more position for the sequence.
@@ -71,6 +83,9 @@ struct ChunkPlan {
   std::vector<int32_t> sliding_table; // with a sliding pool: its table there (-1 before the window)
   std::vector<int32_t> cached_prefix; // first chunk after a prefix-cache hit: the cached tokens
   bool sample = false;                // last chunk of the prompt, or a decode step
+  // Lookahead: a one-token decode whose token is the one the step before samples for this
+  // sequence (unknown when planned: tokens = {-1}); the worker puts it in.
+  bool follow = false;
   // For the last stage (meaningful when sample):
   SamplingParams sampling;
   bool logprobs = false;
@@ -113,11 +128,14 @@ class Scheduler {
   // ignored.
   void Abort(int64_t seq_id);
 
-  // The next step, from sequences not already in flight; nullopt when nothing can run now.
-  std::optional<StepPlan> Schedule();
+  // The next step, from sequences not already in flight (and with `lookahead`, lookahead
+  // decodes of sequences whose in-flight chunk samples); nullopt when nothing can run now.
+  std::optional<StepPlan> Schedule(bool lookahead = false);
   // Records a finished step: sampled holds (seq_id, token) for its chunks with sample set. A
   // sampled chunk missing from it is retried (its last token runs again next time). Returns the
-  // events of this step and any preemptions since the last call. Unknown steps are ignored.
+  // events of this step and any preemptions since the last call. Unknown steps are ignored. A
+  // chunk that no longer starts where its sequence's computed tokens end (a lookahead whose
+  // token did not come) is dropped.
   std::vector<SeqEvent> OnStepDone(const StepPlan& step, const std::vector<std::pair<int64_t, int32_t>>& sampled);
 
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
@@ -135,7 +153,8 @@ class Scheduler {
     std::vector<int32_t> tokens;  // prompt + generated
     int64_t num_computed = 0;
     bool running = false;         // holds blocks (admitted)
-    bool in_flight = false;
+    int in_flight = 0;            // steps in flight with a chunk of it (2: a chunk and its lookahead)
+    bool samples_in_flight = false;  // its newest in-flight chunk samples the next token
     bool aborted = false;         // free once its in-flight step completes
     bool scheduled_once = false;
     int64_t cached_to_report = -1;
@@ -143,6 +162,8 @@ class Scheduler {
   };
 
   ChunkPlan MakeChunk(Seq& seq, int64_t n);
+  // Whether the token `s`'s in-flight chunk samples leaves room for one more (by length).
+  bool CanLookAhead(const Seq& s) const;
   // Frees a block for `seq_id` by preempting the newest preemptible running sequence.
   bool PreemptFor(int64_t seq_id, const std::unordered_set<int64_t>& in_step, StepPlan* step);
   void Preempt(int64_t seq_id, StepPlan* step);

@@ -61,8 +61,13 @@ class WorkerPool {
   // Errors: FailedPrecondition / InvalidArgument / NotFound / DataLoss for refusals that
   // another attempt cannot fix (wrong model, protocol, plan), Unavailable otherwise.
   virtual absl::Status Handshake(const Plan& plan, const HandshakeOptions& options) = 0;
-  // Errors name the worker; DeadlineExceeded-like failures say the deadline.
+  // Errors name the worker; DeadlineExceeded-like failures say the deadline. Steps may be
+  // called from several threads at once (up to two in flight with lookahead); the pool runs
+  // them in step_id order.
   virtual absl::StatusOr<StepResult> Step(const StepRequest& request, std::chrono::milliseconds deadline) = 0;
+  // Whether the handshaken group runs lookahead chunks (ChunkPlan::follow): one worker that
+  // embeds the tokens it samples.
+  virtual bool FollowsTokens() const { return false; }
 };
 
 }  // namespace moeshard

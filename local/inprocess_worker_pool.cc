@@ -23,12 +23,29 @@ absl::Status InProcessWorkerPool::Handshake(const Plan& plan, const HandshakeOpt
   }
   std::lock_guard<std::mutex> l(mu_);
   samplers_.Clear();
+  follow_.Clear();
+  next_step_ = 0;
+  turn_.notify_all();
   return absl::OkStatus();
 }
 
-absl::StatusOr<StepResult> InProcessWorkerPool::Step(const StepRequest& request, std::chrono::milliseconds) {
-  std::lock_guard<std::mutex> l(mu_);
-  for (int64_t id : request.released_seqs) samplers_.Release(id);
+absl::StatusOr<StepResult> InProcessWorkerPool::Step(const StepRequest& request, std::chrono::milliseconds deadline) {
+  std::unique_lock<std::mutex> l(mu_);
+  if (!turn_.wait_for(l, deadline, [&] { return next_step_ >= request.step_id; }) || next_step_ != request.step_id) {
+    return absl::AbortedError(absl::StrCat("step ", request.step_id, " out of order (next is ", next_step_, ")"));
+  }
+  absl::StatusOr<StepResult> result = RunStep(request);
+  ++next_step_;
+  turn_.notify_all();
+  return result;
+}
+
+absl::StatusOr<StepResult> InProcessWorkerPool::RunStep(const StepRequest& request) {
+  for (int64_t id : request.released_seqs) {
+    samplers_.Release(id);
+    follow_.Forget(id);
+  }
+  for (int64_t id : request.preempted_seqs) follow_.Forget(id);
   StepResult result;
   if (request.chunks.empty()) return result;
   std::vector<SeqChunk> batch;
@@ -39,12 +56,17 @@ absl::StatusOr<StepResult> InProcessWorkerPool::Step(const StepRequest& request,
                       c.start_pos + static_cast<int64_t>(c.tokens.size()), c.logprobs, c.top_logprobs});
     }
     batch.push_back(SeqChunk{c.tokens, c.start_pos, c.block_table, false, c.sliding_table});
+    if (c.follow) {
+      if (c.tokens.size() != 1 || !c.sample) return absl::InvalidArgumentError("a follow chunk is one sampled token");
+      ASSIGN_OR_RETURN(batch.back().tokens[0], follow_.Resolve(request.step_id, c.seq_id));
+    }
   }
   std::vector<float> logits;
   RETURN_IF_ERROR(runner_->Forward(batch, &logits));
   const std::vector<RowSample> drawn = samplers_.Sample(rows, logits.data(), runner_->config().vocab_size);
   for (size_t i = 0; i < rows.size(); ++i) {
     result.tokens.emplace_back(rows[i].seq_id, TokenOutput{drawn[i].token, drawn[i].logprob, drawn[i].top});
+    follow_.Record(request.step_id, rows[i].seq_id, drawn[i].token);
   }
   return result;
 }

@@ -11,7 +11,7 @@ namespace moeshard {
 
 // 2: ChunkProto.table_start (tables by delta); 3: the sliding pool (num_sliding_kv_blocks,
 // ChunkProto.sliding_table).
-inline constexpr uint32_t kProtocolVersion = 3;
+inline constexpr uint32_t kProtocolVersion = 4;  // 4: ChunkProto.follow
 
 SamplingParams SamplingFromProto(const v1::SamplingOptions& s);
 void SamplingToProto(const SamplingParams& p, v1::SamplingOptions* s);

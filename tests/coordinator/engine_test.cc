@@ -2,12 +2,16 @@
 // token sampled after a chunk is its last token + 1. The fake checks what a worker relies on
 // (steps in step_id order, each sequence's chunks contiguous from position 0, block tables
 // covering them) and can hold steps at a gate or fail one, so that the tests see exact token
-// sequences, batching, chunked prefill, stops, cancellation and a worker error.
+// sequences, batching, chunked prefill, stops, cancellation and a worker error. A fake that
+// follows tokens runs lookahead chunks as one worker with the whole model does (the token it
+// drew for the sequence in the step before), and may hold each even step's reply so that the
+// step after it answers first.
 #include "coordinator/engine.h"
 
 #include <chrono>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -20,7 +24,9 @@ using std::chrono::milliseconds;
 
 class FakePool final : public WorkerPool {
  public:
+  explicit FakePool(bool follows = false, int hold_even_ms = 0) : follows_(follows), hold_even_ms_(hold_even_ms) {}
   int size() const override { return 1; }
+  bool FollowsTokens() const override { return follows_; }
   absl::Status Ping(milliseconds) override { return absl::OkStatus(); }
   absl::Status Handshake(const Plan& plan, const HandshakeOptions& o) override {
     std::lock_guard<std::mutex> l(mu_);
@@ -28,6 +34,7 @@ class FakePool final : public WorkerPool {
     block_size_ = o.block_size;
     next_step_ = 0;
     next_pos_.clear();
+    drawn_.clear();
     return absl::OkStatus();
   }
   absl::StatusOr<StepResult> Step(const StepRequest& r, milliseconds) override {
@@ -35,6 +42,17 @@ class FakePool final : public WorkerPool {
     steps_.push_back(r);
     cv_.notify_all();
     cv_.wait(l, [&] { return open_; });
+    // Lookahead: two steps may be called at once; they run in step order, as a worker runs them.
+    if (follows_) cv_.wait_for(l, std::chrono::seconds(10), [&] { return r.step_id <= next_step_; });
+    absl::StatusOr<StepResult> out = Run(r);
+    cv_.notify_all();
+    if (hold_even_ms_ > 0 && r.step_id % 2 == 0) {
+      l.unlock();
+      std::this_thread::sleep_for(milliseconds(hold_even_ms_));
+    }
+    return out;
+  }
+  absl::StatusOr<StepResult> Run(const StepRequest& r) {
     if (!fail_.empty()) {
       std::string why = fail_;
       fail_.clear();
@@ -53,8 +71,18 @@ class FakePool final : public WorkerPool {
       }
       next_pos_[c.seq_id] = end;
       if (!c.sample) continue;
+      int32_t last = c.tokens.back();
+      if (c.follow) {
+        auto d = drawn_.find(c.seq_id);
+        if (!follows_ || d == drawn_.end() || d->second.first != r.step_id - 1) {
+          return absl::InternalError(absl::StrCat("seq ", c.seq_id, ": a follow chunk after no draw"));
+        }
+        last = d->second.second;
+        ++num_follows_;
+      }
       TokenOutput t;
-      t.token_id = c.tokens.back() + 1;
+      t.token_id = last + 1;
+      drawn_[c.seq_id] = {r.step_id, t.token_id};
       if (c.logprobs) t.logprob = -0.25f;
       if (c.top_logprobs > 0) t.top = {{t.token_id, -0.25f}};
       out.tokens.emplace_back(c.seq_id, t);
@@ -84,6 +112,10 @@ class FakePool final : public WorkerPool {
     std::lock_guard<std::mutex> l(mu_);
     return handshakes_;
   }
+  int num_follows() {
+    std::lock_guard<std::mutex> l(mu_);
+    return num_follows_;
+  }
 
  private:
   std::mutex mu_;
@@ -95,6 +127,10 @@ class FakePool final : public WorkerPool {
   int64_t next_step_ = 0;
   std::map<int64_t, int64_t> next_pos_;
   std::vector<StepRequest> steps_;
+  const bool follows_;
+  const int hold_even_ms_;
+  std::map<int64_t, std::pair<int64_t, int32_t>> drawn_;  // seq -> (step, token) of its last draw
+  int num_follows_ = 0;
 };
 
 struct Outcome {
@@ -157,8 +193,8 @@ EngineOptions TestOptions() {
 
 class EngineTest : public ::testing::Test {
  protected:
-  void StartEngine(EngineOptions o = Options()) {
-    auto pool = std::make_unique<FakePool>();
+  void StartEngine(EngineOptions o = Options(), bool follows = false, int hold_even_ms = 0) {
+    auto pool = std::make_unique<FakePool>(follows, hold_even_ms);
     pool_ = pool.get();
     engine_ = std::make_unique<Engine>(std::move(o), std::move(pool));
     engine_->Start();
@@ -328,6 +364,61 @@ TEST_F(EngineTest, WorkerErrorIsTheRequestsError) {
   ASSERT_TRUE(engine_->WaitReady(std::chrono::seconds(10)));
   EXPECT_GE(pool_->handshakes(), 2);
   EXPECT_EQ(Run(Request({10, 11}, 3)).tokens, std::vector<int32_t>({12, 13, 14}));
+}
+
+// Lookahead: the decode step after each sampled one is sent while it runs; the fake answers each
+// even step 5 ms late, so the step after it answers first and the engine must apply them in order.
+TEST_F(EngineTest, LookaheadKeepsEveryTokenStopAndCancel) {
+  StartEngine(Options(), /*follows=*/true, /*hold_even_ms=*/5);
+  auto a = engine_->Submit(Request({10, 11, 12}, 12));
+  EngineRequest stop = Request({500, 501}, 20);
+  stop.stop_token_ids = {507};
+  auto b = engine_->Submit(stop);
+  EngineRequest eos = Request({1995}, 20);  // 2000 is the model's EOS
+  auto c = engine_->Submit(eos);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  EXPECT_EQ(Drain(**a).tokens, Range(13, 12));
+  Outcome ob = Drain(**b), oc = Drain(**c);
+  EXPECT_EQ(ob.tokens, Range(502, 5));  // through 506: 507 stops, and the lookahead after it is dropped
+  EXPECT_EQ(ob.finish_reason, "stop");
+  EXPECT_EQ(oc.tokens, Range(1996, 4));
+  EXPECT_EQ(oc.finish_reason, "stop");
+  EXPECT_GT(pool_->num_follows(), 10);
+  // Steps overlapped: some step was sent before the one before it had answered, and a
+  // sequence's lookahead chunk follows its sampled chunk in the very next step.
+  bool followed = false;
+  const std::vector<StepRequest> steps = pool_->steps();
+  for (size_t i = 1; i < steps.size(); ++i) {
+    for (const ChunkPlan& ch : steps[i].chunks) {
+      if (!ch.follow) continue;
+      followed = true;
+      EXPECT_EQ(ch.tokens, std::vector<int32_t>({-1}));
+      bool before = false;
+      for (const ChunkPlan& p : steps[i - 1].chunks) before |= p.seq_id == ch.seq_id && p.sample;
+      EXPECT_TRUE(before) << "step " << steps[i].step_id << " seq " << ch.seq_id;
+    }
+  }
+  EXPECT_TRUE(followed);
+  // Cancelled while a step and its lookahead are in flight: no update after, the engine goes on.
+  auto d = engine_->Submit(Request({100}, 1000 - 200));
+  ASSERT_TRUE(d.ok());
+  ASSERT_TRUE(pool_->WaitSteps(pool_->steps().size() + 4));
+  engine_->Cancel((*d)->seq_id);
+  Outcome od = Drain(**d);
+  EXPECT_EQ(od.finish_reason, "");
+  for (size_t i = 0; i < od.tokens.size(); ++i) EXPECT_EQ(od.tokens[i], 101 + static_cast<int32_t>(i));
+  EXPECT_EQ(Run(Request({40}, 6)).tokens, Range(41, 6));
+  EXPECT_EQ(engine_->GetStatus().num_running, 0);
+  EXPECT_EQ(pool_->handshakes(), 1);  // no step failed
+}
+
+// Without lookahead (the option off) nothing is sent ahead, on the same fake.
+TEST_F(EngineTest, LookaheadOff) {
+  EngineOptions o = Options();
+  o.lookahead = false;
+  StartEngine(o, /*follows=*/true);
+  EXPECT_EQ(Run(Request({10, 11, 12}, 8)).tokens, Range(13, 8));
+  EXPECT_EQ(pool_->num_follows(), 0);
 }
 
 TEST(EngineNotStarted, SubmitIsUnavailable) {

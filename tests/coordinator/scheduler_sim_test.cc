@@ -1,7 +1,9 @@
 // Randomized simulation of the scheduler: requests arrive, steps are scheduled several at a time
 // (pipeline micro-batches), complete in or out of order, sampled tokens come from a fake that
 // depends only on (sequence, position); some samples go missing, some requests are aborted. A
-// model of every sequence checks each plan and event against the contract.
+// model of every sequence checks each plan and event against the contract. With lookahead, two
+// steps in flight complete in order (as the engine applies them) and a simulated worker checks
+// that each follow chunk continues the token it drew for the sequence in the step before.
 #include <cstdio>
 #include <deque>
 #include <map>
@@ -26,17 +28,18 @@ struct Model {
   SeqRequest req;
   std::vector<int32_t> tokens, out;
   int64_t computed = 0;
-  bool needs_admission = true, in_flight = false, aborted = false, finished = false;
+  int in_flight = 0;
+  bool needs_admission = true, aborted = false, finished = false;
   std::string reason;
 };
 
 struct SimStats {
-  int64_t preemptions = 0, cache_hit_tokens = 0, aborted = 0, finished = 0;
+  int64_t preemptions = 0, cache_hit_tokens = 0, aborted = 0, finished = 0, follows = 0;
 };
 
 // sliding: a model with sliding-window layers, its second pool between the least the scheduler
 // takes (one sequence's window and a full step) and a little more, so that sequences contend.
-void RunSim(uint32_t seed, SimStats* stats, bool sliding = false) {
+void RunSim(uint32_t seed, SimStats* stats, bool sliding = false, bool lookahead = false) {
   std::mt19937 rng(seed);
   auto rnd = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
   const int64_t bs = int64_t{1} << rnd(0, 3), num_blocks = rnd(6, 40);
@@ -45,14 +48,15 @@ void RunSim(uint32_t seed, SimStats* stats, bool sliding = false) {
   cfg.max_num_seqs = rnd(1, 8);
   cfg.max_tokens_per_step = rnd(cfg.max_num_seqs, 48);
   cfg.max_model_len = rnd(8, 80);
-  const size_t depth = rnd(1, 4);
-  const bool fifo = rnd(0, 1);
+  const size_t depth = lookahead ? 2 : rnd(1, 4);
+  const bool fifo = lookahead || rnd(0, 1);
   const int64_t window = sliding ? rnd(1, 24) : 0;
   const int64_t sliding_blocks = sliding ? (window - 1 + cfg.max_tokens_per_step + bs - 1) / bs + 1 + rnd(0, 8) : 0;
   SCOPED_TRACE(::testing::Message() << "seed " << seed << " bs " << bs << " blocks " << num_blocks << " caching "
                                     << caching << " seqs " << cfg.max_num_seqs << " budget " << cfg.max_tokens_per_step
                                     << " len " << cfg.max_model_len << " depth " << depth << " fifo " << fifo
-                                    << " window " << window << " sliding blocks " << sliding_blocks);
+                                    << " window " << window << " sliding blocks " << sliding_blocks
+                                    << " lookahead " << lookahead);
   BlockManager bm(num_blocks, bs, caching, sliding_blocks, window);
   Scheduler s(cfg, &bm);
   std::vector<std::vector<int32_t>> bases(2);
@@ -61,6 +65,7 @@ void RunSim(uint32_t seed, SimStats* stats, bool sliding = false) {
   }
   std::map<int64_t, Model> m;
   std::deque<StepPlan> in_flight;
+  std::map<int64_t, std::pair<int64_t, int64_t>> drawn;  // the worker's last draw: seq -> (step, position)
   const int64_t kRequests = 50;
   int64_t next_id = 0, preempted_events = 0, plan_preemptions = 0;
   for (int iter = 0; iter < 200000; ++iter) {
@@ -91,7 +96,7 @@ void RunSim(uint32_t seed, SimStats* stats, bool sliding = false) {
       }
     }
     while (in_flight.size() < depth) {
-      std::optional<StepPlan> p = s.Schedule();
+      std::optional<StepPlan> p = s.Schedule(lookahead);
       if (!p) break;
       ASSERT_FALSE(p->chunks.empty());
       ASSERT_LE(p->num_tokens(), cfg.max_tokens_per_step);
@@ -99,7 +104,7 @@ void RunSim(uint32_t seed, SimStats* stats, bool sliding = false) {
       plan_preemptions += p->preempted.size();
       for (int64_t id : p->preempted) {
         Model& q = m.at(id);
-        ASSERT_FALSE(q.in_flight) << "preempted an in-flight sequence";
+        ASSERT_EQ(q.in_flight, 0) << "preempted an in-flight sequence";
         q.needs_admission = true;
         q.computed = 0;
       }
@@ -107,10 +112,26 @@ void RunSim(uint32_t seed, SimStats* stats, bool sliding = false) {
       for (const ChunkPlan& c : p->chunks) {
         ASSERT_TRUE(ids.insert(c.seq_id).second);
         Model& q = m.at(c.seq_id);
-        ASSERT_FALSE(q.in_flight) << "seq " << c.seq_id << " in two steps";
         ASSERT_FALSE(q.aborted || q.finished);
         const int64_t total = q.tokens.size(), end = c.start_pos + c.tokens.size();
-        if (q.needs_admission) {
+        if (c.follow) {  // the token at `total`, drawn by the step in flight
+          ASSERT_TRUE(lookahead);
+          ASSERT_EQ(q.in_flight, 1) << "seq " << c.seq_id;
+          ASSERT_EQ(c.start_pos, total);
+          ASSERT_EQ(c.tokens, std::vector<int32_t>{-1});
+          ASSERT_TRUE(c.sample);
+          const auto d = drawn.find(c.seq_id);
+          ASSERT_TRUE(d != drawn.end() && d->second == std::make_pair(p->step_id - 1, c.start_pos))
+              << "seq " << c.seq_id << " follows no draw of step " << p->step_id - 1;
+          ASSERT_LT(static_cast<int64_t>(q.out.size()) + 1, q.req.max_new_tokens);
+          ASSERT_GE(static_cast<int64_t>(c.block_table.size()) * bs, end);
+          ++stats->follows;
+        } else {
+          ASSERT_EQ(q.in_flight, 0) << "seq " << c.seq_id << " in two steps";
+        }
+        if (c.sample) drawn[c.seq_id] = {p->step_id, end};
+        if (c.follow) {
+        } else if (q.needs_admission) {
           ASSERT_EQ(c.start_pos % bs, 0);
           ASSERT_TRUE(caching || c.start_pos == 0);
           q.needs_admission = false;
@@ -118,18 +139,21 @@ void RunSim(uint32_t seed, SimStats* stats, bool sliding = false) {
           ASSERT_EQ(c.start_pos, q.computed) << "seq " << c.seq_id;
         }
         ASSERT_GE(c.tokens.size(), 1u);
-        ASSERT_LE(end, total);
-        ASSERT_EQ(c.tokens, std::vector<int32_t>(q.tokens.begin() + c.start_pos, q.tokens.begin() + end));
-        ASSERT_EQ(c.sample, end == total);
+        if (!c.follow) {
+          ASSERT_LE(end, total);
+          ASSERT_EQ(c.tokens, std::vector<int32_t>(q.tokens.begin() + c.start_pos, q.tokens.begin() + end));
+          ASSERT_EQ(c.sample, end == total);
+        }
         ASSERT_GE(static_cast<int64_t>(c.block_table.size()) * bs, end);
         if (sliding) {  // -1 exactly before the window of start_pos, real blocks through `end`
           ASSERT_GE(static_cast<int64_t>(c.sliding_table.size()) * bs, end);
-          const int64_t first = bm.FirstSlidingBlock(c.start_pos);
+          // (A lookahead keeps the window of the position before it: it may run again.)
+          const int64_t first = bm.FirstSlidingBlock(c.follow ? c.start_pos - 1 : c.start_pos);
           for (int64_t i = 0; i < (end + bs - 1) / bs; ++i) ASSERT_EQ(c.sliding_table[i] < 0, i < first) << i;
         } else {
           ASSERT_TRUE(c.sliding_table.empty());
         }
-        q.in_flight = true;
+        ++q.in_flight;
       }
       in_flight.push_back(std::move(*p));
     }
@@ -146,9 +170,11 @@ void RunSim(uint32_t seed, SimStats* stats, bool sliding = false) {
     std::vector<std::pair<int64_t, int32_t>> sampled;
     for (const ChunkPlan& c : step.chunks) {
       Model& q = m.at(c.seq_id);
-      q.in_flight = false;
+      --q.in_flight;
       const bool dropped = c.sample && rnd(0, 29) == 0;
       if (c.sample && !dropped) sampled.push_back({c.seq_id, SimToken(c.seq_id, c.start_pos + c.tokens.size())});
+      // A lookahead counts only where the step before left its sequence (its token came).
+      if (c.follow && c.start_pos != q.computed) continue;
       q.computed = c.start_pos + c.tokens.size() - (dropped ? 1 : 0);
     }
     for (const SeqEvent& e : s.OnStepDone(step, sampled)) {
@@ -226,6 +252,25 @@ TEST(SchedulerSimTest, RandomizedInvariantsAndCompletionWithASlidingPool) {
   std::printf("sim with a sliding pool: %ld preemptions, %ld cached tokens, %ld aborted, %ld finished\n",
               static_cast<long>(stats.preemptions), static_cast<long>(stats.cache_hit_tokens),
               static_cast<long>(stats.aborted), static_cast<long>(stats.finished));
+}
+
+TEST(SchedulerSimTest, RandomizedInvariantsAndCompletionWithLookahead) {
+  for (bool sliding : {false, true}) {
+    SimStats stats;
+    for (uint32_t seed = 1; seed <= 300; ++seed) {
+      RunSim(seed, &stats, sliding, /*lookahead=*/true);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+    EXPECT_GT(stats.follows, 2000);
+    EXPECT_GT(stats.preemptions, 50);
+    EXPECT_GT(stats.cache_hit_tokens, 500);
+    EXPECT_GT(stats.aborted, 50);
+    EXPECT_GT(stats.finished, 5000);
+    std::printf("sim with lookahead%s: %ld lookahead chunks, %ld preemptions, %ld cached tokens, %ld aborted, %ld finished\n",
+                sliding ? " and a sliding pool" : "", static_cast<long>(stats.follows), static_cast<long>(stats.preemptions),
+                static_cast<long>(stats.cache_hit_tokens), static_cast<long>(stats.aborted),
+                static_cast<long>(stats.finished));
+  }
 }
 
 }  // namespace

@@ -5,7 +5,10 @@
 // (every layer keeps every position), through
 //   - the runner, one sliding table recycled over a pool of 6 blocks (BlockAllocator);
 //   - the single-process engine (BlockManager's two pools, chunked prefill, a prefix-cache hit);
-//   - a 2-worker layer-split cluster over gRPC (protocol 3: sliding tables by delta, ownership).
+//   - a 2-worker layer-split cluster over gRPC (sliding tables by delta, ownership);
+//   - one worker over gRPC, whose decode steps run as lookahead (protocol 4: follow chunks).
+// (The single-process engine runs lookahead too; the 2-worker cluster cannot: the reference and
+// the cluster runs compare the two ways of stepping.)
 // The engine's moeshard:kv_blocks metric shows the sliding pool flat while the full pool grows.
 #include <grpcpp/grpcpp.h>
 
@@ -215,13 +218,13 @@ TEST_F(SlidingPoolTest, EngineEqualsOnePoolAndItsSlidingPoolStaysFlat) {
   (*engine)->Stop();
 }
 
-// Two workers over gRPC (each its own WorkerServiceImpl), the coordinator's store beside them.
+// Workers over gRPC (each its own WorkerServiceImpl), the coordinator's store beside them.
 class Cluster {
  public:
-  explicit Cluster(const std::string& model) {
+  explicit Cluster(const std::string& model, int num_workers = 2) {
     WorkerOptions wo;
     wo.model_path = model;
-    for (int w = 0; w < 2; ++w) {
+    for (int w = 0; w < num_workers; ++w) {
       workers_.push_back(std::make_unique<WorkerServiceImpl>(wo, std::make_shared<prometheus::Registry>()));
       grpc::ServerBuilder b;
       int port = 0;
@@ -277,6 +280,36 @@ TEST_F(SlidingPoolTest, TwoWorkerClusterEqualsOnePool) {
   EXPECT_EQ(Value(*engine.registry(), MetricName("kv_blocks"), "sliding", "used") +
                 Value(*engine.registry(), MetricName("kv_blocks"), "sliding", "free") +
                 Value(*engine.registry(), MetricName("kv_blocks"), "sliding", "cached"), 24);
+  engine.Stop();
+}
+
+TEST_F(SlidingPoolTest, OneWorkerWithLookaheadEqualsOnePool) {
+  const std::vector<LocalResult> want = Reference();
+  ASSERT_EQ(want.size(), 2u);
+  Cluster cluster(ModelPath(), 1);
+  ::moeshard::EngineOptions o;
+  o.config = model_->config;
+  auto plan = MakePlan(o.config, ParallelMode::kLayerSplit, 1, {});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  o.plan = *plan;
+  o.num_kv_blocks = kBlocks;
+  o.num_sliding_kv_blocks = 24;
+  o.block_size = kBs;
+  o.max_num_seqs = 4;
+  o.max_tokens_per_step = 32;
+  o.max_model_len = 512;
+  o.store_address = cluster.addresses()[0];
+  o.model_name = "one worker";
+  Engine engine(std::move(o), std::make_unique<GrpcWorkerPool>(cluster.addresses()));
+  engine.Start();
+  ASSERT_TRUE(engine.WaitReady(std::chrono::seconds(60))) << engine.GetStatus().error;
+  const std::vector<LocalResult> got = RunRequests(engine);
+  ASSERT_EQ(got.size(), 2u);
+  ExpectSameOutputs(want[0], got[0], "one worker: 200-token sequence");
+  ExpectSameOutputs(want[1], got[1], "one worker: prefix-cache hit");
+  ExpectWholeHit(*engine.registry());
+  // Nearly every decode step went ahead of its token (the first after each prefill cannot).
+  EXPECT_GE(Value(*engine.registry(), MetricName("lookahead_chunks_total")), 100);
   engine.Stop();
 }
 

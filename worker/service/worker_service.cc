@@ -90,6 +90,7 @@ absl::Status WorkerServiceImpl::DoHandshake(const v1::HandshakeRequest& req, v1:
   ready_ = false;
   broken_.clear();
   samplers_.Clear();
+  follow_.Clear();
   const v1::ShardProto& sp = req.shard();
   ShardSpec shard{sp.layer_begin(), sp.layer_end(), sp.tp_rank(), sp.tp_size(), sp.first_stage(), sp.last_stage()};
   auto timeout = std::chrono::milliseconds(req.timeout_ms() > 0 ? req.timeout_ms() : 60000);
@@ -144,11 +145,18 @@ grpc::Status WorkerServiceImpl::Step(grpc::ServerContext* ctx, const v1::StepReq
   if (!turn || !ready_ || next_step_ != req->step_id()) {
     return grpc::Status(grpc::StatusCode::ABORTED, absl::StrCat("step ", req->step_id(), " out of order (next is ", next_step_, ")"));
   }
-  // Tables sent as deltas (ChunkProto.table_start) become whole tables from this worker's own
-  // record first: every check below, and the step, see whole tables.
+  // Lookahead chunks get their tokens, and tables sent as deltas (ChunkProto.table_start)
+  // become whole tables from this worker's own record first: every check below, and the step,
+  // see real tokens and whole tables.
   v1::StepRequest whole;
+  if (absl::Status follows = broken_.empty() ? ResolveFollows(&req, &whole) : absl::OkStatus(); !follows.ok()) {
+    steps_failed_->Increment();
+    std::fprintf(stderr, "moeshard-worker: step %ld refused: %s\n", static_cast<long>(req->step_id()),
+                 std::string(follows.message()).c_str());
+    return ToGrpcStatus(follows);
+  }
   if (KvOwnership::HasDeltas(*req)) {
-    whole = *req;
+    if (req != &whole) whole = *req;
     absl::Status expanded = broken_.empty() ? kv_owners_.ExpandTables(&whole) : absl::OkStatus();
     if (expanded.ok() && broken_.empty()) expanded = sliding_owners_.ExpandTables(&whole);
     if (!expanded.ok()) {
@@ -185,13 +193,38 @@ grpc::Status WorkerServiceImpl::Step(grpc::ServerContext* ctx, const v1::StepReq
   return ToGrpcStatus(st);
 }
 
+absl::Status WorkerServiceImpl::ResolveFollows(const v1::StepRequest** req, v1::StepRequest* whole) const {
+  const v1::StepRequest& r = **req;
+  bool any = false;
+  for (const auto& c : r.chunks()) any = any || c.follow();
+  if (!any) return absl::OkStatus();
+  if (!shard_.first_stage() || !shard_.last_stage() || shard_.tp_size() != 1) {
+    return absl::FailedPreconditionError("a lookahead (follow) chunk needs a worker that holds the whole model");
+  }
+  *whole = r;
+  for (auto& c : *whole->mutable_chunks()) {
+    if (!c.follow()) continue;
+    if (c.tokens_size() != 1 || !c.sample()) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", c.seq_id(), ": a follow chunk is one sampled token"));
+    }
+    ASSIGN_OR_RETURN(int32_t token, follow_.Resolve(r.step_id(), c.seq_id()));
+    c.set_tokens(0, token);
+  }
+  *req = whole;
+  return absl::OkStatus();
+}
+
 absl::Status WorkerServiceImpl::DoStep(const v1::StepRequest& req, v1::StepReply* rep) {
   auto t0 = std::chrono::steady_clock::now();
   auto phase = [&](const char* name, std::chrono::steady_clock::time_point since) {
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
     step_seconds_->Add({{"phase", name}}, LatencyBuckets()).Observe(s);
   };
-  for (int64_t id : req.released_seqs()) samplers_.Release(id);
+  for (int64_t id : req.released_seqs()) {
+    samplers_.Release(id);
+    follow_.Forget(id);
+  }
+  for (int64_t id : req.preempted_seqs()) follow_.Forget(id);
   if (req.chunks().empty()) return absl::OkStatus();
   std::vector<SeqChunk> batch;
   int64_t T = 0;
@@ -251,6 +284,7 @@ absl::Status WorkerServiceImpl::DoStep(const v1::StepRequest& req, v1::StepReply
     const std::vector<RowSample> drawn = samplers_.Sample(rows, logits.data(), runner_->config().vocab_size);
     for (size_t i = 0; i < rows.size(); ++i) {
       rep->add_seq_ids(rows[i].seq_id);
+      follow_.Record(req.step_id(), rows[i].seq_id, drawn[i].token);
       v1::TokenOutput* out = rep->add_tokens();
       out->set_token_id(drawn[i].token);
       if (rows[i].logprobs || rows[i].top_logprobs > 0) out->set_logprob(drawn[i].logprob);

@@ -19,6 +19,7 @@
 #include "common/model/model_loader.h"
 #include "proto/proto_convert.h"
 #include "worker/model_runner.h"
+#include "worker/follow_tokens.h"
 #include "worker/sampler.h"
 #include "common/security/internal_grpc.h"
 #include "worker/service/kv_ownership.h"
@@ -57,6 +58,9 @@ class WorkerServiceImpl final : public v1::Worker::Service {
   absl::StatusOr<bool> EveryRankHasItsGpu(KvStore& store, const v1::HandshakeRequest& req,
                                           std::chrono::milliseconds timeout);
   absl::Status DoStep(const v1::StepRequest& req, v1::StepReply* rep);
+  // Puts into each `follow` chunk of *req the token this worker drew for its sequence in the
+  // step before (copying the request into *whole first); FailedPrecondition when it cannot.
+  absl::Status ResolveFollows(const v1::StepRequest** req, v1::StepRequest* whole) const;
 
   WorkerOptions options_;
   std::shared_ptr<prometheus::Registry> registry_;
@@ -76,6 +80,7 @@ class WorkerServiceImpl final : public v1::Worker::Service {
   KvOwnership kv_owners_;  // which KV blocks each live sequence wrote
   KvOwnership sliding_owners_{KvOwnership::Table::kSliding};  // the same in the sliding pool
   SamplerSet samplers_;
+  FollowTokens follow_;  // the token each sequence drew last (lookahead steps)
   prometheus::Family<prometheus::Histogram>* step_seconds_ = nullptr;
   prometheus::Counter* steps_ok_ = nullptr;
   prometheus::Counter* steps_failed_ = nullptr;
