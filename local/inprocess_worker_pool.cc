@@ -61,9 +61,20 @@ absl::StatusOr<StepResult> InProcessWorkerPool::RunStep(const StepRequest& reque
       ASSIGN_OR_RETURN(batch.back().tokens[0], follow_.Resolve(request.step_id, c.seq_id));
     }
   }
-  std::vector<float> logits;
-  RETURN_IF_ERROR(runner_->Forward(batch, &logits));
-  const std::vector<RowSample> drawn = samplers_.Sample(rows, logits.data(), runner_->config().vocab_size);
+  // Every row greedy without logprobs: the runner finds the tokens (on a GPU, only ids come back).
+  bool greedy = true;
+  for (const RowDraw& r : rows) greedy = greedy && r.sampling.temperature <= 0.f && !r.logprobs && r.top_logprobs == 0;
+  std::vector<RowSample> drawn(rows.size());
+  if (greedy) {
+    std::vector<int32_t> ids;
+    RETURN_IF_ERROR(runner_->ForwardArgMax(batch, &ids));
+    if (ids.size() != batch.size()) return absl::InternalError("argmax rows");
+    for (size_t i = 0; i < rows.size(); ++i) drawn[i].token = ids[rows[i].row];
+  } else {
+    std::vector<float> logits;
+    RETURN_IF_ERROR(runner_->Forward(batch, &logits));
+    drawn = samplers_.Sample(rows, logits.data(), runner_->config().vocab_size);
+  }
   for (size_t i = 0; i < rows.size(); ++i) {
     result.tokens.emplace_back(rows[i].seq_id, TokenOutput{drawn[i].token, drawn[i].logprob, drawn[i].top});
     follow_.Record(request.step_id, rows[i].seq_id, drawn[i].token);

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "worker/sampler.h"
 
 namespace moeshard {
 
@@ -78,6 +79,15 @@ absl::Status ModelRunner::Forward(const std::vector<SeqChunk>& batch, std::vecto
   RETURN_IF_ERROR(Embed(batch, &hidden));
   RETURN_IF_ERROR(RunLayers(batch, &hidden));
   return Head(batch, hidden, logits);
+}
+
+absl::Status ModelRunner::ForwardArgMax(const std::vector<SeqChunk>& batch, std::vector<int32_t>* ids) {
+  std::vector<float> logits;
+  RETURN_IF_ERROR(Forward(batch, &logits));
+  const int64_t V = config_.vocab_size, rows = static_cast<int64_t>(logits.size()) / V;
+  ids->resize(rows);
+  for (int64_t r = 0; r < rows; ++r) (*ids)[r] = ArgMax(logits.data() + r * V, V);
+  return absl::OkStatus();
 }
 
 }  // namespace moeshard

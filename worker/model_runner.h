@@ -91,6 +91,10 @@ class ModelRunner {
   // ValidateBatch + Embed + RunLayers + Head (a single-stage shard); backends may keep the
   // hidden state on the device throughout.
   virtual absl::Status Forward(const std::vector<SeqChunk>& batch, std::vector<float>* logits);
+  // Forward for a step whose every logits row is drawn greedily with no logprobs: *ids gets each
+  // row's ArgMax (worker/sampler.h) and no logits. The GPU finds them on the device and brings
+  // back only the ids; the default runs Forward and ArgMax.
+  virtual absl::Status ForwardArgMax(const std::vector<SeqChunk>& batch, std::vector<int32_t>* ids);
 
   const ModelConfig& config() const { return config_; }
   const ShardSpec& shard() const { return shard_; }

@@ -231,6 +231,18 @@ absl::Status AddBias(const AddBiasParams& p, GpuStream stream) {
   return absl::OkStatus();
 }
 
+int64_t ArgMaxBytes(int64_t rows) { return ArgMaxScratchBytes(rows); }
+
+absl::Status ArgMax(const ArgMaxParams& p, GpuStream stream) {
+  if (p.rows <= 0) return absl::OkStatus();
+  if (!p.logits || !p.partial_value || !p.partial_index || !p.out || p.vocab <= 0) {
+    return absl::InvalidArgumentError("ArgMax: missing buffers");
+  }
+  if (p.rows > 65535) return absl::InvalidArgumentError("ArgMax: more than 65,535 rows");
+  MOESHARD_CUDA_RETURN_IF_ERROR(LaunchArgMax(p, stream));
+  return absl::OkStatus();
+}
+
 absl::Status Convert(const ConvertParams& p, GpuStream stream) {
   if (p.n <= 0) return absl::OkStatus();
   if (!p.x || !p.y) return absl::InvalidArgumentError("Convert: missing buffers");

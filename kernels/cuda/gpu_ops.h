@@ -39,6 +39,9 @@ absl::Status SiluMul(const SiluMulParams& p, GpuStream stream);
 absl::Status HeadGate(const HeadGateParams& p, GpuStream stream);
 absl::Status AddBias(const AddBiasParams& p, GpuStream stream);
 absl::Status Convert(const ConvertParams& p, GpuStream stream);
+// Each row's greedy token (worker/sampler.h's ArgMax), with ArgMaxBytes(rows) of device scratch.
+int64_t ArgMaxBytes(int64_t rows);
+absl::Status ArgMax(const ArgMaxParams& p, GpuStream stream);
 
 // Synthetic weights (benchmarks).
 absl::Status Fill(const FillParams& p, GpuStream stream);

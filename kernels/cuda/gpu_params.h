@@ -276,4 +276,17 @@ struct FillParams {
   uint32_t pattern = 0;
 };
 
+// The greedy token of each of `rows` rows of fp32 logits [rows, vocab]: worker/sampler.h's ArgMax.
+// partial_value / partial_index: device scratch of rows * kArgMaxSplits each (gpu_ops.h ArgMaxBytes
+// covers both).
+inline constexpr int kArgMaxSplits = 32;
+struct ArgMaxParams {
+  const float* logits = nullptr;
+  int64_t rows = 0;
+  int64_t vocab = 0;
+  float* partial_value = nullptr;
+  int64_t* partial_index = nullptr;
+  int32_t* out = nullptr;  // [rows]
+};
+
 }  // namespace moeshard::gpu

@@ -24,6 +24,8 @@ cudaError_t LaunchHeadGate(const HeadGateParams& p, cudaStream_t stream);
 cudaError_t LaunchAddBias(const AddBiasParams& p, cudaStream_t stream);
 cudaError_t LaunchConvert(const ConvertParams& p, cudaStream_t stream);
 cudaError_t LaunchFill(const FillParams& p, cudaStream_t stream);
+cudaError_t LaunchArgMax(const ArgMaxParams& p, cudaStream_t stream);
+int64_t ArgMaxScratchBytes(int64_t rows);
 int64_t MaxAttentionHeadDim();
 // Attention kernels beside the reference one (attention_tiled.cu, attention_tc.cu,
 // attention_decode.cu).

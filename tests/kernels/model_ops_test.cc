@@ -25,6 +25,7 @@
 #include "tests/kernels/model_ops_test_util.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gpu_ops.h"
+#include "worker/sampler.h"
 
 namespace moeshard::ops_test {
 
@@ -287,6 +288,49 @@ TEST_P(ModelOpsTest, EmbedDecodesStoredRows) {
     for (int64_t c = 0; c < H; ++c) ref.push_back(Bf16ToF32(stored[id * H + c]));
   }
   EXPECT_EQ(out.Host(), ref);
+}
+
+// The greedy token on the device equals the host sampler's ArgMax (the definition): rows of a
+// 151,936-word vocabulary with ties (the first wins), -inf, NaNs (never win; a NaN at 0 gives 0),
+// an all -inf row, and a vocabulary smaller than the slices.
+TEST(ArgMaxOpTest, EqualsTheSamplersArgMax) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(7);
+  for (int64_t V : {int64_t{151936}, int64_t{1000}, int64_t{7}}) {
+    const int64_t rows = 9;
+    std::vector<float> l = Randn(rows * V, rng, 3.f);
+    auto row = [&](int64_t r) { return l.data() + r * V; };
+    row(1)[V / 3] = 50.f;  // a tie: the first of the two wins
+    row(1)[V - 1] = 50.f;
+    row(2)[V - 1] = 60.f;  // the last id
+    row(3)[0] = NAN;       // a NaN at 0 gives 0
+    row(3)[V / 2] = 99.f;
+    row(4)[V / 2] = NAN;   // NaNs elsewhere never win
+    row(4)[V / 4] = 80.f;
+    row(4)[V - 2] = NAN;
+    for (int64_t i = 0; i < V; ++i) row(5)[i] = -INFINITY;  // all -inf: 0
+    row(6)[0] = 70.f;                                        // the first id
+    for (int64_t i = 0; i < V; ++i) row(7)[i] = i % 3 == 0 ? NAN : -INFINITY;  // NaN at 0 again
+    for (int64_t i = 0; i < V; ++i) row(8)[i] = i == 0 ? -INFINITY : NAN;      // only id 0 is a number
+    Dev<float> dl(l);
+    Dev<uint8_t> scratch(static_cast<size_t>(gpu::ArgMaxBytes(rows)));
+    Dev<int32_t> out(static_cast<size_t>(rows));
+    gpu::ArgMaxParams a;
+    a.logits = dl.get();
+    a.rows = rows;
+    a.vocab = V;
+    a.partial_value = reinterpret_cast<float*>(scratch.get());
+    a.partial_index = reinterpret_cast<int64_t*>(scratch.get() + rows * gpu::kArgMaxSplits * sizeof(float));
+    a.out = out.get();
+    STATUS_OK(gpu::ArgMax(a, nullptr));
+    const std::vector<int32_t> got = out.Host();
+    for (int64_t r = 0; r < rows; ++r) EXPECT_EQ(got[r], ArgMax(row(r), V)) << "V " << V << " row " << r;
+    EXPECT_EQ(got[1], V / 3);
+    EXPECT_EQ(got[2], V - 1);
+    EXPECT_EQ(got[3], 0);
+    EXPECT_EQ(got[5], 0);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, ModelOpsTest, ::testing::Values(ActDType::kF32, ActDType::kBF16),

@@ -391,7 +391,7 @@ absl::Status GpuModelRunner::HeadDevice(std::vector<float>* logits) {
 
 // A decode step (one token per sequence, one chunk of logits, nothing staged through the
 // host) as a replayed CUDA graph; Unavailable when the step does not qualify.
-absl::Status GpuModelRunner::ForwardGraph(const std::vector<SeqChunk>& batch, std::vector<float>* logits) {
+absl::Status GpuModelRunner::LaunchGraph(const std::vector<SeqChunk>& batch, float** device_logits) {
   if (!graphs_.enabled() || prof_.enabled() || max_chunk_tokens_ != 1 || R_ > logit_rows_ || T_ > 256 ||
       !shard_.first_stage || !shard_.last_stage || (shard_.tp_size > 1 && !comm_->device_memory())) {
     return absl::UnavailableError("not a graph step");
@@ -403,14 +403,54 @@ absl::Status GpuModelRunner::ForwardGraph(const std::vector<SeqChunk>& batch, st
   }));
   // The graph wrote the logits where HeadRows' allocations land for this T (a replay runs no
   // host code, so take the same allocations again to find them).
-  const int64_t H = config_.hidden_size, V = config_.vocab_size;
   arena_.Release(step_mark_);
-  Act(logit_rows_ * H);
-  float* lg = F32(logit_rows_ * V);
-  RETURN_IF_ERROR(arena_error_);
+  Act(logit_rows_ * config_.hidden_size);
+  *device_logits = F32(logit_rows_ * config_.vocab_size);
+  return arena_error_;
+}
+
+absl::Status GpuModelRunner::ForwardGraph(const std::vector<SeqChunk>& batch, std::vector<float>* logits) {
+  float* lg = nullptr;
+  RETURN_IF_ERROR(LaunchGraph(batch, &lg));
+  const int64_t V = config_.vocab_size;
   logits->resize(R_ * V);
   MOESHARD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits->data(), lg, R_ * V * 4, cudaMemcpyDeviceToHost, stream_));
   MOESHARD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
+}
+
+absl::Status GpuModelRunner::ForwardArgMax(const std::vector<SeqChunk>& batch, std::vector<int32_t>* ids) {
+  RETURN_IF_ERROR(ValidateBatch(batch));
+  RETURN_IF_ERROR(Prepare(batch));
+  if (!w_->embed.valid() || !shard_.last_stage) {
+    return absl::FailedPreconditionError("Forward needs a shard with the embedding and the LM head");
+  }
+  if (R_ > logit_rows_) return ModelRunner::ForwardArgMax(batch, ids);  // logits in several chunks
+  float* lg = nullptr;
+  absl::Status g = LaunchGraph(batch, &lg);
+  if (absl::IsUnavailable(g)) {
+    RETURN_IF_ERROR(EmbedDevice());
+    RETURN_IF_ERROR(LayersDevice());
+    RETURN_IF_ERROR(HeadRows(0, R_));
+    lg = head_logits_;
+  } else if (!g.ok()) {
+    return g;
+  }
+  gpu::ArgMaxParams a;
+  a.logits = lg;
+  a.rows = R_;
+  a.vocab = config_.vocab_size;
+  uint8_t* scratch = static_cast<uint8_t*>(Take(gpu::ArgMaxBytes(R_) + 4 * R_));
+  RETURN_IF_ERROR(arena_error_);
+  a.partial_value = reinterpret_cast<float*>(scratch);
+  a.partial_index = reinterpret_cast<int64_t*>(scratch + R_ * gpu::kArgMaxSplits * sizeof(float));
+  a.out = reinterpret_cast<int32_t*>(scratch + gpu::ArgMaxBytes(R_));
+  RETURN_IF_ERROR(gpu::ArgMax(a, stream_));
+  int32_t* host = reinterpret_cast<int32_t*>(stage_);  // pinned
+  MOESHARD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host, a.out, R_ * 4, cudaMemcpyDeviceToHost, stream_));
+  MOESHARD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  prof_.Collect();
+  ids->assign(host, host + R_);
   return absl::OkStatus();
 }
 

@@ -81,6 +81,8 @@ class GpuModelRunner : public ModelRunner, private LayerOps {
     RETURN_IF_ERROR(LayersDevice());
     return HeadDevice(logits);
   }
+  // The rows' greedy tokens found on the device (gpu::ArgMax): one id a row comes back.
+  absl::Status ForwardArgMax(const std::vector<SeqChunk>& batch, std::vector<int32_t>* ids) override;
   size_t kv_bytes() const override { return kv_bytes_; }
   std::string ProfileReport() const override { return prof_.Report(); }
   void ResetProfile() override { prof_.Reset(); }
@@ -107,6 +109,9 @@ class GpuModelRunner : public ModelRunner, private LayerOps {
   absl::Status HeadDevice(std::vector<float>* logits);
   absl::Status HeadRows(int64_t r0, int64_t n);
   absl::Status ForwardGraph(const std::vector<SeqChunk>& batch, std::vector<float>* logits);
+  // The decode graph's replay (ForwardGraph's conditions), leaving its R_ rows of logits on the
+  // device at *device_logits; Unavailable when the step does not qualify.
+  absl::Status LaunchGraph(const std::vector<SeqChunk>& batch, float** device_logits);
   // LayerOps (worker/model/layer_ops.h) on the current block's buffers below; gpu_model_runner.cc.
   // Releases the arena and takes the attention block's scratch; the input norm unless
   // prenormed_; Q/K/V in one ProjectMany (one Gemv when all three qualify); QkPrep (q/k norm,

@@ -241,14 +241,27 @@ absl::Status WorkerServiceImpl::DoStep(const v1::StepRequest& req, v1::StepReply
   const int64_t H = runner_->config().hidden_size;
   const int tp = shard_.tp_size(), pp_rank = shard_.pp_rank();
   std::vector<float> hidden, logits;
+  // Rows that sample, drawn by their sequences' samplers, appended in request order.
+  const bool samples = shard_.last_stage() && shard_.tp_rank() == 0;
+  std::vector<RowDraw> rows;
+  bool greedy = true;  // every row greedy, without logprobs
+  for (int i = 0; samples && i < req.chunks_size(); ++i) {
+    const auto& c = req.chunks(i);
+    if (!c.sample()) continue;
+    rows.push_back({i, c.seq_id(), SamplingFromProto(c.sampling()), c.start_pos() + c.tokens_size(), c.logprobs(),
+                    c.top_logprobs()});
+    greedy = greedy && rows.back().sampling.temperature <= 0.f && !c.logprobs() && c.top_logprobs() == 0;
+  }
+  std::vector<int32_t> argmax;  // with `greedy`: each row's token, found by the runner
   // A shard with the whole model (one worker, or a tensor-parallel rank) runs the step as one
   // Forward: hidden states stay on the device and decode steps replay as CUDA graphs. On the
   // CPU the ranks beyond 0 would compute the LM head for nothing, so they keep the split path.
   const bool whole = shard_.first_stage() && shard_.last_stage() && (tp == 1 || gpu_runner_);
+  greedy = greedy && whole && samples;
   std::chrono::steady_clock::time_point th;
   if (whole) {
     auto tf = std::chrono::steady_clock::now();
-    RETURN_IF_ERROR(runner_->Forward(batch, &logits));
+    RETURN_IF_ERROR(greedy ? runner_->ForwardArgMax(batch, &argmax) : runner_->Forward(batch, &logits));
     phase("forward", tf);
     th = std::chrono::steady_clock::now();
   } else {
@@ -272,16 +285,14 @@ absl::Status WorkerServiceImpl::DoStep(const v1::StepRequest& req, v1::StepReply
       RETURN_IF_ERROR(runner_->Head(batch, hidden, &logits));
     }
   }
-  if (shard_.last_stage() && shard_.tp_rank() == 0) {
-    // Rows that sample, drawn by their sequences' samplers, appended in request order.
-    std::vector<RowDraw> rows;
-    for (int i = 0; i < req.chunks_size(); ++i) {
-      const auto& c = req.chunks(i);
-      if (!c.sample()) continue;
-      rows.push_back({i, c.seq_id(), SamplingFromProto(c.sampling()), c.start_pos() + c.tokens_size(), c.logprobs(),
-                      c.top_logprobs()});
+  if (samples) {
+    std::vector<RowSample> drawn(rows.size());
+    if (greedy) {
+      if (argmax.size() != static_cast<size_t>(req.chunks_size())) return absl::InternalError("argmax rows");
+      for (size_t i = 0; i < rows.size(); ++i) drawn[i].token = argmax[rows[i].row];
+    } else {
+      drawn = samplers_.Sample(rows, logits.data(), runner_->config().vocab_size);
     }
-    const std::vector<RowSample> drawn = samplers_.Sample(rows, logits.data(), runner_->config().vocab_size);
     for (size_t i = 0; i < rows.size(); ++i) {
       rep->add_seq_ids(rows[i].seq_id);
       follow_.Record(req.step_id(), rows[i].seq_id, drawn[i].token);
