@@ -16,17 +16,27 @@
 // V's scale the key's probability in P (the softmax sum uses the unscaled one). Scores are
 // scaled in fp32.
 //
+// Fused (LaunchAttentionDecodeFused, one token per sequence, short contexts): the kernel also
+// does QkPrep's work — the group's query heads normed and rotated into the Q tile, the new
+// position's key and value head normed, rotated and written to the cache by the split that
+// reads them, before it loads its keys (qk_prep.cuh: the same values QkPrep computes) — and
+// the splits of one (token, KV head) are one thread-block cluster whose partials merge through
+// distributed shared memory: one launch a layer instead of QkPrep + split kernel + combine.
+//
 // Why: the fp32-FMA decode kernels spend ~4 instructions per K/V element (convert, FMA, shared
 // loads) and are instruction-bound far below memory bandwidth at long contexts (a 128K-token
 // Qwen3-30B-shaped decode step read KV at ~1 TB/s); here a K/V element costs a fraction of an
 // mma and the loop is bound by the copy.
 #include <cuda_fp8.h>
 
+#include <cooperative_groups.h>
+
 #include <cstdlib>
 
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/qk_prep.cuh"
 
 namespace moeshard::gpu {
 namespace {
@@ -44,7 +54,11 @@ struct TcGeo {
   static constexpr int kLoop = kQBytes + kStages * kRawStage + kWork;
   static constexpr int kMerge = 4 * kRows * HD * 4 + 2 * 4 * kRows * 4;  // each warp's O, m, l
   static constexpr size_t kSmem = kLoop > kMerge ? kLoop : kMerge;
+  // Fused: the RoPE angles, then this split's merged partial (O, m, l) that its cluster reads.
+  static constexpr size_t kAngles = kSmem, kPartial = kAngles + HD * 4;
+  static constexpr size_t kFusedSmem = kPartial + kRows * HD * 4 + 2 * kRows * 4;
 };
+constexpr int kFusedSplits = 8;  // a portable cluster
 
 __device__ __forceinline__ void LdMatrixX4(const uint16_t* p, uint32_t (&r)[4]) {
   const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -99,8 +113,9 @@ __device__ __forceinline__ uint32_t E4m3x2ToF16x2(uint32_t v) {
   return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
 }
 
-template <int HD, KvElem E>
-__global__ void __launch_bounds__(kThreads) DecodeTcKernel(AttentionParams p, int group, int splits, float* ws) {
+template <int HD, KvElem E, bool kFused>
+__global__ void __launch_bounds__(kThreads) DecodeTcKernel(AttentionParams p, int group, int splits, float* ws,
+                                                           QkPrepParams qp) {
   using G = TcGeo<HD, E>;
   constexpr int LD = G::kLd, KS = HD / 16;
   constexpr bool F16 = E == KvElem::kFp8E4M3;
@@ -109,16 +124,44 @@ __global__ void __launch_bounds__(kThreads) DecodeTcKernel(AttentionParams p, in
   uint16_t* Qs = reinterpret_cast<uint16_t*>(smem);
   uint8_t* ring = smem + G::kQBytes;
   uint16_t* work = reinterpret_cast<uint16_t*>(ring + kStages * G::kRawStage);  // FP8 only
-  PdlWait();
-  PdlTrigger();
-
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int64_t t = blockIdx.z, g = blockIdx.y, sp = blockIdx.x;
   const int64_t nkv = p.cache.num_kv_heads, bs = p.cache.block_size, H = p.num_heads, hd = p.cache.head_dim;
+  float* angles = reinterpret_cast<float*>(smem + G::kAngles);  // fused only
+  // The angles depend on the step's positions only (uploaded before the step): before the wait.
+  if constexpr (kFused) {
+    if (qp.rope) QkRopeAngles(p.pos[t], qp.theta, hd, angles, tid, kThreads);
+  }
+  PdlWait();
+  PdlTrigger();
+
   const DecodeSplit split = DecodeSplitOf(p, t, sp, splits, ws);
   const int64_t kb = split.kb, ke = split.ke;
-  if (kb >= ke) return MarkEmptySplit(p, split, t, g, group, sp, splits, tid);
+  // Fused: every split of the cluster takes part in the merge, an empty one with nothing.
+  if constexpr (!kFused) {
+    if (kb >= ke) return MarkEmptySplit(p, split, t, g, group, sp, splits, tid);
+  }
   const int32_t* table = p.block_tables + p.table_offset[t];
+  const int per = static_cast<int>(hd / 32);
+  if constexpr (kFused) {
+    __syncthreads();  // the angles
+    // The new position's key and value head: prepared and written by the split that reads them,
+    // before its loads (the only reads of that row in this launch).
+    const int64_t pos = p.pos[t];
+    if (warp == 0 && kb <= pos && pos < ke) {
+      using Act = uint16_t;
+      float x[kQkMaxPer];
+      QkLoadHead(static_cast<const Act*>(qp.k) + (t * nkv + g) * hd, per, lane, x);
+      if (qp.k_norm) QkNorm(x, per, lane, qp.k_norm, hd, qp.eps);
+      if (qp.rope) QkRope(x, per, lane, angles, hd / 2);
+      const int64_t slot = qp.slots[t], row = slot * nkv + g;
+      QkStoreKv<E>(p.cache.k, p.cache.k_scale, row * hd, row, per, lane, x);
+      QkLoadHead(static_cast<const Act*>(qp.v) + (t * nkv + g) * hd, per, lane, x);
+      QkStoreKv<E>(p.cache.v, p.cache.v_scale, row * hd, row, per, lane, x);
+      __threadfence();
+    }
+    __syncthreads();
+  }
 
   // Stage `slot` <- keys [c0, c0 + 64): bf16 rows (padded) or FP8 rows and their scales.
   auto issue = [&](int64_t c0, int slot) {
@@ -175,14 +218,32 @@ __global__ void __launch_bounds__(kThreads) DecodeTcKernel(AttentionParams p, in
   }
   // Q rows (the group's heads), zero past the group and past head_dim.
   const uint16_t* q = static_cast<const uint16_t*>(p.q) + t * (p.q_stride ? p.q_stride : H * hd) + g * group * hd;
-  for (int i = tid; i < kRows * HD; i += kThreads) {
-    const int r = i / HD, d = i % HD;
-    uint16_t v = r < group && d < hd ? q[r * hd + d] : uint16_t{0};
+  auto to_q = [](uint16_t v) {
     if constexpr (F16) {
       const __half h = __float2half_rn(DevBf16ToF32(v));
       v = *reinterpret_cast<const uint16_t*>(&h);
     }
-    Qs[r * LD + d] = v;
+    return v;
+  };
+  if constexpr (kFused) {  // normed and rotated here, rounded to bf16 as QkPrep stores them
+    for (int r = warp; r < kRows; r += kThreads / 32) {
+      float x[kQkMaxPer];
+      if (r < group) {
+        QkLoadHead(q + r * hd, per, lane, x);
+        if (qp.q_norm) QkNorm(x, per, lane, qp.q_norm, hd, qp.eps);
+        if (qp.rope) QkRope(x, per, lane, angles, hd / 2);
+      }
+#pragma unroll
+      for (int j = 0; j < HD / 32; ++j) {
+        const bool ok = r < group && j < per;
+        Qs[r * LD + lane + 32 * j] = ok ? to_q(DevF32ToBf16(x[j])) : uint16_t{0};
+      }
+    }
+  } else {
+    for (int i = tid; i < kRows * HD; i += kThreads) {
+      const int r = i / HD, d = i % HD;
+      Qs[r * LD + d] = r < group && d < hd ? to_q(q[r * hd + d]) : uint16_t{0};
+    }
   }
   __syncthreads();
   uint32_t qa[KS][4];
@@ -316,6 +377,9 @@ __global__ void __launch_bounds__(kThreads) DecodeTcKernel(AttentionParams p, in
     Lw[warp * kRows + rb] = lb;
   }
   __syncthreads();
+  float* Po = reinterpret_cast<float*>(smem + G::kPartial);  // fused: [row][HD], then m, l per row
+  float* Pm = Po + kRows * HD;
+  float* Pl = Pm + kRows;
   for (int i = tid; i < group * HD; i += kThreads) {
     const int r = i / HD, d = i % HD;
     if (d >= hd) continue;
@@ -333,7 +397,13 @@ __global__ void __launch_bounds__(kThreads) DecodeTcKernel(AttentionParams p, in
       }
     }
     const int64_t h = g * group + r;
-    if (splits == 1) {
+    if constexpr (kFused) {
+      Po[r * HD + d] = acc;
+      if (d == 0) {
+        Pm[r] = M;
+        Pl[r] = L;
+      }
+    } else if (splits == 1) {
       uint16_t* out = static_cast<uint16_t*>(p.out) + t * (p.out_stride ? p.out_stride : H * hd) + h * hd;
       StoreF(out + d, L > 0.f ? acc / L : 0.f);
     } else {
@@ -345,18 +415,73 @@ __global__ void __launch_bounds__(kThreads) DecodeTcKernel(AttentionParams p, in
       }
     }
   }
+  if constexpr (kFused) {
+    // The cluster's splits merge: split `sp` finishes outputs sp * kThreads + tid, ... reading
+    // every split's partial from its shared memory (as CombineKernel merges the workspace's).
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // every partial written
+    for (int i = static_cast<int>(sp) * kThreads + tid; i < group * HD; i += splits * kThreads) {
+      const int r = i / HD, d = i % HD;
+      if (d >= hd) continue;
+      float M = -INFINITY;
+      for (int s2 = 0; s2 < splits; ++s2) {
+        const float* po = cluster.map_shared_rank(Po, s2);
+        const float l2 = po[kRows * HD + kRows + r];
+        M = fmaxf(M, l2 > 0.f ? po[kRows * HD + r] : -INFINITY);
+      }
+      float acc = 0.f, L = 0.f;
+      for (int s2 = 0; s2 < splits; ++s2) {
+        const float* po = cluster.map_shared_rank(Po, s2);
+        const float l2 = po[kRows * HD + kRows + r];
+        if (l2 > 0.f) {
+          const float f = expf(po[kRows * HD + r] - M);
+          acc = fmaf(po[r * HD + d], f, acc);
+          L = fmaf(l2, f, L);
+        }
+      }
+      uint16_t* out = static_cast<uint16_t*>(p.out) + t * (p.out_stride ? p.out_stride : H * hd) + (g * group + r) * hd;
+      StoreF(out + d, L > 0.f ? acc / L : 0.f);
+    }
+    cluster.sync();  // no split leaves while another reads its shared memory
+  }
 }
 
 template <int HD, KvElem E>
 cudaError_t LaunchTcHd(const AttentionParams& p, int splits, cudaStream_t st) {
   const int group = static_cast<int>(p.num_heads / p.cache.num_kv_heads);
-  auto* k = &DecodeTcKernel<HD, E>;
+  auto* k = &DecodeTcKernel<HD, E, false>;
   static std::atomic<uint64_t> smem_set{0};
   if (cudaError_t e = EnsureDynamicSmem(k, TcGeo<HD, E>::kSmem, smem_set); e != cudaSuccess) return e;
   float* ws = splits > 1 ? static_cast<float*>(p.workspace) : nullptr;
   dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(p.cache.num_kv_heads),
             static_cast<unsigned>(p.num_tokens));
-  return LaunchPdl(k, grid, kThreads, TcGeo<HD, E>::kSmem, st, p, group, splits, ws);
+  return LaunchPdl(k, grid, kThreads, TcGeo<HD, E>::kSmem, st, p, group, splits, ws, QkPrepParams{});
+}
+
+// kFusedSplits splits a (token, KV head), one cluster; programmatic dependent launch as LaunchPdl.
+template <int HD, KvElem E>
+cudaError_t LaunchFusedHd(const AttentionParams& p, const QkPrepParams& qp, cudaStream_t st) {
+  const int group = static_cast<int>(p.num_heads / p.cache.num_kv_heads);
+  auto* k = &DecodeTcKernel<HD, E, true>;
+  constexpr size_t smem = TcGeo<HD, E>::kFusedSmem;
+  static std::atomic<uint64_t> smem_set{0};
+  if (cudaError_t e = EnsureDynamicSmem(k, smem, smem_set); e != cudaSuccess) return e;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = PdlEnabled() ? 1 : 0;
+  attr[1].id = cudaLaunchAttributeClusterDimension;
+  attr[1].val.clusterDim.x = kFusedSplits;
+  attr[1].val.clusterDim.y = 1;
+  attr[1].val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(kFusedSplits, static_cast<unsigned>(p.cache.num_kv_heads), static_cast<unsigned>(p.num_tokens));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cfg.attrs = attr;
+  cfg.numAttrs = 2;
+  return cudaLaunchKernelEx(&cfg, k, p, group, static_cast<int>(kFusedSplits), static_cast<float*>(nullptr), qp);
 }
 
 }  // namespace
@@ -379,6 +504,27 @@ cudaError_t LaunchAttentionDecodeTc(const AttentionParams& p, int64_t splits, cu
   const bool fp8 = p.cache.elem == KvElem::kFp8E4M3;
   if (p.cache.head_dim <= 64) return fp8 ? LaunchTcHd<64, KvElem::kFp8E4M3>(p, s, st) : LaunchTcHd<64, KvElem::kBF16>(p, s, st);
   return fp8 ? LaunchTcHd<128, KvElem::kFp8E4M3>(p, s, st) : LaunchTcHd<128, KvElem::kBF16>(p, s, st);
+}
+
+bool DecodeFusedSupports(const AttentionParams& p, const QkPrepParams& qp) {
+  static const bool on = [] {
+    const char* v = std::getenv("MOESHARD_ATTN_FUSED_DECODE");
+    return !(v && v[0] == '0');
+  }();
+  static const bool clusters = DeviceIsSm90OrNewer();
+  const int64_t hd = p.cache.head_dim;
+  return on && clusters && DecodeTcSupports(p) && (hd == 64 || hd == 128) && p.max_tokens_per_seq == 1 &&
+         p.window >= 0 && qp.dtype == ActDType::kBF16 && qp.k && qp.v && qp.slots && (!qp.rope || qp.pos) &&
+         (qp.q_norm == nullptr) == (qp.k_norm == nullptr) && qp.cache.k == p.cache.k && qp.cache.v == p.cache.v &&
+         p.q == qp.q;
+}
+
+cudaError_t LaunchAttentionDecodeFused(const AttentionParams& p, const QkPrepParams& qp, cudaStream_t st) {
+  const bool fp8 = p.cache.elem == KvElem::kFp8E4M3;
+  if (p.cache.head_dim == 64) {
+    return fp8 ? LaunchFusedHd<64, KvElem::kFp8E4M3>(p, qp, st) : LaunchFusedHd<64, KvElem::kBF16>(p, qp, st);
+  }
+  return fp8 ? LaunchFusedHd<128, KvElem::kFp8E4M3>(p, qp, st) : LaunchFusedHd<128, KvElem::kBF16>(p, qp, st);
 }
 
 }  // namespace moeshard::gpu

@@ -123,6 +123,22 @@ absl::Status KvDequant(const KvDequantParams& p, GpuStream stream) {
 
 bool QkPrepSupports(int64_t head_dim) { return head_dim > 0 && head_dim % 64 == 0 && head_dim <= 256; }
 
+bool AttentionDecodeFusedSupports(const AttentionParams& p, const QkPrepParams& prep) {
+  return p.num_tokens > 0 && prep.num_tokens == p.num_tokens && prep.num_heads == p.num_heads &&
+         DecodeFusedSupports(p, prep);
+}
+
+absl::Status AttentionDecodeFused(const AttentionParams& p, const QkPrepParams& prep, GpuStream stream) {
+  if (p.num_tokens <= 0) return absl::OkStatus();
+  if (absl::Status s = CheckCache(p.cache); !s.ok()) return s;
+  if (!p.q || !p.out || !p.pos || !p.block_tables || !p.table_offset) {
+    return absl::InvalidArgumentError("AttentionDecodeFused: missing buffers");
+  }
+  if (!AttentionDecodeFusedSupports(p, prep)) return absl::InvalidArgumentError("AttentionDecodeFused: unsupported shape");
+  MOESHARD_CUDA_RETURN_IF_ERROR(LaunchAttentionDecodeFused(p, prep, stream));
+  return absl::OkStatus();
+}
+
 absl::Status QkPrep(const QkPrepParams& p, GpuStream stream) {
   if (p.num_tokens <= 0) return absl::OkStatus();
   if (absl::Status s = CheckCache(p.cache); !s.ok()) return s;

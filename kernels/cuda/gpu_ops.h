@@ -26,6 +26,12 @@ absl::Status KvDequant(const KvDequantParams& p, GpuStream stream);
 // q/k norm + RoPE + KV write in one launch; QkPrepSupports says whether the shape qualifies.
 bool QkPrepSupports(int64_t head_dim);
 absl::Status QkPrep(const QkPrepParams& p, GpuStream stream);
+// QkPrep (prep) and decode attention (p) in one launch for one token per sequence (p's
+// max_tokens_per_seq 1, bf16, head_dim 64 or 128, an sm_90 device; MOESHARD_ATTN_FUSED_DECODE=0
+// never): the queries normed and rotated on chip (prep.q is left as it was), the new K/V written
+// by the split that reads them, 8 splits a KV head merged in a thread-block cluster.
+bool AttentionDecodeFusedSupports(const AttentionParams& p, const QkPrepParams& prep);
+absl::Status AttentionDecodeFused(const AttentionParams& p, const QkPrepParams& prep, GpuStream stream);
 absl::Status Attention(const AttentionParams& p, GpuStream stream);
 // Bytes of AttentionParams::workspace that let the split-decode kernel cut each of
 // num_tokens tokens' keys into up to max_splits ranges (capped at 64). A smaller workspace

@@ -25,6 +25,10 @@ cudaError_t LaunchAddBias(const AddBiasParams& p, cudaStream_t stream);
 cudaError_t LaunchConvert(const ConvertParams& p, cudaStream_t stream);
 cudaError_t LaunchFill(const FillParams& p, cudaStream_t stream);
 cudaError_t LaunchArgMax(const ArgMaxParams& p, cudaStream_t stream);
+// The fused decode attention (attention_decode_tc.cu): QkPrep's work and the split merge in
+// one launch, for one token per sequence on an sm_90 device.
+bool DecodeFusedSupports(const AttentionParams& p, const QkPrepParams& qp);
+cudaError_t LaunchAttentionDecodeFused(const AttentionParams& p, const QkPrepParams& qp, cudaStream_t stream);
 int64_t ArgMaxScratchBytes(int64_t rows);
 int64_t MaxAttentionHeadDim();
 // Attention kernels beside the reference one (attention_tiled.cu, attention_tc.cu,

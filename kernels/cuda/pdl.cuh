@@ -38,19 +38,25 @@ __device__ __forceinline__ void PdlTrigger() {
 #endif
 }
 
+// Whether the current device has compute capability 9.0 or more (Hopper: programmatic launch,
+// thread-block clusters).
+inline bool DeviceIsSm90OrNewer() {
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return major >= 9;
+}
+
 // On when the process's GPU is a Hopper or newer (programmatic launch needs compute capability
 // 9.0; older GPUs launch the ordinary way) and MOESHARD_PDL is not 0. Read once per process.
 inline bool PdlEnabled() {
   static const bool on = [] {
     const char* v = std::getenv("MOESHARD_PDL");
     if (v && std::strcmp(v, "0") == 0) return false;
-    int dev = 0, major = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    return major >= 9;
+    return DeviceIsSm90OrNewer();
   }();
   return on;
 }

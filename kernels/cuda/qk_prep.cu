@@ -8,48 +8,13 @@
 #include "kernels/cuda/act.cuh"
 #include "kernels/cuda/launchers.h"
 #include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/qk_prep.cuh"
 
 namespace moeshard::gpu {
 namespace {
 
 constexpr int kWarps = 8;
-constexpr int kMaxPer = 8;  // head_dim / 32, head_dim ≤ 256
-
-template <typename Act>
-__device__ __forceinline__ void LoadHead(const Act* src, int per, int lane, float (&x)[kMaxPer]) {
-#pragma unroll
-  for (int j = 0; j < kMaxPer; ++j) x[j] = j < per ? LoadF(src + lane + 32 * j) : 0.f;
-}
-
-template <KvElem E>
-__device__ __forceinline__ void StoreKv(void* base, float* scales, int64_t dst, int64_t scale_at, int per, int lane,
-                                        const float (&x)[kMaxPer]) {
-  if constexpr (E == KvElem::kFp8E4M3) {
-    float amax = 0.f;
-#pragma unroll
-    for (int j = 0; j < kMaxPer; ++j) amax = j < per ? fmaxf(amax, fabsf(x[j])) : amax;
-    amax = WarpMax(amax);
-    const float scale = amax > 0.f ? amax / 448.f : 1.f;
-#pragma unroll
-    for (int j = 0; j < kMaxPer; ++j) {
-      if (j < per) {
-        static_cast<uint8_t*>(base)[dst + lane + 32 * j] =
-            static_cast<uint8_t>(__nv_cvt_float_to_fp8(x[j] / scale, __NV_SATFINITE, __NV_E4M3));
-      }
-    }
-    if (lane == 0) scales[scale_at] = scale;
-  } else if constexpr (E == KvElem::kBF16) {
-#pragma unroll
-    for (int j = 0; j < kMaxPer; ++j) {
-      if (j < per) static_cast<uint16_t*>(base)[dst + lane + 32 * j] = DevF32ToBf16(x[j]);
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < kMaxPer; ++j) {
-      if (j < per) static_cast<float*>(base)[dst + lane + 32 * j] = x[j];
-    }
-  }
-}
+constexpr int kMaxPer = kQkMaxPer;
 
 template <typename Act, KvElem E>
 __global__ void __launch_bounds__(kWarps * 32) QkPrepKernel(QkPrepParams p) {
@@ -59,12 +24,7 @@ __global__ void __launch_bounds__(kWarps * 32) QkPrepKernel(QkPrepParams p) {
   const int64_t t = blockIdx.x, hd = p.cache.head_dim, half = hd / 2, nkv = p.cache.num_kv_heads;
   const int per = static_cast<int>(hd / 32), lane = threadIdx.x % 32;
   if (p.rope) {
-    const double pos = p.pos[t];
-    for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-      const double a = pos / pow(p.theta, static_cast<double>(2 * i) / static_cast<double>(hd));
-      cs[i] = static_cast<float>(cos(a));
-      cs[half + i] = static_cast<float>(sin(a));
-    }
+    QkRopeAngles(p.pos[t], p.theta, hd, cs, threadIdx.x, blockDim.x);
     __syncthreads();
   }
   const int64_t task = static_cast<int64_t>(blockIdx.y) * kWarps + threadIdx.x / 32;
@@ -74,28 +34,10 @@ __global__ void __launch_bounds__(kWarps * 32) QkPrepKernel(QkPrepParams p) {
   const Act* src = is_q ? static_cast<const Act*>(p.q) + (t * p.num_heads + h) * hd
                         : static_cast<const Act*>(p.k) + (t * nkv + h) * hd;
   float x[kMaxPer];
-  LoadHead(src, per, lane, x);
+  QkLoadHead(src, per, lane, x);
   const float* nw = is_q ? p.q_norm : p.k_norm;
-  if (nw) {
-    float ss = 0.f;
-#pragma unroll
-    for (int j = 0; j < kMaxPer; ++j) ss = fmaf(x[j], x[j], ss);
-    const float inv = rsqrtf(WarpSum(ss) / static_cast<float>(hd) + p.eps);
-#pragma unroll
-    for (int j = 0; j < kMaxPer; ++j) x[j] = j < per ? x[j] * inv * nw[lane + 32 * j] : 0.f;
-  }
-  if (p.rope) {
-    const int hp = per / 2;  // pairs (j, j + hp)
-#pragma unroll
-    for (int j = 0; j < kMaxPer / 2; ++j) {
-      if (j < hp) {
-        const int64_t i = lane + 32 * j;
-        const float c = cs[i], s = cs[half + i], x0 = x[j], x1 = x[j + hp];
-        x[j] = x0 * c - x1 * s;
-        x[j + hp] = x1 * c + x0 * s;
-      }
-    }
-  }
+  if (nw) QkNorm(x, per, lane, nw, hd, p.eps);
+  if (p.rope) QkRope(x, per, lane, cs, half);
   if (is_q) {
     Act* dst = static_cast<Act*>(p.q) + (t * p.num_heads + h) * hd;
 #pragma unroll
@@ -106,9 +48,9 @@ __global__ void __launch_bounds__(kWarps * 32) QkPrepKernel(QkPrepParams p) {
   }
   const int64_t slot = p.slots[t];
   const int64_t dst = (slot * nkv + h) * hd;
-  StoreKv<E>(p.cache.k, p.cache.k_scale, dst, slot * nkv + h, per, lane, x);
-  LoadHead(static_cast<const Act*>(p.v) + (t * nkv + h) * hd, per, lane, x);
-  StoreKv<E>(p.cache.v, p.cache.v_scale, dst, slot * nkv + h, per, lane, x);
+  QkStoreKv<E>(p.cache.k, p.cache.k_scale, dst, slot * nkv + h, per, lane, x);
+  QkLoadHead(static_cast<const Act*>(p.v) + (t * nkv + h) * hd, per, lane, x);
+  QkStoreKv<E>(p.cache.v, p.cache.v_scale, dst, slot * nkv + h, per, lane, x);
 }
 
 template <typename Act>

@@ -387,15 +387,19 @@ TEST_F(EngineTest, LookaheadKeepsEveryTokenStopAndCancel) {
   // Steps overlapped: some step was sent before the one before it had answered, and a
   // sequence's lookahead chunk follows its sampled chunk in the very next step.
   bool followed = false;
-  const std::vector<StepRequest> steps = pool_->steps();
-  for (size_t i = 1; i < steps.size(); ++i) {
-    for (const ChunkPlan& ch : steps[i].chunks) {
+  std::map<int64_t, StepRequest> by_id;  // (two steps in flight may reach the fake in either order)
+  for (const StepRequest& st : pool_->steps()) by_id[st.step_id] = st;
+  for (const auto& [id, st] : by_id) {
+    for (const ChunkPlan& ch : st.chunks) {
       if (!ch.follow) continue;
       followed = true;
       EXPECT_EQ(ch.tokens, std::vector<int32_t>({-1}));
       bool before = false;
-      for (const ChunkPlan& p : steps[i - 1].chunks) before |= p.seq_id == ch.seq_id && p.sample;
-      EXPECT_TRUE(before) << "step " << steps[i].step_id << " seq " << ch.seq_id;
+      auto prev = by_id.find(id - 1);
+      for (const ChunkPlan& p : prev != by_id.end() ? prev->second.chunks : std::vector<ChunkPlan>{}) {
+        before |= p.seq_id == ch.seq_id && p.sample;
+      }
+      EXPECT_TRUE(before) << "step " << id << " seq " << ch.seq_id;
     }
   }
   EXPECT_TRUE(followed);

@@ -2,7 +2,10 @@
 // (RmsNorm per head, RopeNeox) and the cache's element conversion: every activation dtype,
 // every KV element type, head_dim 64 and 128, with and without the norms and RoPE, tokens at
 // ragged positions written to shuffled cache slots. Poisoned cache slots that no token owns
-// must stay poisoned. Labelled `gpu`; exits 77 (SKIPPED) where no CUDA device is present.
+// must stay poisoned. The fused decode attention (gpu::AttentionDecodeFused: QkPrep's work
+// inside the decode launch, splits merged in a cluster) against QkPrep + the split-decode
+// attention: the same cache bytes, the same outputs within bf16 rounding of the merge order.
+// Labelled `gpu`; exits 77 (SKIPPED) where no CUDA device is present.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -177,6 +180,152 @@ TEST_P(QkPrepTest, MatchesNormRopeAndCacheWrite) {
     }
   }
 }
+
+struct FusedCase {
+  KvElem elem;
+  int64_t hd, nq, nkv, window;
+  bool norm, rope;
+};
+
+class FusedDecodeTest : public ::testing::TestWithParam<FusedCase> {
+ protected:
+  void SetUp() override {
+    int n = 0, dev = 0, major = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    if (major < 9) GTEST_SKIP() << "thread-block clusters need compute capability 9.0";
+  }
+};
+
+TEST_P(FusedDecodeTest, EqualsQkPrepThenSplitDecode) {
+  const FusedCase c = GetParam();
+  const int64_t hd = c.hd, nq = c.nq, nkv = c.nkv, bs = 16, blocks = 160;
+  const std::vector<int32_t> pos = {0, 36, 700, 2047};  // one token each, the last of its sequence
+  const int64_t T = static_cast<int64_t>(pos.size());
+  std::mt19937 rng(static_cast<uint32_t>(hd * 7 + nq + static_cast<int>(c.elem) + c.window));
+  std::normal_distribution<float> d(0.f, 1.f);
+  auto bf16 = [&](size_t n, float sd) {
+    std::vector<uint16_t> v(n);
+    for (auto& x : v) x = F32ToBf16(sd * d(rng));
+    return v;
+  };
+  // Each sequence's table: shuffled distinct blocks; its slot: the last position's.
+  std::vector<int32_t> perm(blocks);
+  for (int32_t i = 0; i < blocks; ++i) perm[i] = i;
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int32_t> tables, toff, slot;
+  int64_t used = 0;
+  for (int32_t p : pos) {
+    toff.push_back(static_cast<int32_t>(tables.size()));
+    const int64_t nb = p / bs + 1;
+    for (int64_t b = 0; b < nb; ++b) tables.push_back(perm[used + b]);
+    slot.push_back(tables[toff.back() + p / bs] * bs + p % bs);
+    used += nb;
+  }
+  ASSERT_LE(used, blocks);
+  const size_t esz = c.elem == KvElem::kBF16 ? 2 : 1, cells = blocks * bs * nkv * hd;
+  std::vector<uint8_t> kbytes(cells * esz), vbytes(cells * esz);
+  if (c.elem == KvElem::kBF16) {
+    auto kk = bf16(cells, 1.f), vv = bf16(cells, 1.f);
+    std::memcpy(kbytes.data(), kk.data(), kbytes.size());
+    std::memcpy(vbytes.data(), vv.data(), vbytes.size());
+  } else {
+    for (auto* b : {&kbytes, &vbytes}) {
+      for (auto& x : *b) x = static_cast<uint8_t>(rng() % 0x7e) | (rng() % 2 ? 0x80 : 0);  // finite e4m3
+    }
+  }
+  std::vector<float> scales(blocks * bs * nkv);
+  for (auto& x : scales) x = 0.01f + 0.02f * std::fabs(d(rng));
+  auto q = bf16(T * nq * hd, 1.f), k = bf16(T * nkv * hd, 1.f), v = bf16(T * nkv * hd, 1.f);
+  std::vector<float> qn(hd), kn(hd);
+  for (auto& x : qn) x = 1.f + 0.3f * d(rng);
+  for (auto& x : kn) x = 1.f + 0.3f * d(rng);
+  Buf<uint16_t> dk(k), dv(v), dq_a(q), dq_b(q), out_a(std::vector<uint16_t>(T * nq * hd)), out_b(std::vector<uint16_t>(T * nq * hd));
+  Buf<float> dqn(qn), dkn(kn);
+  Buf<int32_t> dpos(pos), dslot(slot), dtables(tables), dtoff(toff);
+  Buf<uint8_t> kc_a(kbytes), vc_a(vbytes), kc_b(kbytes), vc_b(vbytes);
+  Buf<float> ks_a(scales), vs_a(scales), ks_b(scales), vs_b(scales);
+  Buf<uint8_t> ws(std::vector<uint8_t>(static_cast<size_t>(gpu::AttentionWorkspaceBytes(T, nq, hd, 64))));
+  auto params = [&](Buf<uint16_t>& dq, Buf<uint16_t>& out, Buf<uint8_t>& kc, Buf<uint8_t>& vc, Buf<float>& ks, Buf<float>& vs,
+                    gpu::QkPrepParams* prep) {
+    gpu::AttentionParams a;
+    a.q = dq.p;
+    a.out = out.p;
+    a.dtype = ActDType::kBF16;
+    a.num_tokens = T;
+    a.num_heads = nq;
+    a.pos = dpos.p;
+    a.table_offset = dtoff.p;
+    a.block_tables = dtables.p;
+    a.window = c.window;
+    a.scale = 1.f / std::sqrt(static_cast<float>(hd));
+    a.cache = {kc.p, vc.p, c.elem == KvElem::kBF16 ? nullptr : ks.p, c.elem == KvElem::kBF16 ? nullptr : vs.p, c.elem, bs, nkv, hd};
+    a.max_tokens_per_seq = 1;
+    a.workspace = ws.p;
+    a.workspace_bytes = static_cast<int64_t>(ws.n);
+    prep->q = dq.p;
+    prep->k = dk.p;
+    prep->v = dv.p;
+    prep->dtype = ActDType::kBF16;
+    prep->num_tokens = T;
+    prep->num_heads = nq;
+    prep->q_norm = c.norm ? dqn.p : nullptr;
+    prep->k_norm = c.norm ? dkn.p : nullptr;
+    prep->eps = 1e-6f;
+    prep->rope = c.rope;
+    prep->pos = dpos.p;
+    prep->theta = 1e6;
+    prep->slots = dslot.p;
+    prep->cache = a.cache;
+    return a;
+  };
+  gpu::QkPrepParams prep_a, prep_b;
+  gpu::AttentionParams a = params(dq_a, out_a, kc_a, vc_a, ks_a, vs_a, &prep_a);
+  gpu::AttentionParams b = params(dq_b, out_b, kc_b, vc_b, ks_b, vs_b, &prep_b);
+  STATUS_OK(gpu::QkPrep(prep_a, nullptr));
+  STATUS_OK(gpu::Attention(a, nullptr));
+  ASSERT_TRUE(gpu::AttentionDecodeFusedSupports(b, prep_b));
+  STATUS_OK(gpu::AttentionDecodeFused(b, prep_b, nullptr));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  // The new K/V rows: the same bytes (and scales) as QkPrep's; nothing else written.
+  EXPECT_TRUE(kc_a.Host() == kc_b.Host());
+  EXPECT_TRUE(vc_a.Host() == vc_b.Host());
+  if (c.elem != KvElem::kBF16) {
+    EXPECT_TRUE(ks_a.Host() == ks_b.Host());
+    EXPECT_TRUE(vs_a.Host() == vs_b.Host());
+  }
+  EXPECT_TRUE(dq_b.Host() == q) << "the fused kernel must leave q as it was";
+  const std::vector<uint16_t> ra = out_a.Host(), rb = out_b.Host();
+  double worst = 0;
+  for (size_t i = 0; i < ra.size(); ++i) {
+    const float x = Bf16ToF32(ra[i]), y = Bf16ToF32(rb[i]);
+    ASSERT_TRUE(std::isfinite(y)) << i;
+    worst = std::max<double>(worst, std::fabs(x - y) / std::max(1.f, std::fabs(x)));
+  }
+  EXPECT_LE(worst, 1.6e-2) << "fused against QkPrep + split decode";
+  // The position-0 token attends only itself: its output is its own value head exactly (bf16).
+  if (c.elem == KvElem::kBF16) {
+    for (int64_t h = 0; h < nq; ++h) {
+      for (int64_t e = 0; e < hd; ++e) EXPECT_EQ(rb[h * hd + e], v[(h / (nq / nkv)) * hd + e]) << h << " " << e;
+    }
+  }
+}
+
+std::vector<FusedCase> FusedCases() {
+  std::vector<FusedCase> v;
+  for (KvElem e : {KvElem::kBF16, KvElem::kFp8E4M3}) {
+    for (int64_t hd : {64, 128}) {
+      v.push_back({e, hd, 32, 4, 0, true, true});     // Qwen3: 8 query heads per KV head
+      v.push_back({e, hd, 16, 1, 0, false, true});    // 16 per KV head
+      v.push_back({e, hd, 8, 8, 128, true, false});   // one per KV head, a sliding window
+      v.push_back({e, hd, 12, 4, 512, false, false});
+    }
+  }
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(All, FusedDecodeTest, ::testing::ValuesIn(FusedCases()));
 
 std::vector<Case> AllCases() {
   std::vector<Case> v;

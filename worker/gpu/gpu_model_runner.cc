@@ -153,6 +153,7 @@ absl::Status GpuModelRunner::AttentionInput(int64_t li, const AttentionInputOpts
   // One kernel for q/k norm, RoPE and the KV write; else each its own, and the KV write at
   // the start of Attention.
   fused_prep_ = QkPrepSupports(hd) && qk_prep_enabled_;
+  prep_in_attention_ = false;
   if (fused_prep_) {
     QkPrepParams qp;
     qp.q = q;
@@ -169,6 +170,11 @@ absl::Status GpuModelRunner::AttentionInput(int64_t li, const AttentionInputOpts
     qp.theta = c.rope_theta;
     qp.slots = InSlidingPool(li) ? sliding_slots_ : slots_;
     qp.cache = kv_[li];
+    if (fused_decode_) {  // Attention runs it inside its launch when it can
+      prep_ = qp;
+      prep_in_attention_ = true;
+      return absl::OkStatus();
+    }
     auto region = prof_.Region("attention", stream_);
     RETURN_IF_ERROR(gpu::QkPrep(qp, stream_));
   }
@@ -224,6 +230,11 @@ absl::Status GpuModelRunner::Attention(int64_t li, int64_t window) {
     RETURN_IF_ERROR(arena_error_);
   }
   auto region = prof_.Region("attention", stream_);
+  if (prep_in_attention_) {
+    prep_in_attention_ = false;
+    if (gpu::AttentionDecodeFusedSupports(ap, prep_)) return gpu::AttentionDecodeFused(ap, prep_, stream_);
+    RETURN_IF_ERROR(gpu::QkPrep(prep_, stream_));  // the shape the fused kernel does not take
+  }
   if (!fused_prep_) RETURN_IF_ERROR(gpu::KvWrite(kw, stream_));
   if (kv_copy_active_) RETURN_IF_ERROR(UseKvCopy(li, &ap));
   return gpu::Attention(ap, stream_);
@@ -396,7 +407,7 @@ absl::Status GpuModelRunner::LaunchGraph(const std::vector<SeqChunk>& batch, flo
       !shard_.first_stage || !shard_.last_stage || (shard_.tp_size > 1 && !comm_->device_memory())) {
     return absl::UnavailableError("not a graph step");
   }
-  RETURN_IF_ERROR(graphs_.Launch(T_, stream_, [&]() -> absl::Status {
+  RETURN_IF_ERROR(graphs_.Launch(T_ * 2 + (fused_decode_ ? 1 : 0), stream_, [&]() -> absl::Status {
     RETURN_IF_ERROR(EmbedDevice());
     RETURN_IF_ERROR(LayersDevice());
     return HeadRows(0, R_);

@@ -237,7 +237,13 @@ class GpuModelRunner : public ModelRunner, private LayerOps {
   // The current block's scratch (arena, taken by the block's first op).
   void *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *o_ = nullptr;  // attention: q/k/v, output per head
   float* a_ = nullptr;        // [T, H] the attention block's output
-  bool fused_prep_ = false;   // AttentionInput's QkPrep wrote the KV cache
+  bool fused_prep_ = false;   // AttentionInput's QkPrep wrote the KV cache (or Attention's fused kernel will)
+  // One token per sequence and every context at most fused_max_context_ (MOESHARD_ATTN_FUSED_MAX_CONTEXT,
+  // default 4096; 0 never): Attention runs QkPrep's work inside the decode attention launch
+  // (gpu::AttentionDecodeFused) when it supports the shape; prep_ is that QkPrep.
+  bool fused_decode_ = false, prep_in_attention_ = false;
+  int64_t fused_max_context_ = 4096;
+  QkPrepParams prep_;
   float* f_ = nullptr;        // [T, H] the MLP block's output
   float* y32_ = nullptr;      // xn32_ when MlpInput kept the fp32 copy, else null
   float *logits_ = nullptr, *wts_ = nullptr;  // [T, E] router logits, [T, K] routing weights

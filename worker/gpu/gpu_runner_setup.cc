@@ -21,6 +21,7 @@ absl::Status GpuModelRunner::StartDevice() {
   gemv_enabled_ = !(gemv && std::string(gemv) == "0");
   const char* prep = std::getenv("MOESHARD_QK_PREP");
   qk_prep_enabled_ = !(prep && std::string(prep) == "0");
+  if (const char* c = std::getenv("MOESHARD_ATTN_FUSED_MAX_CONTEXT")) fused_max_context_ = std::max(0L, std::strtol(c, nullptr, 10));
   const char* fuse = std::getenv("MOESHARD_FUSE_NORMS");
   fuse_norms_ = !(fuse && std::string(fuse) == "0");
   if (const char* mb = std::getenv("MOESHARD_FP8_PREFILL_COPY_MB")) kv_copy_cap_mb_ = std::max(0L, std::strtol(mb, nullptr, 10));
@@ -116,18 +117,23 @@ absl::Status GpuModelRunner::Prepare(const std::vector<SeqChunk>& batch) {
   T_ = 0;
   R_ = 0;
   max_chunk_tokens_ = 0;
+  int64_t max_context = 0;
   // With a sliding pool every chunk's sliding table travels too (after all block tables; its
   // -1 entries, before the window, are never read: kernels/cuda read keys from p - window + 1).
   const bool sliding = sliding_pool();
   int64_t table_total = 0, full_total = 0;
   for (auto& ch : batch) {
     max_chunk_tokens_ = std::max<int64_t>(max_chunk_tokens_, static_cast<int64_t>(ch.tokens.size()));
+    max_context = std::max<int64_t>(max_context, ch.start_pos + static_cast<int64_t>(ch.tokens.size()));
     T_ += static_cast<int64_t>(ch.tokens.size());
     R_ += ch.all_logits ? static_cast<int64_t>(ch.tokens.size()) : 1;
     full_total += static_cast<int64_t>(ch.block_table.size());
     if (sliding) table_total += static_cast<int64_t>(ch.sliding_table.size());
   }
   table_total += full_total;
+  // Short-context decode: QkPrep and the attention in one launch a layer (AttentionInput); its
+  // own decode graphs (ForwardGraph's key).
+  fused_decode_ = max_chunk_tokens_ == 1 && max_context <= fused_max_context_ && act_ == ActDType::kBF16;
   const int64_t per_token = sliding ? 6 : 4;
   if (T_ > options_.max_batch_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("batch of ", T_, " tokens exceeds ", options_.max_batch_tokens));
