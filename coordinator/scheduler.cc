@@ -125,9 +125,13 @@ std::optional<StepPlan> Scheduler::Schedule(bool lookahead) {
     Seq& s = seqs_.at(id);
     const int64_t total = static_cast<int64_t>(s.tokens.size());
     if (lookahead && CanLookAhead(s)) {  // the token at `total` is being sampled
-      // The sliding blocks stay as the in-flight chunk's last position sees them: if its token
-      // does not come, that position runs again and reads the same window.
-      if (!blocks_->CanAppend(id, total - 1, total + 1) || !blocks_->Append(id, total - 1, total + 1).ok()) continue;
+      // No sliding block is released (Append from the in-flight chunk's start): the in-flight
+      // chunk's blocks are registered in the prefix cache with their sliding blocks only when it
+      // completes (MarkComputed), and its last position may run again if its token does not
+      // come. The next plan after it releases them.
+      if (!blocks_->CanAppend(id, s.num_computed, total + 1) || !blocks_->Append(id, s.num_computed, total + 1).ok()) {
+        continue;
+      }
       ChunkPlan c = MakeChunk(s, 0);
       c.start_pos = total;
       c.tokens = {-1};

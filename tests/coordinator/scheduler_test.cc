@@ -1,5 +1,6 @@
 #include "coordinator/scheduler.h"
 
+#include <deque>
 #include <map>
 #include <numeric>
 #include <random>
@@ -332,6 +333,38 @@ TEST(SchedulerTest, PrefixCacheReportedOnFirstSchedule) {
   ASSERT_EQ(ev.size(), 1u);
   EXPECT_EQ(ev[0].num_cached_tokens, -1);  // only once
   EXPECT_EQ(bm.prefix_hit_tokens(), 8);
+}
+
+// A lookahead must not release the sliding blocks of the chunk in flight before it: they enter
+// the prefix cache with their full blocks only when that chunk completes (a prompt prefilled in
+// one step, then decoded with lookahead, is a whole hit for the next request sharing it).
+TEST(SchedulerTest, LookaheadKeepsTheSlidingWindowCacheable) {
+  const int64_t bs = 4, window = 6;
+  BlockManager bm(64, bs, true, /*num_sliding_blocks=*/40, window);
+  Scheduler s({.max_num_seqs = 4, .max_tokens_per_step = 64, .max_model_len = 128}, &bm);
+  ASSERT_TRUE(s.Add(Req(1, 40, 6)).ok());
+  std::optional<StepPlan> prefill = s.Schedule(true);
+  ASSERT_TRUE(prefill && prefill->chunks.size() == 1 && prefill->chunks[0].tokens.size() == 40u);
+  std::optional<StepPlan> ahead = s.Schedule(true);  // planned while the prefill runs
+  ASSERT_TRUE(ahead && ahead->chunks.size() == 1);
+  EXPECT_TRUE(ahead->chunks[0].follow);
+  EXPECT_EQ(ahead->chunks[0].start_pos, 40);
+  std::deque<StepPlan> flight = {*prefill, *ahead};
+  while (!flight.empty()) {
+    StepPlan done = flight.front();
+    flight.pop_front();
+    s.OnStepDone(done, Sample(done));
+    ASSERT_TRUE(s.CheckIntegrity().ok()) << s.CheckIntegrity();
+    if (std::optional<StepPlan> next = s.Schedule(true)) flight.push_back(*next);
+  }
+  EXPECT_FALSE(s.HasWork());
+  ASSERT_TRUE(s.Add(Req(2, 40, 2)).ok());  // the same prompt: all but its last block's tokens cached
+  std::optional<StepPlan> p = s.Schedule(true);
+  ASSERT_TRUE(p && p->chunks.size() == 1);
+  EXPECT_EQ(p->chunks[0].start_pos, 36);
+  std::vector<SeqEvent> ev = s.OnStepDone(*p, Sample(*p));
+  ASSERT_FALSE(ev.empty());
+  EXPECT_EQ(ev[0].num_cached_tokens, 36);
 }
 
 TEST(SchedulerTest, MissingSampleIsRetried) {
