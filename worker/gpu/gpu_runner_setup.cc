@@ -22,6 +22,7 @@ absl::Status GpuModelRunner::StartDevice() {
   const char* prep = std::getenv("MOESHARD_QK_PREP");
   qk_prep_enabled_ = !(prep && std::string(prep) == "0");
   if (const char* c = std::getenv("MOESHARD_ATTN_FUSED_MAX_CONTEXT")) fused_max_context_ = std::max(0L, std::strtol(c, nullptr, 10));
+  if (const char* c = std::getenv("MOESHARD_ATTN_FUSED_MAX_TOKENS")) fused_max_tokens_ = std::max(0L, std::strtol(c, nullptr, 10));
   const char* fuse = std::getenv("MOESHARD_FUSE_NORMS");
   fuse_norms_ = !(fuse && std::string(fuse) == "0");
   if (const char* mb = std::getenv("MOESHARD_FP8_PREFILL_COPY_MB")) kv_copy_cap_mb_ = std::max(0L, std::strtol(mb, nullptr, 10));
@@ -133,7 +134,8 @@ absl::Status GpuModelRunner::Prepare(const std::vector<SeqChunk>& batch) {
   table_total += full_total;
   // Short-context decode: QkPrep and the attention in one launch a layer (AttentionInput); its
   // own decode graphs (ForwardGraph's key).
-  fused_decode_ = max_chunk_tokens_ == 1 && max_context <= fused_max_context_ && act_ == ActDType::kBF16;
+  fused_decode_ = max_chunk_tokens_ == 1 && T_ <= fused_max_tokens_ && max_context <= fused_max_context_ &&
+                  act_ == ActDType::kBF16;
   const int64_t per_token = sliding ? 6 : 4;
   if (T_ > options_.max_batch_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("batch of ", T_, " tokens exceeds ", options_.max_batch_tokens));
