@@ -251,15 +251,13 @@ class Cluster {
   std::vector<std::string> addresses_;
 };
 
-TEST_F(SlidingPoolTest, TwoWorkerClusterEqualsOnePool) {
-  const std::vector<LocalResult> want = Reference();
-  ASSERT_EQ(want.size(), 2u);
-
-  Cluster cluster(ModelPath());
+// An engine over `cluster`'s workers in layer split (one worker: the whole model, lookahead).
+std::unique_ptr<Engine> ClusterEngine(const ModelConfig& config, const Cluster& cluster, int workers) {
   ::moeshard::EngineOptions o;
-  o.config = model_->config;
-  auto plan = MakePlan(o.config, ParallelMode::kLayerSplit, 2, {});
-  ASSERT_TRUE(plan.ok()) << plan.status();
+  o.config = config;
+  auto plan = MakePlan(o.config, ParallelMode::kLayerSplit, workers, {});
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  if (!plan.ok()) return nullptr;
   o.plan = *plan;
   o.num_kv_blocks = kBlocks;
   o.num_sliding_kv_blocks = 24;
@@ -269,48 +267,44 @@ TEST_F(SlidingPoolTest, TwoWorkerClusterEqualsOnePool) {
   o.max_model_len = 512;
   o.store_address = cluster.addresses()[0];
   o.model_name = "cluster";
-  Engine engine(std::move(o), std::make_unique<GrpcWorkerPool>(cluster.addresses()));
-  engine.Start();
-  ASSERT_TRUE(engine.WaitReady(std::chrono::seconds(60))) << engine.GetStatus().error;
-  const std::vector<LocalResult> got = RunRequests(engine);
+  auto engine = std::make_unique<Engine>(std::move(o), std::make_unique<GrpcWorkerPool>(cluster.addresses()));
+  engine->Start();
+  EXPECT_TRUE(engine->WaitReady(std::chrono::seconds(60))) << engine->GetStatus().error;
+  return engine;
+}
+
+TEST_F(SlidingPoolTest, TwoWorkerClusterEqualsOnePool) {
+  const std::vector<LocalResult> want = Reference();
+  ASSERT_EQ(want.size(), 2u);
+  Cluster cluster(ModelPath());
+  std::unique_ptr<Engine> engine = ClusterEngine(model_->config, cluster, 2);
+  ASSERT_TRUE(engine && engine->GetStatus().ready);
+  const std::vector<LocalResult> got = RunRequests(*engine);
   ASSERT_EQ(got.size(), 2u);
   ExpectSameOutputs(want[0], got[0], "cluster: 200-token sequence");
   ExpectSameOutputs(want[1], got[1], "cluster: prefix-cache hit");
-  ExpectWholeHit(*engine.registry());
-  EXPECT_EQ(Value(*engine.registry(), MetricName("kv_blocks"), "sliding", "used") +
-                Value(*engine.registry(), MetricName("kv_blocks"), "sliding", "free") +
-                Value(*engine.registry(), MetricName("kv_blocks"), "sliding", "cached"), 24);
-  engine.Stop();
+  ExpectWholeHit(*engine->registry());
+  EXPECT_EQ(Value(*engine->registry(), MetricName("kv_blocks"), "sliding", "used") +
+                Value(*engine->registry(), MetricName("kv_blocks"), "sliding", "free") +
+                Value(*engine->registry(), MetricName("kv_blocks"), "sliding", "cached"), 24);
+  EXPECT_EQ(Value(*engine->registry(), MetricName("lookahead_chunks_total")), 0);  // two workers: none
+  engine->Stop();
 }
 
 TEST_F(SlidingPoolTest, OneWorkerWithLookaheadEqualsOnePool) {
   const std::vector<LocalResult> want = Reference();
   ASSERT_EQ(want.size(), 2u);
   Cluster cluster(ModelPath(), 1);
-  ::moeshard::EngineOptions o;
-  o.config = model_->config;
-  auto plan = MakePlan(o.config, ParallelMode::kLayerSplit, 1, {});
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  o.plan = *plan;
-  o.num_kv_blocks = kBlocks;
-  o.num_sliding_kv_blocks = 24;
-  o.block_size = kBs;
-  o.max_num_seqs = 4;
-  o.max_tokens_per_step = 32;
-  o.max_model_len = 512;
-  o.store_address = cluster.addresses()[0];
-  o.model_name = "one worker";
-  Engine engine(std::move(o), std::make_unique<GrpcWorkerPool>(cluster.addresses()));
-  engine.Start();
-  ASSERT_TRUE(engine.WaitReady(std::chrono::seconds(60))) << engine.GetStatus().error;
-  const std::vector<LocalResult> got = RunRequests(engine);
+  std::unique_ptr<Engine> engine = ClusterEngine(model_->config, cluster, 1);
+  ASSERT_TRUE(engine && engine->GetStatus().ready);
+  const std::vector<LocalResult> got = RunRequests(*engine);
   ASSERT_EQ(got.size(), 2u);
   ExpectSameOutputs(want[0], got[0], "one worker: 200-token sequence");
   ExpectSameOutputs(want[1], got[1], "one worker: prefix-cache hit");
-  ExpectWholeHit(*engine.registry());
+  ExpectWholeHit(*engine->registry());
   // Nearly every decode step went ahead of its token (the first after each prefill cannot).
-  EXPECT_GE(Value(*engine.registry(), MetricName("lookahead_chunks_total")), 100);
-  engine.Stop();
+  EXPECT_GE(Value(*engine->registry(), MetricName("lookahead_chunks_total")), 100);
+  engine->Stop();
 }
 
 }  // namespace
