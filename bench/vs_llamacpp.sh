@@ -5,8 +5,10 @@
 # every other matrix Q8_0, the Qwen3 tokenizer), serves it with `moeshard up --device cuda`
 # (one worker) and with `llama-server -ngl 99 -fa on` in turn, drives both with the same
 # `moeshard bench serve --stream` settings (concurrency levels; a long-prompt TTFT run), adds
-# `llama-bench` and `moeshard bench-model`, and prints one table with both engines and the
-# ratios (bench/vs_llamacpp_table.py), also written as JSON.
+# `llama-bench`, and compares the engines' decode without HTTP at every concurrency level:
+# `moeshard bench-model` (a decode step of N sequences at the serve runs' context) against
+# `llama-batched-bench` (N sequences, the same prompt and output lengths: its S_TG). Prints one
+# table with both engines and the ratios (bench/vs_llamacpp_table.py), also written as JSON.
 #
 #   bench/vs_llamacpp.sh [--bin DIR] [--work DIR] [--out DIR] [--variants mxfp4,q8_0]
 #       [--engines moeshard,llamacpp] [--concurrency 1,4,16,64] [--prompt-len 512] [--output-len 128]
@@ -25,6 +27,7 @@
 # --cpu-smoke: the plumbing on a CPU: a tiny synthetic model, moeshard only, short runs.
 # --step-tokens: moeshard's --max-tokens-per-step for the serve runs (default: the coordinator's).
 # --no-serve: skip the concurrency and 4096-prefill runs (e.g. for a call that only runs --long).
+# --no-bench-model: skip the engine-to-engine decode (bench-model and llama-batched-bench).
 # --long LENS: long prompts (issue 19): for each engine a server with one sequence and room for the
 #   longest length, one request per length (prompt L, --long-output greedy tokens): TTFT, prefill
 #   tok/s and decode speed at L. moeshard once per --long-kv KV dtype (bf16, fp8; auto = bf16 on
@@ -131,7 +134,7 @@ if has "$engines" llamacpp; then
     src=$work/llama; [ -f "$src/CMakeLists.txt" ] || src=$(dirname "$(ls "$work"/llama/*/CMakeLists.txt | head -1)")
     { cmake -S "$src" -B "$work/llama/build" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DLLAMA_CURL=OFF \
         -DLLAMA_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=Release &&
-      cmake --build "$work/llama/build" -j "$jobs" --target llama-server llama-bench; } > "$work/llama-build.log" 2>&1 ||
+      cmake --build "$work/llama/build" -j "$jobs" --target llama-server llama-bench llama-batched-bench; } > "$work/llama-build.log" 2>&1 ||
       { tail -30 "$work/llama-build.log"; die "llama.cpp build failed (see $work/llama-build.log)"; }
     llama_dir=$work/llama/build/bin
   fi
@@ -297,10 +300,23 @@ for v in ${variants//,/ }; do
       > "$out/llama-bench-$v.json" 2> "$out/llama-bench-$v.log" || { tail -5 "$out/llama-bench-$v.log"; status=1; }
   fi
   if [ -n "$long" ]; then long_runs "$v" "$model" || status=1; fi
+  # Engine to engine, no HTTP: N sequences decoding at the serve runs' context (prompt + output).
   if [ $bench_model = 1 ] && has "$engines" moeshard; then
-    log "moeshard bench-model, Qwen3-30B-A3B shape, experts $v"
+    log "moeshard bench-model, Qwen3-30B-A3B shape, experts $v, streams $conc, context $((prompt + output))"
     "$moeshard" bench-model --arch qwen3_moe --preset full-layer --layers 48 --expert-format "$v" \
-      --dense-format q8_0 --prompt-len "$prefill" --streams 1,4 > "$out/bench-model-$v.txt" 2>&1 || { tail -5 "$out/bench-model-$v.txt"; status=1; }
+      --dense-format q8_0 --prompt-len $((prompt + output)) --streams "$conc" > "$out/bench-model-$v.txt" 2>&1 ||
+      { tail -5 "$out/bench-model-$v.txt"; status=1; }
+  fi
+  if [ $bench_model = 1 ] && has "$engines" llamacpp; then
+    if [ -x "$llama_dir/llama-batched-bench" ]; then
+      log "llama-batched-bench -npp $prompt -ntg $output -npl $conc on $v"
+      "$llama_dir/llama-batched-bench" -m "$model" -ngl 99 -fa on -c $((ctx * maxc)) -npp "$prompt" -ntg "$output" \
+        -npl "$conc" --output-format jsonl > "$out/llama-batched-$v.jsonl" 2> "$out/llama-batched-$v.log" ||
+        { tail -5 "$out/llama-batched-$v.log"; status=1; }
+    else
+      echo "vs_llamacpp: no llama-batched-bench in $llama_dir: the engine-to-engine rows have no llama.cpp figure" >&2
+      status=1
+    fi
   fi
   [ $keep = 1 ] || [ $smoke = 1 ] || rm -f "$model"
 done

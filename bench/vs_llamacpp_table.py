@@ -4,7 +4,9 @@
     vs_llamacpp_table.py OUT_DIR
 
 Reads OUT_DIR/serve-ENGINE-VARIANT.json and prefill-ENGINE-VARIANT.json (`moeshard bench serve
---json`), llama-bench-VARIANT.json (`llama-bench -o json`) and bench-model-VARIANT.txt, prints
+--json`), llama-bench-VARIANT.json (`llama-bench -o json`), bench-model-VARIANT.txt and
+llama-batched-VARIANT.jsonl (`llama-batched-bench --output-format jsonl`: the engine-to-engine
+decode rows, N sequences without HTTP), prints
 one Markdown table per variant (ratio: how many times moeshard's speed llama.cpp's is; above 1,
 moeshard is faster) and writes OUT_DIR/summary.json with the same figures.
 """
@@ -63,16 +65,51 @@ def rows_for(out, variant):
     for key, mean in sorted(metric_means(out, variant).items()):
         label = key.replace("moeshard_", "").replace('{phase="', " ").replace('"}', "")
         rows.append((f"moeshard {label}: mean over the serve runs", {"moeshard": mean * 1e3}, None, "ms"))
-    try:
-        with open(os.path.join(out, f"bench-model-{variant}.txt")) as f:
-            for line in f:
-                m = re.match(r"\|\s*decode, (\d+) streams?\s*\|[^|]*\|\s*([\d.]+) ms / step.*\(([\d.]+)% of copy BW\)", line)
-                if m:
-                    rows.append((f"bench-model decode, {m.group(1)} stream(s): step ({m.group(3)} % of copy BW)",
-                                 {"moeshard": float(m.group(2))}, False, "ms"))
-    except OSError:
-        pass
+    steps = bench_model_steps(out, variant)
+    for n, (ms, bw) in sorted(steps.items()):
+        rows.append((f"bench-model decode, {n} stream(s): step ({bw} % of copy BW)", {"moeshard": ms}, False, "ms"))
+    batched = llama_batched(out, variant)
+    for n in sorted(set(steps) | set(batched)):
+        vals = {}
+        if n in steps:
+            vals["moeshard"] = n * 1e3 / steps[n][0]
+        if n in batched:
+            vals["llamacpp"] = batched[n]
+        rows.append((f"{n} stream{'s' if n > 1 else ''}, engine to engine (bench-model / llama-batched-bench): "
+                     "decode tok/s", vals, True, "tok/s"))
     return rows
+
+
+def lines_of(path):
+    """The file's lines; none when it is missing."""
+    try:
+        with open(path) as f:
+            return f.read().splitlines()
+    except OSError:
+        return []
+
+
+def bench_model_steps(out, variant):
+    """{streams: (ms a decode step, % of copy BW)} from bench-model-VARIANT.txt."""
+    steps = {}
+    for line in lines_of(os.path.join(out, f"bench-model-{variant}.txt")):
+        m = re.match(r"\|\s*decode, (\d+) streams?\s*\|[^|]*\|\s*([\d.]+) ms / step.*\(([\d.]+)% of copy BW\)", line)
+        if m:
+            steps[int(m.group(1))] = (float(m.group(2)), m.group(3))
+    return steps
+
+
+def llama_batched(out, variant):
+    """{sequences: decode tok/s over all of them (S_TG)} from llama-batched-VARIANT.jsonl."""
+    speeds = {}
+    for line in lines_of(os.path.join(out, f"llama-batched-{variant}.jsonl")):
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(r, dict) and "pl" in r and "speed_tg" in r:
+            speeds[int(r["pl"])] = float(r["speed_tg"])
+    return speeds
 
 
 LONG_ENGINES = ("moeshard", "moeshard_fp8", "moeshard_auto", "moeshard_float32", "llamacpp", "llamacpp_q8_0")
@@ -156,8 +193,10 @@ def main():
     if len(sys.argv) != 2:
         sys.exit("usage: vs_llamacpp_table.py OUT_DIR")
     out = sys.argv[1]
-    variants = sorted({m.group(1) for f in os.listdir(out)
-                       for m in [re.match(r"(?:serve|prefill|long)-\w+?-(mxfp4|q8_0)(?:-\d+)?\.json$", f)] if m})
+    variants = sorted({m.group(1) or m.group(2) for f in os.listdir(out)
+                       for m in [re.match(r"(?:(?:serve|prefill|long)-\w+?-(mxfp4|q8_0)(?:-\d+)?\.json|"
+                                       r"(?:bench-model|llama-batched)-(mxfp4|q8_0)\.(?:txt|jsonl))$", f)] if m}
+                      - {None})
     summary = {}
     for v in variants:
         rows = rows_for(out, v)
