@@ -18,6 +18,7 @@
 #include <atomic>
 
 #include "kernels/cuda/act.cuh"
+#include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/launchers.h"
 
 namespace moeshard::gpu {
@@ -83,6 +84,7 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionKernel(AttentionParams p
   const int64_t pos = p.pos[t];
   const int64_t first = p.window > 0 ? max(int64_t{0}, pos - p.window + 1) : 0;
   const int32_t* table = p.block_tables + p.table_offset[t];
+  const PagedSlots slots(table, bs);
   const Act* q = static_cast<const Act*>(p.q) + t * (p.q_stride ? p.q_stride : p.num_heads * hd) + h * hd;
 
   float qr[kMaxPerLane], acc[kMaxPerLane];
@@ -94,7 +96,7 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionKernel(AttentionParams p
   }
   float m = -INFINITY, l = 0.f;
   for (int64_t kp = first + warp; kp <= pos; kp += kWarps) {
-    const int64_t slot = static_cast<int64_t>(table[kp / bs]) * bs + kp % bs;
+    const int64_t slot = slots(kp);
     const int64_t base = (slot * nkv + g) * hd, sidx = slot * nkv + g;
     float s = 0.f;
 #pragma unroll

@@ -58,6 +58,25 @@ __device__ __forceinline__ int64_t SameTableEnd(const AttentionParams& p, int64_
   return s1;
 }
 
+// A paged cache's slot of key position kp, without 64-bit division (a software routine of
+// dozens of dependent instructions a key in the kernels' copy loops): positions and block
+// numbers fit in 32 bits, and a power-of-two block size (what the runners make) is a shift and
+// a mask.
+struct PagedSlots {
+  const int32_t* table;
+  int bs, shift;  // shift < 0: a block size that is not a power of two
+  __device__ __forceinline__ PagedSlots(const int32_t* t, int64_t block_size) : table(t), bs(static_cast<int>(block_size)) {
+    int s = 0;
+    while (s < 30 && (1 << s) < bs) ++s;
+    shift = (1 << s) == bs ? s : -1;
+  }
+  __device__ __forceinline__ int64_t operator()(int64_t kp) const {
+    const int k = static_cast<int>(kp);
+    const int b = shift >= 0 ? k >> shift : k / bs;
+    return static_cast<int64_t>(table[b]) * bs + (k - b * bs);
+  }
+};
+
 // The query rows of a run: row r is head r % group of token s0 + r / group. Threads
 // tid < rows store each row's position and first visible key (INT_MAX / -1 for rows
 // past the run or the tile) for the causal and sliding-window masks.

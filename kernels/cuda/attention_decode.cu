@@ -65,6 +65,7 @@ __global__ void __launch_bounds__(kThreads) SplitDecodeKernel(AttentionParams p,
   const int64_t kb = split.kb, ke = split.ke;
   if (kb >= ke) return MarkEmptySplit(p, split, t, g, group, sp, splits, tid);
   const int32_t* table = p.block_tables + p.table_offset[t];
+  const PagedSlots slots(table, bs);
   const Act* q = static_cast<const Act*>(p.q) + t * (p.q_stride ? p.q_stride : H * hd) + g * group * hd;
   for (int i = tid; i < group * D4; i += kThreads) {
     const int r = i / D4, d = (i % D4) * 4;
@@ -87,7 +88,7 @@ __global__ void __launch_bounds__(kThreads) SplitDecodeKernel(AttentionParams p,
     __syncthreads();  // Q visible; the previous tile's reads done
     if (tid < kBK) {
       const int64_t kp = k0 + tid;
-      kidx[tid] = kp < ke ? (static_cast<int64_t>(table[kp / bs]) * bs + kp % bs) * nkv + g : -1;
+      kidx[tid] = kp < ke ? slots(kp) * nkv + g : -1;
     }
     __syncthreads();
 #pragma unroll 4

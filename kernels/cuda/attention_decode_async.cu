@@ -45,6 +45,7 @@ __global__ void __launch_bounds__(kThreads) DecodeAsyncKernel(AttentionParams p,
   const int64_t kb = split.kb, ke = split.ke;
   if (kb >= ke) return MarkEmptySplit(p, split, t, g, group, sp, splits, tid);
   const int32_t* table = p.block_tables + p.table_offset[t];
+  const PagedSlots slots(table, bs);
   const uint16_t* kc = static_cast<const uint16_t*>(p.cache.k);
   const uint16_t* vc = static_cast<const uint16_t*>(p.cache.v);
   auto issue = [&](int64_t c0, int slot) {
@@ -54,7 +55,7 @@ __global__ void __launch_bounds__(kThreads) DecodeAsyncKernel(AttentionParams p,
       const int key = i / G::kPieces, piece = i % G::kPieces;
       const int64_t kp = c0 + key;
       const bool valid = kp < ke;
-      const int64_t row = valid ? ((static_cast<int64_t>(table[kp / bs]) * bs + kp % bs) * nkv + g) * hd : 0;
+      const int64_t row = valid ? (slots(kp) * nkv + g) * hd : 0;
       CpAsync16(ks + key * G::kLd + piece * 8, kc + row + piece * 8, valid);
       CpAsync16(vs + key * G::kLd + piece * 8, vc + row + piece * 8, valid);
     }

@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(kThreads) DecodeTcKernel(AttentionParams p, in
   if constexpr (!kFused) {
     if (kb >= ke) return MarkEmptySplit(p, split, t, g, group, sp, splits, tid);
   }
-  const int32_t* table = p.block_tables + p.table_offset[t];
+  const PagedSlots slots(p.block_tables + p.table_offset[t], bs);
   const int per = static_cast<int>(hd / 32);
   if constexpr (kFused) {
     __syncthreads();  // the angles
@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(kThreads) DecodeTcKernel(AttentionParams p, in
         const int key = i / kPieces, piece = i % kPieces;
         const int64_t kp = c0 + key;
         const bool valid = kp < ke && piece * 8 < hd;
-        const int64_t row = valid ? ((static_cast<int64_t>(table[kp / bs]) * bs + kp % bs) * nkv + g) * hd : 0;
+        const int64_t row = valid ? (slots(kp) * nkv + g) * hd : 0;
         CpAsync16(ks + key * LD + piece * 8, kc + row + piece * 8, valid);
         CpAsync16(vs + key * LD + piece * 8, vc + row + piece * 8, valid);
       }
@@ -192,14 +192,14 @@ __global__ void __launch_bounds__(kThreads) DecodeTcKernel(AttentionParams p, in
         const int key = i / kPieces, piece = i % kPieces;
         const int64_t kp = c0 + key;
         const bool valid = kp < ke && piece * 16 < hd;
-        const int64_t row = valid ? ((static_cast<int64_t>(table[kp / bs]) * bs + kp % bs) * nkv + g) * hd : 0;
+        const int64_t row = valid ? (slots(kp) * nkv + g) * hd : 0;
         CpAsync16(ks + key * HD + piece * 16, kc + row + piece * 16, valid);
         CpAsync16(vs + key * HD + piece * 16, vc + row + piece * 16, valid);
       }
       if (tid < kChunk) {
         const int64_t kp = c0 + tid;
         const bool valid = kp < ke;
-        const int64_t si = valid ? (static_cast<int64_t>(table[kp / bs]) * bs + kp % bs) * nkv + g : 0;
+        const int64_t si = valid ? slots(kp) * nkv + g : 0;
         CpAsync4(kscale + tid, p.cache.k_scale + si, valid);
         CpAsync4(vscale + tid, p.cache.v_scale + si, valid);
       }

@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(kThreads) TcAttentionKernel(AttentionParams p,
 
   for (int64_t s0 = t_begin; s0 < t_end;) {
     const int64_t s1 = SameTableEnd(p, s0, t_end);
-    const int32_t* table = p.block_tables + p.table_offset[s0];
+    const PagedSlots slots(p.block_tables + p.table_offset[s0], bs);
     __syncthreads();
     StoreRowPositions(p, s0, s1, group, rows_used, kRows, tid, rpos, rfirst);
     for (int i = tid; i < kRows * D4; i += kThreads) {
@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(kThreads) TcAttentionKernel(AttentionParams p,
     auto slots_of = [&](int kn, int b) {
       if (tid < kBK) {
         const int kp = kn + tid;
-        kidx[b * kBK + tid] = kp <= k_hi ? (static_cast<int64_t>(table[kp / bs]) * bs + kp % bs) * nkv + g : -1;
+        kidx[b * kBK + tid] = kp <= k_hi ? slots(kp) * nkv + g : -1;
       }
     };
     auto copy_tile = [&](int b) {
@@ -227,7 +227,7 @@ __global__ void __launch_bounds__(kThreads) TcAttentionKernel(AttentionParams p,
       } else {
         if (tid < kBK) {
           const int kp = k0 + tid;
-          kidx[tid] = kp <= k_hi ? (static_cast<int64_t>(table[kp / bs]) * bs + kp % bs) * nkv + g : -1;
+          kidx[tid] = kp <= k_hi ? slots(kp) * nkv + g : -1;
         }
         __syncthreads();
 #pragma unroll 4

@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(kThreads, HD <= 128 ? 2 : 1)
 
   for (int64_t s0 = t_begin; s0 < t_end;) {
     const int64_t s1 = SameTableEnd(p, s0, t_end);
-    const int32_t* table = p.block_tables + p.table_offset[s0];
+    const PagedSlots slots(p.block_tables + p.table_offset[s0], bs);
     __syncthreads();  // the previous run's reads of shared memory are done
     StoreRowPositions(p, s0, s1, group, rows_used, kRows, tid, rpos, rfirst);
     for (int i = tid; i < kRows * D4; i += kThreads) {
@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(kThreads, HD <= 128 ? 2 : 1)
     for (int k0 = k_lo; k0 <= k_hi; k0 += kBK) {
       if (tid < kBK) {
         const int kp = k0 + tid;
-        kidx[tid] = kp <= k_hi ? (static_cast<int64_t>(table[kp / bs]) * bs + kp % bs) * nkv + g : -1;
+        kidx[tid] = kp <= k_hi ? slots(kp) * nkv + g : -1;
       }
       __syncthreads();
 #pragma unroll 4

@@ -94,12 +94,12 @@ __global__ void __launch_bounds__(kWsThreads, 1) WgmmaWsAttentionKernel(Attentio
       NamedBarrierSync(2, kWsThreads);  // C
       const int k_lo = s_range[0][0], k_hi = s_range[0][1];
       const int ntiles = k_hi >= k_lo ? (k_hi - k_lo) / kWgKeys + 1 : 0;
-      const int32_t* table = p.block_tables + p.table_offset[s0];
+      const PagedSlots slots(p.block_tables + p.table_offset[s0], bs);
       for (int it = 0; it < ntiles; ++it, ++cnt) {
         const int st = cnt % kStages;
         MbarrierWait(&empty[st], ((cnt / kStages) & 1) ^ 1);
         const int kp = k_lo + it * kWgKeys + tid;
-        kslot[st * kWgKeys + tid] = kp <= k_hi ? table[kp / bs] * bs + kp % bs : -1;
+        kslot[st * kWgKeys + tid] = kp <= k_hi ? slots(kp) : -1;
         NamedBarrierSync(1, 128);
         uint8_t* dk = k_tiles + st * kTileBytes;
         uint8_t* dv = v_tiles + st * kTileBytes;

@@ -358,6 +358,29 @@ TEST_P(ModelOpsTest, PagedAttentionLongDecodeSplit) {
   ModelOpsTestRunAttention(c, bf16(), rng_);
 }
 
+// A block size that is not a power of two (12 tokens): the kernels' slot lookup takes its
+// division branch instead of the shift (attention_common.cuh PagedSlots). Prefill through every
+// kernel, then decode at long and short contexts through the split kernels (tensor cores for
+// bf16 and FP8 caches, the fp32 kernel for an fp32 cache).
+TEST_P(ModelOpsTest, PagedAttentionBlockSizeNotPowerOfTwo) {
+  for (gpu::KvElem elem : {gpu::KvElem::kF32, gpu::KvElem::kBF16, gpu::KvElem::kFp8E4M3}) {
+    for (bool decode : {false, true}) {
+      AttnCase c;
+      c.seqs = decode ? std::vector<AttnSeq>{{4999, 1}, {0, 1}, {95, 1}} : std::vector<AttnSeq>{{500, 140}, {0, 37}, {11, 1}};
+      c.nq = decode ? 32 : 16;
+      c.nkv = decode ? 4 : 2;
+      c.hd = 128;
+      c.bs = 12;
+      c.window = !decode && elem == gpu::KvElem::kBF16 ? 40 : 0;
+      c.elem = elem;
+      c.max_tokens_per_seq = decode ? 1 : c.max_tokens_per_seq;
+      c.algos = decode ? std::vector<gpu::AttentionAlgo>{gpu::AttentionAlgo::kSplitDecode, gpu::AttentionAlgo::kAuto}
+                       : kAllAttentionAlgos;
+      ModelOpsTestRunAttention(c, bf16(), rng_);
+    }
+  }
+}
+
 // Decode at long contexts over bf16 and FP8 caches: with bf16 activations the split-decode
 // kernel runs on the tensor cores (attention_decode_tc.cu): GQA 8 (half an m16 tile) and 16
 // (a full tile), head_dim 128 and 64, a sliding window, sequences from 1 to 20,000 keys.
