@@ -10,9 +10,10 @@
 // accumulator fragments, P rounded to bf16 and fed back as the A operand of O += P V (V's B
 // fragments by ldmatrix.trans), the FA2 register layout of attention_tc.cu. The four warps'
 // (max, sum, O) merge through shared memory at the end. An FP8 cache stages its raw bytes and
-// scales; each warp converts its own 16 keys to fp16 (exact for e4m3; one instruction per two
-// values) into warp-private rows, and the mmas run on fp16 operands (Q rounded to fp16, which
-// holds bf16 values exactly within its range; P in fp16): K's scale multiplies the key's score,
+// scales; each warp converts its own 16 keys of K to fp16 (exact for e4m3; one instruction per
+// two values) into warp-private rows, and after the scores its 16 keys of V into the same rows
+// (half the shared memory: three CTAs an SM); the mmas run on fp16 operands (Q rounded to fp16,
+// which holds bf16 values exactly within its range; P in fp16): K's scale multiplies the key's score,
 // V's scale the key's probability in P (the softmax sum uses the unscaled one). Scores are
 // scaled in fp32.
 //
@@ -50,7 +51,7 @@ struct TcGeo {
   static constexpr int kRawStage = E == KvElem::kBF16 ? kBf16Stage  // bf16: the ring holds bf16 rows
                                                       : 2 * kChunk * HD + 2 * kChunk * 4;  // FP8 K, V, scales
   static constexpr int kQBytes = kRows * kLd * 2;
-  static constexpr int kWork = E == KvElem::kBF16 ? 0 : kBf16Stage;  // FP8: each warp's fp16 rows
+  static constexpr int kWork = E == KvElem::kBF16 ? 0 : kChunk * kLd * 2;  // FP8: each warp's fp16 rows, K then V
   static constexpr int kLoop = kQBytes + kStages * kRawStage + kWork;
   static constexpr int kMerge = 4 * kRows * HD * 4 + 2 * 4 * kRows * 4;  // each warp's O, m, l
   static constexpr size_t kSmem = kLoop > kMerge ? kLoop : kMerge;
@@ -113,9 +114,25 @@ __device__ __forceinline__ uint32_t E4m3x2ToF16x2(uint32_t v) {
   return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
 }
 
+// FP8: a warp's 16 keys (rows kw..kw+15 of a stage's K or V bytes) to fp16 in the same rows of
+// `work`, exact for e4m3. __syncwarp first: every lane's ldmatrix of the rows' last contents is done.
+template <int HD, int LD>
+__device__ __forceinline__ void Fp8RowsToF16(const uint8_t* src, int kw, int lane, uint16_t* work) {
+  __syncwarp();
+#pragma unroll
+  for (int i = lane; i < 16 * (HD / 8); i += 32) {
+    const int key = kw + i / (HD / 8), d = (i % (HD / 8)) * 8;
+    const uint2 raw = *reinterpret_cast<const uint2*>(src + key * HD + d);
+    const uint4 w = make_uint4(E4m3x2ToF16x2(raw.x), E4m3x2ToF16x2(raw.x >> 16), E4m3x2ToF16x2(raw.y),
+                               E4m3x2ToF16x2(raw.y >> 16));
+    *reinterpret_cast<uint4*>(work + key * LD + d) = w;
+  }
+  __syncwarp();
+}
+
 template <int HD, KvElem E, bool kFused>
-__global__ void __launch_bounds__(kThreads) DecodeTcKernel(AttentionParams p, int group, int splits, float* ws,
-                                                           QkPrepParams qp) {
+__device__ __forceinline__ void DecodeTc(const AttentionParams& p, int group, int splits, float* ws,
+                                         const QkPrepParams& qp) {
   using G = TcGeo<HD, E>;
   constexpr int LD = G::kLd, KS = HD / 16;
   constexpr bool F16 = E == KvElem::kFp8E4M3;
@@ -270,25 +287,12 @@ __global__ void __launch_bounds__(kThreads) DecodeTcKernel(AttentionParams p, in
     if constexpr (E == KvElem::kBF16) {
       ks = reinterpret_cast<const uint16_t*>(st);
     } else {
-      // This warp's keys, K then V, to fp16 in its own rows of `work`.
-      const uint8_t* k8 = st;
-      const uint8_t* v8 = k8 + kChunk * HD;
-      kscale = reinterpret_cast<const float*>(v8 + kChunk * HD);
+      kscale = reinterpret_cast<const float*>(st + 2 * kChunk * HD);
       vscale = kscale + kChunk;
-      __syncwarp();  // the warp's reads of its rows from the previous stage are done
-#pragma unroll
-      for (int i = lane; i < 2 * 16 * (HD / 8); i += 32) {
-        const int isv = i / (16 * (HD / 8)), j = i % (16 * (HD / 8));
-        const int key = kw + j / (HD / 8), d = (j % (HD / 8)) * 8;
-        const uint2 raw = *reinterpret_cast<const uint2*>((isv ? v8 : k8) + key * HD + d);
-        const uint4 w = make_uint4(E4m3x2ToF16x2(raw.x), E4m3x2ToF16x2(raw.x >> 16), E4m3x2ToF16x2(raw.y),
-                                   E4m3x2ToF16x2(raw.y >> 16));
-        *reinterpret_cast<uint4*>(work + isv * kChunk * LD + key * LD + d) = w;
-      }
-      __syncwarp();
+      Fp8RowsToF16<HD, LD>(st, kw, lane, work);  // K; V after the scores, into the same rows
       ks = work;
     }
-    const uint16_t* vs = ks + kChunk * LD;
+    const uint16_t* vs = ks + kChunk * LD;  // FP8: `work` again, below
 
     float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
@@ -340,6 +344,10 @@ __global__ void __launch_bounds__(kThreads) DecodeTcKernel(AttentionParams p, in
     }
     const uint32_t pa[4] = {Pack<F16>(s[0][0], s[0][1]), Pack<F16>(s[0][2], s[0][3]), Pack<F16>(s[1][0], s[1][1]),
                             Pack<F16>(s[1][2], s[1][3])};
+    if constexpr (E != KvElem::kBF16) {
+      Fp8RowsToF16<HD, LD>(st + kChunk * HD, kw, lane, work);
+      vs = work;
+    }
 #pragma unroll
     for (int i = 0; i < HD / 8; ++i) {
       o[i][0] *= corr[0];
@@ -447,16 +455,34 @@ __global__ void __launch_bounds__(kThreads) DecodeTcKernel(AttentionParams p, in
   }
 }
 
+template <int HD, KvElem E, bool kFused>
+__global__ void __launch_bounds__(kThreads) DecodeTcKernel(AttentionParams p, int group, int splits, float* ws,
+                                                           QkPrepParams qp) {
+  DecodeTc<HD, E, kFused>(p, group, splits, ws, qp);
+}
+// FP8 unfused: three CTAs an SM (at most 168 registers; its shared memory allows it, bf16's ring
+// does not), more warps to hide each one's dependent chain.
+template <int HD>
+__global__ void __launch_bounds__(kThreads, 3) DecodeTcFp8Kernel(AttentionParams p, int group, int splits, float* ws) {
+  DecodeTc<HD, KvElem::kFp8E4M3, false>(p, group, splits, ws, QkPrepParams{});
+}
+
 template <int HD, KvElem E>
 cudaError_t LaunchTcHd(const AttentionParams& p, int splits, cudaStream_t st) {
   const int group = static_cast<int>(p.num_heads / p.cache.num_kv_heads);
-  auto* k = &DecodeTcKernel<HD, E, false>;
-  static std::atomic<uint64_t> smem_set{0};
-  if (cudaError_t e = EnsureDynamicSmem(k, TcGeo<HD, E>::kSmem, smem_set); e != cudaSuccess) return e;
   float* ws = splits > 1 ? static_cast<float*>(p.workspace) : nullptr;
   dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(p.cache.num_kv_heads),
             static_cast<unsigned>(p.num_tokens));
-  return LaunchPdl(k, grid, kThreads, TcGeo<HD, E>::kSmem, st, p, group, splits, ws, QkPrepParams{});
+  static std::atomic<uint64_t> smem_set{0};
+  if constexpr (E == KvElem::kFp8E4M3) {
+    auto* k = &DecodeTcFp8Kernel<HD>;
+    if (cudaError_t e = EnsureDynamicSmem(k, TcGeo<HD, E>::kSmem, smem_set); e != cudaSuccess) return e;
+    return LaunchPdl(k, grid, kThreads, TcGeo<HD, E>::kSmem, st, p, group, splits, ws);
+  } else {
+    auto* k = &DecodeTcKernel<HD, E, false>;
+    if (cudaError_t e = EnsureDynamicSmem(k, TcGeo<HD, E>::kSmem, smem_set); e != cudaSuccess) return e;
+    return LaunchPdl(k, grid, kThreads, TcGeo<HD, E>::kSmem, st, p, group, splits, ws, QkPrepParams{});
+  }
 }
 
 // kFusedSplits splits a (token, KV head), one cluster; programmatic dependent launch as LaunchPdl.
