@@ -72,6 +72,7 @@ absl::Status CpuModelRunner::RunLayers(const std::vector<SeqChunk>& batch, std::
   }
   batch_ = &batch;
   s_ = hidden;
+  trace_row_ = TraceRow(batch);
   absl::Status st = RunLayerSequence(config_, shard_.layer_begin, shard_.layer_end, *this);
   batch_ = nullptr;
   s_ = nullptr;
@@ -152,19 +153,23 @@ absl::Status CpuModelRunner::Residual(int64_t li, Block block, const ResidualOpt
   const bool attn = block == Block::kAttention;
   std::vector<float>& out = attn ? a_ : f_;
   std::vector<float>& s = *s_;
+  const int64_t T = this->T(), H = config_.hidden_size;
   if (!opts.gated) {
     for (size_t i = 0; i < s.size(); ++i) s[i] += out[i];
-    return absl::OkStatus();
+  } else {
+    // s = alpha ⊙ s + beta ⊙ (rmsnorm(out) * out_norm)
+    const std::vector<float>& alpha = attn ? lw.attn_alpha : lw.moe_alpha;
+    const std::vector<float>& beta = attn ? lw.attn_beta : lw.moe_beta;
+    RmsNorm(out.data(), T, H, (attn ? lw.attn_out_norm : lw.moe_out_norm).data(), config_.rms_eps, out.data());
+    for (int64_t t = 0; t < T; ++t) {
+      float* st = s.data() + t * H;
+      const float* ot = out.data() + t * H;
+      for (int64_t i = 0; i < H; ++i) st[i] = alpha[i] * st[i] + beta[i] * ot[i];
+    }
   }
-  // s = alpha ⊙ s + beta ⊙ (rmsnorm(out) * out_norm)
-  const std::vector<float>& alpha = attn ? lw.attn_alpha : lw.moe_alpha;
-  const std::vector<float>& beta = attn ? lw.attn_beta : lw.moe_beta;
-  const int64_t T = this->T(), H = config_.hidden_size;
-  RmsNorm(out.data(), T, H, (attn ? lw.attn_out_norm : lw.moe_out_norm).data(), config_.rms_eps, out.data());
-  for (int64_t t = 0; t < T; ++t) {
-    float* st = s.data() + t * H;
-    const float* ot = out.data() + t * H;
-    for (int64_t i = 0; i < H; ++i) st[i] = alpha[i] * st[i] + beta[i] * ot[i];
+  if (trace_row_ >= 0 && trace_sink_) {
+    trace_sink_({trace_position_, shard_.layer_begin + li, block,
+                 std::vector<float>(s.begin() + trace_row_ * H, s.begin() + (trace_row_ + 1) * H)});
   }
   return absl::OkStatus();
 }

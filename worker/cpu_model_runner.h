@@ -54,6 +54,7 @@ class CpuModelRunner : public ModelRunner, private LayerOps {
   std::unique_ptr<KvCache> kv_;
   // The current step (RunLayers): its chunks, positions and residual stream s [T, H].
   const std::vector<SeqChunk>* batch_ = nullptr;
+  int64_t trace_row_ = -1;  // TraceRow of the current step
   std::vector<int32_t> pos_;
   std::vector<float>* s_ = nullptr;
   // Attention block: normalized input x [T, H], q/k/v, attention output o, block output a [T, H].

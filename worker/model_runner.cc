@@ -90,4 +90,15 @@ absl::Status ModelRunner::ForwardArgMax(const std::vector<SeqChunk>& batch, std:
   return absl::OkStatus();
 }
 
+int64_t ModelRunner::TraceRow(const std::vector<SeqChunk>& batch) const {
+  if (trace_position_ < 0) return -1;
+  int64_t row = 0;
+  for (const SeqChunk& c : batch) {
+    const int64_t n = static_cast<int64_t>(c.tokens.size());
+    if (c.start_pos <= trace_position_ && trace_position_ < c.start_pos + n) return row + trace_position_ - c.start_pos;
+    row += n;
+  }
+  return -1;
+}
+
 }  // namespace moeshard

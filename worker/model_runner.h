@@ -13,6 +13,7 @@
 // Not thread-safe: one batch at a time.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,6 +24,7 @@
 #include "common/model/kv_pools.h"
 #include "common/model/model_config.h"
 #include "common/model/shard.h"
+#include "worker/model/layer_ops.h"
 
 namespace moeshard {
 
@@ -69,6 +71,17 @@ absl::StatusOr<KvDType> ParseKvDType(const std::string& s);         // auto | fl
 absl::Status CheckBlockTable(const std::vector<int32_t>& table, int64_t num_positions, int64_t num_blocks,
                              int64_t block_size, int64_t first_block = 0);
 
+// A debugging trace: the residual stream's row at one position after every residual update, so
+// that two runs (bf16 against float32, one backend against another) can be compared op by op
+// (MOESHARD_TRACE_POSITION=P prints each to stderr; scripts/trace_diff.py compares two logs).
+struct ResidualTrace {
+  int64_t position = 0;
+  int64_t layer = 0;  // the model's layer index
+  Block block = Block::kAttention;
+  std::vector<float> s;  // [H]
+};
+using ResidualTraceSink = std::function<void(const ResidualTrace&)>;
+
 class ModelRunner {
  public:
   virtual ~ModelRunner() = default;
@@ -113,8 +126,20 @@ class ModelRunner {
   // Turns the region timing of a runner created with options.profile on or off.
   virtual void SetProfiling(bool on) {}
   virtual std::string backend() const = 0;  // e.g. "cpu float32", "cuda:0 bfloat16"
+  // Every residual update of the batch row at `position` (the first chunk that holds it) goes to
+  // `sink`, in steps that run op by op (the GPU's captured decode graphs are not traced). A
+  // negative position or no sink turns it off.
+  void SetResidualTrace(int64_t position, ResidualTraceSink sink) {
+    trace_position_ = sink ? position : -1;
+    trace_sink_ = std::move(sink);
+  }
 
  protected:
+  // The batch row at the traced position, or -1 (none traced, or not in this batch).
+  int64_t TraceRow(const std::vector<SeqChunk>& batch) const;
+
+  int64_t trace_position_ = -1;
+  ResidualTraceSink trace_sink_;
   ModelRunner(const ModelConfig& c, const ShardSpec& s, const RunnerOptions& o) : config_(c), shard_(s), options_(o) {}
 
   ModelConfig config_;

@@ -57,6 +57,15 @@ class MultiRankTest : public ::testing::TestWithParam<TpCase> {
     ASSERT_TRUE(r.ok()) << r.status();
     ASSERT_TRUE((*r)->Forward(Batch(model_->config.vocab_size), &reference_).ok());
   }
+  // Two layer-split stages, uneven: stage 0 takes one layer, stage 1 the rest.
+  void TwoStages(std::unique_ptr<ModelRunner>* r0, std::unique_ptr<ModelRunner>* r1) {
+    const ModelConfig& c = model_->config;
+    auto a = ModelRunner::Create(c, *model_->source, {0, 1, 0, 1, true, false}, opts_);
+    auto b = ModelRunner::Create(c, *model_->source, {1, c.num_layers, 0, 1, false, true}, opts_);
+    ASSERT_TRUE(a.ok() && b.ok());
+    *r0 = std::move(*a);
+    *r1 = std::move(*b);
+  }
   RunnerOptions opts_{8, 16};
   std::unique_ptr<LoadedModel> model_;
   std::vector<float> reference_;
@@ -92,19 +101,50 @@ TEST_P(MultiRankTest, TensorParallelMatchesOneWorker) {
 }
 
 TEST_P(MultiRankTest, LayerSplitMatchesOneWorker) {
-  const ModelConfig& c = model_->config;
-  // Uneven: stage 0 takes one layer, stage 1 the rest.
-  ShardSpec s0{0, 1, 0, 1, true, false}, s1{1, c.num_layers, 0, 1, false, true};
-  auto r0 = ModelRunner::Create(c, *model_->source, s0, opts_);
-  auto r1 = ModelRunner::Create(c, *model_->source, s1, opts_);
-  ASSERT_TRUE(r0.ok() && r1.ok());
-  auto batch = Batch(c.vocab_size);
+  std::unique_ptr<ModelRunner> r0, r1;
+  ASSERT_NO_FATAL_FAILURE(TwoStages(&r0, &r1));
+  auto batch = Batch(model_->config.vocab_size);
   std::vector<float> hidden, logits;
-  ASSERT_TRUE((*r0)->Embed(batch, &hidden).ok());
-  ASSERT_TRUE((*r0)->RunLayers(batch, &hidden).ok());
-  ASSERT_TRUE((*r1)->RunLayers(batch, &hidden).ok());
-  ASSERT_TRUE((*r1)->Head(batch, hidden, &logits).ok());
+  ASSERT_TRUE(r0->Embed(batch, &hidden).ok());
+  ASSERT_TRUE(r0->RunLayers(batch, &hidden).ok());
+  ASSERT_TRUE(r1->RunLayers(batch, &hidden).ok());
+  ASSERT_TRUE(r1->Head(batch, hidden, &logits).ok());
   EXPECT_EQ(MaxDiff(logits, reference_), 0.0);
+}
+
+// The residual trace follows the stream: in a layer split, each stage reports its own layers
+// (model indices, attention then MLP) for the traced row, and a stage's last report is exactly
+// the hidden state it hands on; a position no chunk holds is not traced.
+TEST_P(MultiRankTest, ResidualTraceFollowsTheStream) {
+  const ModelConfig& c = model_->config;
+  std::unique_ptr<ModelRunner> r0, r1;
+  ASSERT_NO_FATAL_FAILURE(TwoStages(&r0, &r1));
+  std::vector<ResidualTrace> got;
+  auto sink = [&got](const ResidualTrace& t) { got.push_back(t); };
+  r0->SetResidualTrace(5, sink);  // row 5 of the first chunk
+  r1->SetResidualTrace(5, sink);
+  auto batch = Batch(c.vocab_size);
+  const int64_t H = c.hidden_size;
+  std::vector<float> hidden;
+  ASSERT_TRUE(r0->Embed(batch, &hidden).ok());
+  ASSERT_TRUE(r0->RunLayers(batch, &hidden).ok());
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[1].s, std::vector<float>(hidden.begin() + 5 * H, hidden.begin() + 6 * H));
+  ASSERT_TRUE(r1->RunLayers(batch, &hidden).ok());
+  ASSERT_EQ(got.size(), static_cast<size_t>(2 * c.num_layers));
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].position, 5);
+    EXPECT_EQ(got[i].layer, static_cast<int64_t>(i / 2));
+    EXPECT_EQ(got[i].block, i % 2 == 0 ? Block::kAttention : Block::kMlp);
+    ASSERT_EQ(got[i].s.size(), static_cast<size_t>(H));
+  }
+  EXPECT_NE(got[0].s, got[1].s);
+  EXPECT_EQ(got.back().s, std::vector<float>(hidden.begin() + 5 * H, hidden.begin() + 6 * H));
+  got.clear();
+  r0->SetResidualTrace(40, sink);  // beyond both chunks (23 and 9 tokens from position 0)
+  ASSERT_TRUE(r0->Embed(batch, &hidden).ok());
+  ASSERT_TRUE(r0->RunLayers(batch, &hidden).ok());
+  EXPECT_TRUE(got.empty());
 }
 
 TEST_P(MultiRankTest, BadShardsAreRefused) {

@@ -265,9 +265,23 @@ absl::Status GpuModelRunner::Residual(int64_t li, Block block, const ResidualOpt
     next_norm = w_->layers[li + 1].attn_norm;
   }
   if (block == Block::kAttention) {
-    return ResidualUpdate(a_, lw.attn_out_norm, lw.attn_alpha, lw.attn_beta, opts.gated, next_norm, opts.next.f32_copy);
+    RETURN_IF_ERROR(
+        ResidualUpdate(a_, lw.attn_out_norm, lw.attn_alpha, lw.attn_beta, opts.gated, next_norm, opts.next.f32_copy));
+  } else {
+    RETURN_IF_ERROR(
+        ResidualUpdate(f_, lw.moe_out_norm, lw.moe_alpha, lw.moe_beta, opts.gated, next_norm, opts.next.f32_copy));
   }
-  return ResidualUpdate(f_, lw.moe_out_norm, lw.moe_alpha, lw.moe_beta, opts.gated, next_norm, opts.next.f32_copy);
+  return trace_row_ >= 0 && trace_sink_ ? TraceResidual(li, block) : absl::OkStatus();
+}
+
+absl::Status GpuModelRunner::TraceResidual(int64_t li, Block block) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  MOESHARD_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream_, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return absl::OkStatus();  // a decode graph: not traced
+  ResidualTrace t{trace_position_, shard_.layer_begin + li, block, {}};
+  RETURN_IF_ERROR(Download(s_ + trace_row_ * config_.hidden_size, config_.hidden_size, &t.s));
+  trace_sink_(t);
+  return absl::OkStatus();
 }
 
 // The MLP block's scratch from the released arena; the input norm as in AttentionInput.

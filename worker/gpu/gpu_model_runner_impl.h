@@ -167,6 +167,8 @@ class GpuModelRunner : public ModelRunner, private LayerOps {
   bool UseGemv(const DenseWeight& w, int64_t rows) const;
   absl::Status UploadHidden(const std::vector<float>& h);
   absl::Status Download(const float* dev, int64_t n, std::vector<float>* out);
+  // The traced row of s after a residual update (SetResidualTrace), outside graph capture.
+  absl::Status TraceResidual(int64_t li, Block block);
   void* Act(int64_t elems) { return Take(elems * act_bytes_); }
   float* F32(int64_t elems) { return static_cast<float*>(Take(elems * 4)); }
   void* Take(int64_t bytes) {
@@ -225,6 +227,7 @@ class GpuModelRunner : public ModelRunner, private LayerOps {
   // The current step.
   std::vector<int32_t> host_idx_;
   int64_t T_ = 0, R_ = 0, max_chunk_tokens_ = 0;
+  int64_t trace_row_ = -1;  // TraceRow of the step being prepared
   size_t step_mark_ = 0;  // the arena past the step's indices and residual stream
   int32_t *ids_ = nullptr, *pos_ = nullptr, *slots_ = nullptr, *toff_ = nullptr, *tables_ = nullptr,
           *rows_ = nullptr;

@@ -118,6 +118,7 @@ absl::Status GpuModelRunner::Prepare(const std::vector<SeqChunk>& batch) {
   T_ = 0;
   R_ = 0;
   max_chunk_tokens_ = 0;
+  trace_row_ = TraceRow(batch);
   int64_t max_context = 0;
   // With a sliding pool every chunk's sliding table travels too (after all block tables; its
   // -1 entries, before the window, are never read: kernels/cuda read keys from p - window + 1).
