@@ -6,8 +6,10 @@
 // the kernel before, inside one CUDA graph too (the graph keeps the programmatic edges).
 //
 // The contract for a kernel launched with LaunchPdl — every one of its threads:
-//   1. before PdlWait() reads only memory no kernel of the step writes (weights, params), and
-//      writes nothing at all;
+//   1. before PdlWait() reads only memory no kernel of the step writes (weights, params), or
+//      memory written by a kernel at least two launches back (the kernel just before waited for
+//      it before it could let this one start: rule 3; read such memory through L2, ld.global.cg,
+//      not a possibly stale L1 line), and writes nothing at all;
 //   2. calls PdlWait() before anything else, including an early return (a block that exited
 //      without waiting could let the grid complete before its predecessor, and the kernel after
 //      it would then not wait for that predecessor);

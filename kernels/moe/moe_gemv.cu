@@ -198,7 +198,9 @@ __device__ __forceinline__ void LoadB(const uint16_t* brow, int64_t kb, int c, u
   }
 }
 
-template <WeightFormat F, bool kGateUp, bool kSmall, int NT, bool kDirect = false>
+// kLateWait: the caller has not waited for the kernel before (PdlWait); RunTask does, once the
+// first chunk of weights is in flight and before it reads activations.
+template <WeightFormat F, bool kGateUp, bool kSmall, int NT, bool kDirect = false, bool kLateWait = false>
 __device__ __forceinline__ void RunTask(const MoeExpertParams& p, const MoeWork& w, const MoeExpertWeights& ew,
                                         int64_t rt, int64_t row0, int ntok, uint8_t* smem) {
   using C = Cfg<kSmall>;
@@ -249,6 +251,10 @@ __device__ __forceinline__ void RunTask(const MoeExpertParams& p, const MoeWork&
   };
 
   if (nchunks > 0) stage(0, kb_begin);
+  if constexpr (kLateWait) {
+    PdlWait();
+    PdlTrigger();
+  }
 #pragma unroll 1
   for (int ci = 0; ci < nchunks; ++ci) {
     const int kb0 = kb_begin + ci * KC;
@@ -397,28 +403,40 @@ __global__ void __launch_bounds__(kThreads, Cfg<kSmall>::kMinBlocks) GemvKernel(
 // token's x row is pair / top_k, and its h and y rows are the pair index itself, so the
 // gate/up kernel's row-tile-0 block writes pos[pair] (the pair, or -1: another GPU's expert)
 // for the combine. Three dependent reads (gemv_base, offsets, rows) fewer before the weights.
+//
+// The down kernel reads expert_ids before it waits for the gate/up kernel (pdl.cuh's rule for
+// memory written two launches back: the routing kernel completed before gate/up could let this
+// grid start), so its first chunk of weights is in flight while gate/up finishes; the read
+// goes to L2 (ld.global.cg), past any stale L1 line of an earlier layer's ids.
 template <bool kGateUp>
 __global__ void __launch_bounds__(kThreads, Cfg<true>::kMinBlocks) GemvDirectKernel(MoeExpertParams p, MoeWork w) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int64_t R = (kGateUp ? p.inter : p.width) / (kGateUp ? 16 : 32);
-  PdlWait();
-  PdlTrigger();
+  if constexpr (kGateUp) {
+    PdlWait();
+    PdlTrigger();
+  }
   const int64_t pair = blockIdx.x / R, rt = blockIdx.x % R;
-  const int e = p.expert_ids[pair];
+  const int e = __ldcg(p.expert_ids + pair);
   if (kGateUp && rt == 0 && threadIdx.x == 0) w.pos[pair] = e >= 0 ? static_cast<int32_t>(pair) : -1;
-  if (e < 0) return;
+  if (e < 0) {
+    if constexpr (!kGateUp) PdlWait();  // pdl.cuh: every thread waits, an early return too
+    return;
+  }
+  constexpr bool kLate = !kGateUp;
   const MoeExpertWeights ew = p.experts[e];
   switch (kGateUp ? ew.gate.format : ew.down.format) {
     case WeightFormat::kQ8_0:
-      RunTask<WeightFormat::kQ8_0, kGateUp, true, 1, true>(p, w, ew, rt, pair, 1, smem);
+      RunTask<WeightFormat::kQ8_0, kGateUp, true, 1, true, kLate>(p, w, ew, rt, pair, 1, smem);
       break;
     case WeightFormat::kMXFP4:
-      RunTask<WeightFormat::kMXFP4, kGateUp, true, 1, true>(p, w, ew, rt, pair, 1, smem);
+      RunTask<WeightFormat::kMXFP4, kGateUp, true, 1, true, kLate>(p, w, ew, rt, pair, 1, smem);
       break;
     case WeightFormat::kBF16:
-      RunTask<WeightFormat::kBF16, kGateUp, true, 1, true>(p, w, ew, rt, pair, 1, smem);
+      RunTask<WeightFormat::kBF16, kGateUp, true, 1, true, kLate>(p, w, ew, rt, pair, 1, smem);
       break;
     default:
+      if constexpr (kLate) PdlWait();
       break;  // MoeExpertStepStages goes direct only when every expert takes this path
   }
 }

@@ -2,7 +2,8 @@
 // bf16 rows with bf16 x, fp32 rows with fp32 x, and Q8_0 rows (quantized by the GGUF writer's
 // quantizer, converted to split Q8 on the device) with bf16 x; 1 to 8 tokens, odd row counts,
 // three matrices in one launch with biases, fp32 and bf16 outputs, and K of 768, 2048 and 4096
-// (two token groups). Also the split-Q8 expansion, bit for bit against ExpandWeights of the
+// (two token groups), and split Q8's integer path on x of a wide range, inf and NaN. Also the
+// split-Q8 expansion, bit for bit against ExpandWeights of the
 // Q8_0 bytes, and Gemm's chunked expansion of split-Q8 weights (prefill-sized batches).
 // Labelled `gpu`; exits 77 (SKIPPED) where no CUDA device is present.
 #include <cuda_runtime.h>
@@ -206,6 +207,62 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GemvTest,
                                            Shape{GemvWeight::kQ8, 4096}, Shape{GemvWeight::kBF16, 2048},
                                            Shape{GemvWeight::kBF16, 784}, Shape{GemvWeight::kF32, 2048},
                                            Shape{GemvWeight::kF32, 4096}));
+
+// Split Q8 with bf16 x runs on the integer units (x staged per 32 columns as 24-bit fixed point
+// against the block's largest element): x spanning 2^-30..2^12 inside each block, zeros, the
+// block's largest negative, and whole blocks of tiny values must all give the fp64 dot to
+// fp32 accuracy, each row's error against the sum of |products| (not the row's result, so an
+// element rounded away in a block of large ones would show). An inf or NaN anywhere in x makes
+// every output of that token non-finite (never a finite wrong value); the other token's stay exact.
+TEST_F(GemvQ8, WideRangeActivationsAndNonFinite) {
+  std::mt19937 rng(11);
+  const int64_t N = 67, K = 1024;
+  Matrix m = MakeMatrix(GemvWeight::kQ8, N, K, rng);
+  std::uniform_int_distribution<int> ex(-30, 12), kind(0, 9);
+  std::uniform_real_distribution<float> mant(1.f, 2.f);
+  for (int bad : {0, 1, 2}) {  // 0: finite x; 1: an inf in token 1; 2: a NaN in token 1
+    SCOPED_TRACE(testing::Message() << "case " << bad);
+    const int64_t T = 2;
+    std::vector<uint16_t> xb(T * K);
+    for (int64_t i = 0; i < T * K; ++i) {
+      const int k = kind(rng);
+      const float v = k == 0 ? 0.f : std::ldexp(mant(rng), ex(rng)) * (k % 2 ? -1.f : 1.f);
+      xb[i] = F32ToBf16(v);
+    }
+    for (int64_t i = 64; i < 96; ++i) xb[i] = F32ToBf16(std::ldexp(mant(rng), -100));  // a block of tiny values
+    xb[130] = F32ToBf16(-std::ldexp(1.99f, 12));                                       // a block's largest, negative
+    if (bad == 1) xb[K + 517] = 0x7f80;
+    if (bad == 2) xb[K + 3] = 0x7fc1;
+    DevBuf xd(xb.data(), xb.size() * 2), y(T * N * 4);
+    gpu::GemvParams p;
+    p.wtype = GemvWeight::kQ8;
+    p.x = xd.p;
+    p.x_dtype = ActDType::kBF16;
+    p.y_dtype = ActDType::kF32;
+    p.cols = K;
+    p.num_tokens = T;
+    p.m[0] = {m.w->p, static_cast<const uint16_t*>(m.scales->p), N, nullptr, y.p, 0};
+    ASSERT_TRUE(gpu::Gemv(p, nullptr).ok());
+    const auto got = y.Host<float>(T * N);
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t r = 0; r < N; ++r) {
+        double dot = 0, mag = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          const double prod = static_cast<double>(m.ref[r * K + k]) * Bf16ToF32(xb[t * K + k]);
+          dot += prod;
+          mag += std::fabs(prod);
+        }
+        const float g = got[t * N + r];
+        if (t == 1 && bad != 0) {
+          EXPECT_FALSE(std::isfinite(g)) << "row " << r << ": " << g;
+        } else {
+          ASSERT_TRUE(std::isfinite(g)) << "token " << t << " row " << r;
+          EXPECT_LE(std::fabs(g - dot), 2e-6 * mag) << "token " << t << " row " << r << ": " << g << " vs " << dot;
+        }
+      }
+    }
+  }
+}
 
 TEST_F(GemvQ8, ExpansionIsExpandWeightsBitForBit) {
   std::mt19937 rng(3);
