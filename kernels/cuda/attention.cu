@@ -186,11 +186,23 @@ int64_t AttentionDecodeSplits(const AttentionParams& p) {
       sm_count[dev].store(sms, std::memory_order_relaxed);
     }
   }
-  // About 4 CTAs per SM (all resident at once); each split keeps at least 64 keys. On an
-  // H200, 4 sequences x 4096 keys x 4 KV heads: 8 splits 117 us, 16: 68, 32: 45, 64: 55.
-  const int64_t ctas = p.num_tokens * p.cache.num_kv_heads;
-  splits = std::min<int64_t>(splits, (4 * static_cast<int64_t>(sms) + ctas - 1) / ctas);
-  return std::max<int64_t>(1, splits);
+  // Waves of CTAs: `slots` run at once (the tensor-core kernels' occupancy, ~4 an SM for the
+  // others). The count of splits s minimizes ceil(s · ctas / slots) / s, each CTA's share of
+  // the keys times the waves, trying s up to one full wave's worth (at least 4): 1 × 128K
+  // over 4 KV heads on 132 SMs at 3 CTAs each takes 99 splits (one wave) where 64 filled two
+  // thirds of the slots; 64 × 4K takes 3 (768 CTAs, two full waves). Ties go to fewer splits.
+  // The kernels leave a split of fewer than 64 keys empty. On an H200, 4 sequences x 4096 keys
+  // x 4 KV heads (FMA kernel): 8 splits 117 us, 16: 68, 32: 45, 64: 55.
+  const int64_t ctas = std::max<int64_t>(1, p.num_tokens * p.cache.num_kv_heads);
+  const bool tc = p.dtype == ActDType::kBF16 && DecodeTcSupports(p);
+  const int64_t slots = static_cast<int64_t>(sms) * (tc ? DecodeTcCtasPerSm(p) : 4);
+  const int64_t limit = std::min<int64_t>(splits, std::max<int64_t>(4, slots / ctas));
+  int64_t best = 1;
+  for (int64_t s = 2; s <= limit; ++s) {
+    // waves(s) / s < waves(best) / best, in integers
+    if (((s * ctas + slots - 1) / slots) * best < ((best * ctas + slots - 1) / slots) * s) best = s;
+  }
+  return best;
 }
 
 cudaError_t LaunchAttention(const AttentionParams& p, cudaStream_t st) {

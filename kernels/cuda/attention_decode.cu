@@ -22,7 +22,7 @@ namespace moeshard::gpu {
 namespace {
 
 constexpr int kThreads = 128, kBK = 32, kHpw = 4, kMaxGroup = 4 * kHpw;
-constexpr int kMaxSplits = 64;
+constexpr int kMaxSplits = static_cast<int>(kAttentionMaxSplits);  // gpu_params.h
 
 template <int HD>
 constexpr size_t DecodeSmemBytes() {
@@ -172,9 +172,10 @@ __global__ void __launch_bounds__(128) CombineKernel(AttentionParams p, int spli
   const float* ws_l = ws_m + total;
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x;
-    float mv[2], lv[2], M = -INFINITY;
+    constexpr int kPer = kMaxSplits / 32;
+    float mv[kPer], lv[kPer], M = -INFINITY;
 #pragma unroll
-    for (int c = 0; c < 2; ++c) {
+    for (int c = 0; c < kPer; ++c) {
       const int s = lane + 32 * c;
       mv[c] = -INFINITY;
       lv[c] = 0.f;
@@ -187,9 +188,9 @@ __global__ void __launch_bounds__(128) CombineKernel(AttentionParams p, int spli
     M = WarpMax(M);
     float L = 0.f;
 #pragma unroll
-    for (int c = 0; c < 2; ++c) {
+    for (int c = 0; c < kPer; ++c) {
       const float f = lv[c] > 0.f ? expf(mv[c] - M) : 0.f;
-      if (lane + 32 * c < kMaxSplits) w[lane + 32 * c] = f;
+      w[lane + 32 * c] = f;
       L += lv[c] * f;
     }
     L = WarpSum(L);

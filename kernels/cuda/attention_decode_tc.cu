@@ -485,6 +485,21 @@ cudaError_t LaunchTcHd(const AttentionParams& p, int splits, cudaStream_t st) {
   }
 }
 
+// Resident CTAs an SM of the split kernel LaunchTcHd takes for this head size and cache type.
+template <int HD, KvElem E>
+cudaError_t TcOccupancy(int* n) {
+  static std::atomic<uint64_t> smem_set{0};
+  if constexpr (E == KvElem::kFp8E4M3) {
+    auto* k = &DecodeTcFp8Kernel<HD>;
+    if (cudaError_t e = EnsureDynamicSmem(k, TcGeo<HD, E>::kSmem, smem_set); e != cudaSuccess) return e;
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, k, kThreads, TcGeo<HD, E>::kSmem);
+  } else {
+    auto* k = &DecodeTcKernel<HD, E, false>;
+    if (cudaError_t e = EnsureDynamicSmem(k, TcGeo<HD, E>::kSmem, smem_set); e != cudaSuccess) return e;
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, k, kThreads, TcGeo<HD, E>::kSmem);
+  }
+}
+
 // kFusedSplits splits a (token, KV head), one cluster; programmatic dependent launch as LaunchPdl.
 template <int HD, KvElem E>
 cudaError_t LaunchFusedHd(const AttentionParams& p, const QkPrepParams& qp, cudaStream_t st) {
@@ -523,6 +538,26 @@ bool DecodeTcSupports(const AttentionParams& p) {
   return on && p.dtype == ActDType::kBF16 && elem_ok && hd > 0 && hd <= 128 && hd % 16 == 0 && nkv > 0 &&
          p.num_heads % nkv == 0 && p.num_heads / nkv <= kRows &&
          reinterpret_cast<uintptr_t>(p.cache.k) % 16 == 0 && reinterpret_cast<uintptr_t>(p.cache.v) % 16 == 0;
+}
+
+int DecodeTcCtasPerSm(const AttentionParams& p) {
+  const bool fp8 = p.cache.elem == KvElem::kFp8E4M3, hd64 = p.cache.head_dim <= 64;
+  static std::atomic<int> cached[4];  // [hd64][fp8]; 0 until read (the device's SMs are alike)
+  std::atomic<int>& slot = cached[(hd64 ? 2 : 0) + (fp8 ? 1 : 0)];
+  if (const int n = slot.load(std::memory_order_relaxed); n > 0) return n;
+  int n = 0;
+  cudaError_t e;
+  if (hd64) {
+    e = fp8 ? TcOccupancy<64, KvElem::kFp8E4M3>(&n) : TcOccupancy<64, KvElem::kBF16>(&n);
+  } else {
+    e = fp8 ? TcOccupancy<128, KvElem::kFp8E4M3>(&n) : TcOccupancy<128, KvElem::kBF16>(&n);
+  }
+  if (e != cudaSuccess || n <= 0) {
+    cudaGetLastError();
+    return 2;  // a conservative guess; not cached, so the next call asks again
+  }
+  slot.store(n, std::memory_order_relaxed);
+  return n;
 }
 
 cudaError_t LaunchAttentionDecodeTc(const AttentionParams& p, int64_t splits, cudaStream_t st) {

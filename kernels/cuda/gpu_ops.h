@@ -34,8 +34,8 @@ bool AttentionDecodeFusedSupports(const AttentionParams& p, const QkPrepParams& 
 absl::Status AttentionDecodeFused(const AttentionParams& p, const QkPrepParams& prep, GpuStream stream);
 absl::Status Attention(const AttentionParams& p, GpuStream stream);
 // Bytes of AttentionParams::workspace that let the split-decode kernel cut each of
-// num_tokens tokens' keys into up to max_splits ranges (capped at 64). A smaller workspace
-// is fine: the kernel then uses fewer splits (one without any workspace).
+// num_tokens tokens' keys into up to max_splits ranges (capped at kAttentionMaxSplits, gpu_params.h). A
+// smaller workspace is fine: the kernel then uses fewer splits (one without any workspace).
 int64_t AttentionWorkspaceBytes(int64_t num_tokens, int64_t num_heads, int64_t head_dim, int64_t max_splits = 32);
 // The kernel Attention would run for p (p.algo when set; kAuto resolved), or an error if
 // the forced one cannot run this shape.

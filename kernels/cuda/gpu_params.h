@@ -276,6 +276,9 @@ struct FillParams {
   uint32_t pattern = 0;
 };
 
+// The most ranges the split-decode attention cuts one (token, KV head)'s keys into.
+inline constexpr int64_t kAttentionMaxSplits = 128;
+
 // The greedy token of each of `rows` rows of fp32 logits [rows, vocab]: worker/sampler.h's ArgMax.
 // partial_value / partial_index: device scratch of rows * kArgMaxSplits each (gpu_ops.h ArgMaxBytes
 // covers both).

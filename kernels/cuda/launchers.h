@@ -48,6 +48,7 @@ cudaError_t LaunchAttentionDecodeAsync(const AttentionParams& p, int64_t splits,
 // cache, head_dim <= 128 (a multiple of 16), group <= 16; MOESHARD_ATTN_TC_DECODE=0 turns it off.
 bool DecodeTcSupports(const AttentionParams& p);
 cudaError_t LaunchAttentionDecodeTc(const AttentionParams& p, int64_t splits, cudaStream_t stream);
+int DecodeTcCtasPerSm(const AttentionParams& p);  // resident CTAs an SM of that kernel (occupancy API)
 int64_t MaxAttentionSplits();
 int64_t MaxSplitDecodeGroup();  // query heads per KV head the split-decode kernel takes
 int64_t MaxRoutingTopK();

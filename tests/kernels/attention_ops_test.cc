@@ -156,7 +156,7 @@ void ModelOpsTestRunAttention(const AttnCase& c, bool bf16, std::mt19937& rng) {
   const size_t out_bytes = T * nq * hd * (bf16 ? 2 : 4);
   Dev<int32_t> dpos(qpos), doff(qoff), dtab(tables);
   // A full workspace for decode batches; a small one (two splits) for the longer batches.
-  const int64_t ws_bytes = gpu::AttentionWorkspaceBytes(T, nq, hd, T <= 8 ? 64 : 2);
+  const int64_t ws_bytes = gpu::AttentionWorkspaceBytes(T, nq, hd, T <= 8 ? gpu::kAttentionMaxSplits : 2);
   Dev<uint8_t> ws(c.workspace ? ws_bytes : 1);
   const double bound = c.elem == gpu::KvElem::kFp8E4M3                  ? 6e-2
                        : bf16 || c.elem == gpu::KvElem::kBF16 ? 1e-2
@@ -383,7 +383,8 @@ TEST_P(ModelOpsTest, PagedAttentionBlockSizeNotPowerOfTwo) {
 
 // Decode at long contexts over bf16 and FP8 caches: with bf16 activations the split-decode
 // kernel runs on the tensor cores (attention_decode_tc.cu): GQA 8 (half an m16 tile) and 16
-// (a full tile), head_dim 128 and 64, a sliding window, sequences from 1 to 20,000 keys.
+// (a full tile), head_dim 128 and 64, a sliding window, sequences from 1 to 20,000 keys, and
+// one sequence over one KV head cut into the most splits.
 TEST_P(ModelOpsTest, PagedAttentionDecodeLongContextBf16AndFp8) {
   for (gpu::KvElem elem : {gpu::KvElem::kBF16, gpu::KvElem::kFp8E4M3}) {
     for (int64_t window : {int64_t{0}, int64_t{300}}) {
@@ -409,6 +410,16 @@ TEST_P(ModelOpsTest, PagedAttentionDecodeLongContextBf16AndFp8) {
     c.max_tokens_per_seq = 1;
     c.algos = {gpu::AttentionAlgo::kSplitDecode};
     ModelOpsTestRunAttention(c, bf16(), rng_);
+    AttnCase one;  // one sequence, one KV head: every one of kAttentionMaxSplits splits holds keys
+    one.seqs = {{20000, 1}};
+    one.nq = 8;
+    one.nkv = 1;
+    one.hd = 128;
+    one.bs = 16;
+    one.elem = elem;
+    one.max_tokens_per_seq = 1;
+    one.algos = {gpu::AttentionAlgo::kSplitDecode, gpu::AttentionAlgo::kAuto};
+    ModelOpsTestRunAttention(one, bf16(), rng_);
   }
 }
 

@@ -224,7 +224,8 @@ absl::Status GpuModelRunner::Attention(int64_t li, int64_t window) {
   ap.max_tokens_per_seq = max_chunk_tokens_;
   if (max_chunk_tokens_ <= 8) {  // decode: split each sequence's context across blocks
     // Any size works (fewer splits when it is small); capped so the arena stays bounded.
-    const int64_t ws = std::min<int64_t>(AttentionWorkspaceBytes(T, nq_, hd, 64), kAttentionWorkspaceBytes);
+    const int64_t ws =
+        std::min<int64_t>(AttentionWorkspaceBytes(T, nq_, hd, kAttentionMaxSplits), kAttentionWorkspaceBytes);
     ap.workspace = Take(ws);
     ap.workspace_bytes = ws;
     RETURN_IF_ERROR(arena_error_);
