@@ -154,20 +154,18 @@ __device__ __forceinline__ float DotI8(const uint4& w, const uint4& hi, const ui
   return fmaf(static_cast<float>(dh * 256 + dm), 256.f, static_cast<float>(dl));
 }
 
-// The router GEMV's routing (GemvLaunch::route_done): each block, once all its warps' stores
-// are fenced, counts itself; the grid's last block then routes the launch's tokens, one warp a
-// token (RouteTokenWarp; a serial tail of one token's selection whatever the token count), and
-// resets the counter for the next launch.
-__device__ __noinline__ void RouteAfterLastBlock(const GemvLaunch& a, int tid) {
-  __shared__ unsigned last;
+// The router GEMV's routing (GemvLaunch::route_done): every warp, active or not, counts itself
+// once its stores are fenced; the last of the grid's warps then routes every token of the launch
+// (one warp, RouteTokenWarp) and resets the counter for the next launch.
+__device__ __noinline__ void RouteAfterLastWarp(const GemvLaunch& a, int lane) {
   __threadfence();
-  __syncthreads();
-  if (tid == 0) last = atomicAdd(a.route_done, 1u) == gridDim.x - 1 ? 1u : 0u;
-  __syncthreads();
-  if (!last) return;
+  __syncwarp();
+  unsigned last = 0;
+  if (lane == 0) last = atomicAdd(a.route_done, 1u) == gridDim.x * kWarps - 1 ? 1u : 0u;
+  if (!__shfl_sync(0xffffffffu, last, 0)) return;
   __threadfence();
-  for (int t = tid / 32; t < a.num_tokens; t += kWarps) RouteTokenWarpAny(a.route, t, tid % 32);
-  if (tid == 0) *a.route_done = 0;
+  for (int t = 0; t < a.num_tokens; ++t) RouteTokenWarpAny(a.route, t, lane);
+  if (lane == 0) *a.route_done = 0;
 }
 
 template <GemvWeight W, int TB, bool kI8>
@@ -231,74 +229,76 @@ __global__ void __launch_bounds__(kThreads, GemvMinBlocks<W, TB>()) GemvKernel(G
     xs[t * nchunks * 4 + XsSlot(c, p)] = xv;
   }
   __syncthreads();
-  if (active) {
+  if (!active) {
+    if (a.route_done) RouteAfterLastWarp(a, lane);
+    return;
+  }
 
-    float acc[kRowsPerWarp][TB] = {};
-    for (int c0 = lane; c0 < nchunks; c0 += 32 * F::kUnroll) {
-      if (c0 != lane) load(c0);
+  float acc[kRowsPerWarp][TB] = {};
+  for (int c0 = lane; c0 < nchunks; c0 += 32 * F::kUnroll) {
+    if (c0 != lane) load(c0);
 #pragma unroll
-      for (int u = 0; u < F::kUnroll; ++u) {
-        const int c = c0 + 32 * u;
-        if (c >= nchunks) break;
-        if constexpr (kI8) {
-          const int64_t plane = static_cast<int64_t>(TB) * a.cols;
+    for (int u = 0; u < F::kUnroll; ++u) {
+      const int c = c0 + 32 * u;
+      if (c >= nchunks) break;
+      if constexpr (kI8) {
+        const int64_t plane = static_cast<int64_t>(TB) * a.cols;
 #pragma unroll
-          for (int t = 0; t < TB; ++t) {
-            const uint8_t* px = planes + t * a.cols + c * kChunk;
-            const uint4 hi = *reinterpret_cast<const uint4*>(px);
-            const uint4 mid = *reinterpret_cast<const uint4*>(px + plane);
-            const uint4 lo = *reinterpret_cast<const uint4*>(px + 2 * plane);
-            const float xs2 = xscale[t * (nchunks / 2) + c / 2];
-#pragma unroll
-            for (int r = 0; r < kRowsPerWarp; ++r) {
-              acc[r][t] = fmaf(sc[r][u] * xs2, DotI8(v[r][u][0], hi, mid, lo), acc[r][t]);
-            }
-          }
-        } else {
+        for (int t = 0; t < TB; ++t) {
+          const uint8_t* px = planes + t * a.cols + c * kChunk;
+          const uint4 hi = *reinterpret_cast<const uint4*>(px);
+          const uint4 mid = *reinterpret_cast<const uint4*>(px + plane);
+          const uint4 lo = *reinterpret_cast<const uint4*>(px + 2 * plane);
+          const float xs2 = xscale[t * (nchunks / 2) + c / 2];
 #pragma unroll
           for (int r = 0; r < kRowsPerWarp; ++r) {
-            float w[kChunk];
-            Decode<W>(v[r][u], w);
-#pragma unroll
-            for (int t = 0; t < TB; ++t) {
-              float s = 0.f;
-#pragma unroll
-              for (int p = 0; p < 4; ++p) {
-                const float4 xv = xs[t * nchunks * 4 + XsSlot(c, p)];
-                s = fmaf(w[4 * p], xv.x, s);
-                s = fmaf(w[4 * p + 1], xv.y, s);
-                s = fmaf(w[4 * p + 2], xv.z, s);
-                s = fmaf(w[4 * p + 3], xv.w, s);
-              }
-              if constexpr (W == GemvWeight::kQ8) {
-                acc[r][t] = fmaf(sc[r][u], s, acc[r][t]);
-              } else {
-                acc[r][t] += s;
-              }
-            }
+            acc[r][t] = fmaf(sc[r][u] * xs2, DotI8(v[r][u][0], hi, mid, lo), acc[r][t]);
           }
         }
-      }
-    }
+      } else {
 #pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) {
+        for (int r = 0; r < kRowsPerWarp; ++r) {
+          float w[kChunk];
+          Decode<W>(v[r][u], w);
 #pragma unroll
-      for (int t = 0; t < TB; ++t) {
-        const float s = WarpSum(acc[r][t]);
-        const int64_t row = row0 + r;
-        if (lane == (r * TB + t) % 32 && row < m.rows && t < a.num_tokens) {
-          const float y = m.bias ? s + m.bias[row] : s;
-          const int64_t at = t * m.y_stride + row;
-          if (a.y_f32) {
-            static_cast<float*>(m.y)[at] = y;
-          } else {
-            static_cast<uint16_t*>(m.y)[at] = DevF32ToBf16(y);
+          for (int t = 0; t < TB; ++t) {
+            float s = 0.f;
+#pragma unroll
+            for (int p = 0; p < 4; ++p) {
+              const float4 xv = xs[t * nchunks * 4 + XsSlot(c, p)];
+              s = fmaf(w[4 * p], xv.x, s);
+              s = fmaf(w[4 * p + 1], xv.y, s);
+              s = fmaf(w[4 * p + 2], xv.z, s);
+              s = fmaf(w[4 * p + 3], xv.w, s);
+            }
+            if constexpr (W == GemvWeight::kQ8) {
+              acc[r][t] = fmaf(sc[r][u], s, acc[r][t]);
+            } else {
+              acc[r][t] += s;
+            }
           }
         }
       }
     }
   }
-  if (a.route_done) RouteAfterLastBlock(a, tid);
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+#pragma unroll
+    for (int t = 0; t < TB; ++t) {
+      const float s = WarpSum(acc[r][t]);
+      const int64_t row = row0 + r;
+      if (lane == (r * TB + t) % 32 && row < m.rows && t < a.num_tokens) {
+        const float y = m.bias ? s + m.bias[row] : s;
+        const int64_t at = t * m.y_stride + row;
+        if (a.y_f32) {
+          static_cast<float*>(m.y)[at] = y;
+        } else {
+          static_cast<uint16_t*>(m.y)[at] = DevF32ToBf16(y);
+        }
+      }
+    }
+  }
+  if (a.route_done) RouteAfterLastWarp(a, lane);
 }
 
 template <GemvWeight W, int TB, bool kI8>
