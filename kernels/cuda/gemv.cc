@@ -50,16 +50,6 @@ absl::Status Gemv(const GemvParams& p, GpuStream stream) {
     a.m[i] = m;
     a.task_begin[i + 1] = a.task_begin[i] + (m.rows + GemvRowsPerTask() - 1) / GemvRowsPerTask();
   }
-  if (p.route) {
-    const RoutingParams& r = *p.route;
-    if (p.num_matrices != 1 || p.y_dtype != ActDType::kF32 || a.m[0].y_stride != a.m[0].rows ||
-        r.num_experts != a.m[0].rows || r.num_experts > kGemvRouteMaxExperts || r.top_k < 1 || r.top_k > 32 ||
-        r.top_k > r.num_experts || !r.local_ids || !r.weights || !p.route_counter) {
-      return absl::InvalidArgumentError(
-          "Gemv: routing needs one matrix of num_experts (<= 512) rows, fp32 y without a row stride, 1 <= top_k <= 32 "
-          "and top_k <= num_experts, outputs and a counter");
-    }
-  }
   const int group = GemvTokensPerLaunch(p.cols);
   const size_t y_elem = a.y_f32 ? 4 : 2;
   for (int64_t t0 = 0; t0 < p.num_tokens; t0 += group) {
@@ -67,15 +57,6 @@ absl::Status Gemv(const GemvParams& p, GpuStream stream) {
     g.num_tokens = static_cast<int>(std::min<int64_t>(group, p.num_tokens - t0));
     g.x = static_cast<const char*>(p.x) + t0 * x_stride * x_elem;
     for (int i = 0; i < p.num_matrices; ++i) g.m[i].y = static_cast<char*>(a.m[i].y) + t0 * a.m[i].y_stride * y_elem;
-    if (p.route) {
-      g.route = *p.route;
-      g.route.logits = static_cast<const float*>(g.m[0].y);
-      g.route.num_tokens = g.num_tokens;
-      g.route.local_ids += t0 * g.route.top_k;
-      g.route.weights += t0 * g.route.top_k;
-      if (g.route.global_ids) g.route.global_ids += t0 * g.route.top_k;
-      g.route_done = p.route_counter;
-    }
     MOESHARD_CUDA_RETURN_IF_ERROR(LaunchGemv(g, stream));
   }
   return absl::OkStatus();

@@ -29,7 +29,6 @@
 #include "kernels/cuda/act.cuh"
 #include "kernels/cuda/gemv_launch.h"
 #include "kernels/cuda/pdl.cuh"
-#include "kernels/cuda/routing.cuh"
 
 namespace moeshard::gpu {
 namespace {
@@ -154,20 +153,6 @@ __device__ __forceinline__ float DotI8(const uint4& w, const uint4& hi, const ui
   return fmaf(static_cast<float>(dh * 256 + dm), 256.f, static_cast<float>(dl));
 }
 
-// The router GEMV's routing (GemvLaunch::route_done): every warp, active or not, counts itself
-// once its stores are fenced; the last of the grid's warps then routes every token of the launch
-// (one warp, RouteTokenWarp) and resets the counter for the next launch.
-__device__ __noinline__ void RouteAfterLastWarp(const GemvLaunch& a, int lane) {
-  __threadfence();
-  __syncwarp();
-  unsigned last = 0;
-  if (lane == 0) last = atomicAdd(a.route_done, 1u) == gridDim.x * kWarps - 1 ? 1u : 0u;
-  if (!__shfl_sync(0xffffffffu, last, 0)) return;
-  __threadfence();
-  for (int t = 0; t < a.num_tokens; ++t) RouteTokenWarpAny(a.route, t, lane);
-  if (lane == 0) *a.route_done = 0;
-}
-
 template <GemvWeight W, int TB, bool kI8>
 __global__ void __launch_bounds__(kThreads, GemvMinBlocks<W, TB>()) GemvKernel(GemvLaunch a) {
   extern __shared__ float4 xs[];  // [TB][nchunks * 4] swizzled pieces; kI8: StageXI8's planes
@@ -229,10 +214,7 @@ __global__ void __launch_bounds__(kThreads, GemvMinBlocks<W, TB>()) GemvKernel(G
     xs[t * nchunks * 4 + XsSlot(c, p)] = xv;
   }
   __syncthreads();
-  if (!active) {
-    if (a.route_done) RouteAfterLastWarp(a, lane);
-    return;
-  }
+  if (!active) return;
 
   float acc[kRowsPerWarp][TB] = {};
   for (int c0 = lane; c0 < nchunks; c0 += 32 * F::kUnroll) {
@@ -298,7 +280,6 @@ __global__ void __launch_bounds__(kThreads, GemvMinBlocks<W, TB>()) GemvKernel(G
       }
     }
   }
-  if (a.route_done) RouteAfterLastWarp(a, lane);
 }
 
 template <GemvWeight W, int TB, bool kI8>

@@ -43,16 +43,7 @@ struct GemvParams {
   int64_t num_tokens = 0;  // 1..kGemvMaxTokens
   GemvMatrix m[3];
   int num_matrices = 1;
-  // Optional: route after the projection (the router GEMV; one kernel fewer than Routing after
-  // it). Matrix 0 alone, fp32 y with y_stride = rows = route->num_experts (≤ kGemvRouteMaxExperts),
-  // top_k ≤ 32; route->logits and num_tokens are ignored (y and this call's tokens), its
-  // outputs are [num_tokens, top_k] as Routing's. route_counter: a device uint32 that is 0,
-  // left 0 again by each launch; calls sharing one must not run concurrently.
-  const RoutingParams* route = nullptr;
-  uint32_t* route_counter = nullptr;
 };
-
-inline constexpr int64_t kGemvRouteMaxExperts = 512;
 
 // Whether Gemv takes this weight shape (K) and alignment; callers fall back to a GEMM otherwise.
 bool GemvSupports(GemvWeight wtype, int64_t cols);

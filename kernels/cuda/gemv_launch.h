@@ -21,10 +21,6 @@ struct GemvLaunch {
   GemvMatrix m[3];     // y_stride filled in
   int num_matrices = 1;
   int64_t task_begin[4] = {};  // warp tasks: matrix i owns [task_begin[i], task_begin[i + 1])
-  // With route_done: the launch's last warp routes matrix 0's fp32 logits (route.logits, this
-  // launch's tokens) and sets *route_done back to 0.
-  RoutingParams route;
-  unsigned* route_done = nullptr;
 };
 
 int GemvTokensPerLaunch(int64_t cols);  // tokens whose fp32 x fits kGemvMaxSmemBytes (1..8)

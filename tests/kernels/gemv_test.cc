@@ -2,8 +2,7 @@
 // bf16 rows with bf16 x, fp32 rows with fp32 x, and Q8_0 rows (quantized by the GGUF writer's
 // quantizer, converted to split Q8 on the device) with bf16 x; 1 to 8 tokens, odd row counts,
 // three matrices in one launch with biases, fp32 and bf16 outputs, and K of 768, 2048 and 4096
-// (two token groups), split Q8's integer path on x of a wide range, inf and NaN, and the router
-// GEMV that routes after its last warp. Also the
+// (two token groups), and split Q8's integer path on x of a wide range, inf and NaN. Also the
 // split-Q8 expansion, bit for bit against ExpandWeights of the
 // Q8_0 bytes, and Gemm's chunked expansion of split-Q8 weights (prefill-sized batches).
 // Labelled `gpu`; exits 77 (SKIPPED) where no CUDA device is present.
@@ -263,103 +262,6 @@ TEST_F(GemvQ8, WideRangeActivationsAndNonFinite) {
       }
     }
   }
-}
-
-// The router GEMV that routes after its last warp (GemvParams::route) against the GEMV and then
-// Routing as two calls: the same logits, expert ids and weights bit for bit, for 1 to 8 tokens,
-// 128 and 300 experts (two warp-kernel widths), top-k 8 and 1, each weighting mode, an expert
-// range (expert parallel: other ranks' picks are -1), and one counter shared by every call (each
-// launch leaves it 0 for the next). Bad shapes are refused.
-TEST_F(GemvQ8, RouterGemvRoutesAfterItsLastWarp) {
-  std::mt19937 rng(21);
-  const int64_t K = 512;
-  DevBuf counter(4);
-  ASSERT_EQ(cudaMemset(counter.p, 0, 4), cudaSuccess);
-  for (int64_t E : {128, 300}) {
-    Matrix m = MakeMatrix(GemvWeight::kF32, E, K, rng);
-    for (int64_t T : {1, 3, 8}) {
-      for (int mode = 0; mode < 3; ++mode) {
-        for (int64_t top_k : {8, 1}) {
-          SCOPED_TRACE(testing::Message() << "E " << E << " T " << T << " mode " << mode << " top_k " << top_k);
-          std::normal_distribution<float> d(0.f, 1.f);
-          std::vector<float> x(T * K);
-          for (auto& v : x) v = d(rng);
-          DevBuf xd(x.data(), x.size() * 4), la(T * E * 4), lb(T * E * 4);
-          DevBuf ida(T * top_k * 4), idb(T * top_k * 4), wa(T * top_k * 4), wb(T * top_k * 4);
-          gpu::RoutingParams r;
-          r.num_experts = E;
-          r.top_k = top_k;
-          r.softmax_topk_only = mode == 1;
-          r.renormalize = mode == 2;
-          r.expert_begin = E / 4;
-          r.num_local_experts = E / 2;
-          gpu::GemvParams p;
-          p.wtype = GemvWeight::kF32;
-          p.x = xd.p;
-          p.x_dtype = ActDType::kF32;
-          p.y_dtype = ActDType::kF32;
-          p.cols = K;
-          p.num_tokens = T;
-          p.m[0] = {m.w->p, nullptr, E, nullptr, la.p, 0};
-          gpu::RoutingParams fused = r;
-          fused.local_ids = static_cast<int32_t*>(ida.p);
-          fused.weights = static_cast<float*>(wa.p);
-          p.route = &fused;
-          p.route_counter = static_cast<uint32_t*>(counter.p);
-          ASSERT_TRUE(gpu::Gemv(p, nullptr).ok());
-          // The same as two calls.
-          p.route = nullptr;
-          p.m[0].y = lb.p;
-          ASSERT_TRUE(gpu::Gemv(p, nullptr).ok());
-          gpu::RoutingParams apart = r;
-          apart.logits = static_cast<const float*>(lb.p);
-          apart.num_tokens = T;
-          apart.local_ids = static_cast<int32_t*>(idb.p);
-          apart.weights = static_cast<float*>(wb.p);
-          ASSERT_TRUE(gpu::Routing(apart, nullptr).ok());
-          EXPECT_EQ(la.Host<float>(T * E), lb.Host<float>(T * E));
-          EXPECT_EQ(ida.Host<int32_t>(T * top_k), idb.Host<int32_t>(T * top_k));
-          EXPECT_EQ(wa.Host<float>(T * top_k), wb.Host<float>(T * top_k));
-          const auto ids = ida.Host<int32_t>(T * top_k);
-          int local = 0;
-          for (int32_t id : ids) local += id >= 0 ? 1 : 0;
-          EXPECT_GT(local, 0) << "no pick in the local range: the test would not see the ids";
-          EXPECT_EQ(counter.Host<uint32_t>(1)[0], 0u) << "the counter must be left at 0";
-        }
-      }
-    }
-  }
-  // Refused: two matrices, bf16 y, more than 512 experts, no counter.
-  Matrix m = MakeMatrix(GemvWeight::kF32, 600, K, rng);
-  std::vector<float> x(K, 1.f);
-  DevBuf xd(x.data(), K * 4), y(600 * 4), ids(8 * 4), w(8 * 4);
-  gpu::RoutingParams r;
-  r.num_experts = 600;
-  r.top_k = 8;
-  r.local_ids = static_cast<int32_t*>(ids.p);
-  r.weights = static_cast<float*>(w.p);
-  gpu::GemvParams p;
-  p.wtype = GemvWeight::kF32;
-  p.x = xd.p;
-  p.x_dtype = ActDType::kF32;
-  p.y_dtype = ActDType::kF32;
-  p.cols = K;
-  p.num_tokens = 1;
-  p.m[0] = {m.w->p, nullptr, 600, nullptr, y.p, 0};
-  p.route = &r;
-  p.route_counter = static_cast<uint32_t*>(counter.p);
-  EXPECT_FALSE(gpu::Gemv(p, nullptr).ok()) << "600 experts";
-  p.m[0].rows = 128;
-  r.num_experts = 128;
-  p.route_counter = nullptr;
-  EXPECT_FALSE(gpu::Gemv(p, nullptr).ok()) << "no counter";
-  p.route_counter = static_cast<uint32_t*>(counter.p);
-  p.y_dtype = ActDType::kBF16;
-  EXPECT_FALSE(gpu::Gemv(p, nullptr).ok()) << "bf16 logits";
-  p.y_dtype = ActDType::kF32;
-  p.num_matrices = 2;
-  p.m[1] = p.m[0];
-  EXPECT_FALSE(gpu::Gemv(p, nullptr).ok()) << "two matrices";
 }
 
 TEST_F(GemvQ8, ExpansionIsExpandWeightsBitForBit) {

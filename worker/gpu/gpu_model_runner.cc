@@ -323,6 +323,7 @@ absl::Status GpuModelRunner::Route(int64_t li, const RouteOpts& opts) {
                                           static_cast<int>(K));
   moe_ws_ = Take(static_cast<int64_t>(moe_ws_bytes_));
   RETURN_IF_ERROR(arena_error_);
+  RETURN_IF_ERROR(Project(w_->layers[li].router, y32_, logits_, ActDType::kF32, T, nullptr, "router"));  // fp32 router
   RoutingParams rp;
   rp.logits = logits_;
   rp.num_tokens = T;
@@ -334,22 +335,6 @@ absl::Status GpuModelRunner::Route(int64_t li, const RouteOpts& opts) {
   rp.num_local_experts = host_w_->num_local_experts;
   rp.local_ids = expert_ids_;
   rp.weights = wts_;
-  const DenseWeight& router = w_->layers[li].router;  // fp32
-  if (fuse_routing_ && UseGemv(router, T) && router.rows == E && E <= kGemvRouteMaxExperts && K <= 32) {
-    GemvParams g;
-    g.wtype = GemvTypeOf(router);
-    g.x = y32_;
-    g.x_dtype = router.dtype;
-    g.y_dtype = ActDType::kF32;
-    g.cols = router.cols;
-    g.num_tokens = T;
-    g.m[0] = GemvOf(router, nullptr, logits_);
-    g.route = &rp;
-    g.route_counter = route_counter_;
-    auto region = prof_.Region("router", stream_);
-    return Gemv(g, stream_);
-  }
-  RETURN_IF_ERROR(Project(router, y32_, logits_, ActDType::kF32, T, nullptr, "router"));
   return gpu::Routing(rp, stream_);
 }
 

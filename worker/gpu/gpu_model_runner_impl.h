@@ -47,7 +47,6 @@ class GpuModelRunner : public ModelRunner, private LayerOps {
       cudaStreamDestroy(stream_);
     }
     if (stage_) cudaFreeHost(stage_);
-    if (route_counter_) cudaFree(route_counter_);
   }
 
   absl::Status Init(const TensorSource& src);
@@ -195,10 +194,6 @@ class GpuModelRunner : public ModelRunner, private LayerOps {
   // all-reduce between them) without a latent or output norm, Experts leaves the combine to
   // the MLP block's residual update: moe_rows_ and moe_mix_pending_ until it runs.
   bool fuse_moe_residual_ = true;
-  // MOESHARD_FUSE_ROUTING=0: the router GEMV and the routing as two kernels. Else a decode-sized
-  // router GEMV routes after its last warp (Gemv's route), counting on route_counter_.
-  bool fuse_routing_ = true;
-  uint32_t* route_counter_ = nullptr;
   bool moe_mix_pending_ = false;
   MoeExpertRows moe_rows_;
   std::unique_ptr<ModelWeights> host_w_;

@@ -28,10 +28,6 @@ absl::Status GpuModelRunner::StartDevice() {
   if (const char* mb = std::getenv("MOESHARD_FP8_PREFILL_COPY_MB")) kv_copy_cap_mb_ = std::max(0L, std::strtol(mb, nullptr, 10));
   const char* moe_res = std::getenv("MOESHARD_FUSE_MOE_RESIDUAL");
   fuse_moe_residual_ = !(moe_res && std::string(moe_res) == "0");
-  const char* fuse_route = std::getenv("MOESHARD_FUSE_ROUTING");
-  fuse_routing_ = !(fuse_route && std::string(fuse_route) == "0");
-  MOESHARD_CUDA_RETURN_IF_ERROR(cudaMalloc(&route_counter_, sizeof(uint32_t)));
-  MOESHARD_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(route_counter_, 0, sizeof(uint32_t), stream_));
   if (comm_ && comm_->device_memory()) comm_->set_stream(stream_);
   if (options_.profile) prof_.Enable(64 + 16 * static_cast<int>(shard_.layer_end - shard_.layer_begin));
   return absl::OkStatus();
