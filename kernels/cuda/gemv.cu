@@ -107,38 +107,65 @@ __device__ __forceinline__ int Dp4aSU(uint32_t a, uint32_t b, int c) {
 }
 
 // kI8 staging: x [TB, cols] (bf16) → planes [3][TB][cols] bytes (hi, mid, lo) and one fp32
-// power of two per (token, 32-column block) after them. Warp-wide: one 32-column block per
-// pass, lane j its column j. x = F · 2^(emax - 149), F = round(M · 2^(e - emax - 1)) for the
-// element's 24-bit significand M and exponent field e, emax the block's largest: |F| < 2^23.
-// A block whose largest exponent field is below 23 (|x| < 2^-104) stages as zero; one holding
-// an inf or NaN gets a NaN scale.
-__device__ __forceinline__ void StageXI8(const GemvLaunch& a, int TB, uint8_t* planes, float* xscale) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+// power of two per (token, 32-column block) after them. Each thread takes 8 consecutive
+// columns (one 16-byte load, all issued at once: one round trip for the block), four threads
+// a 32-column block, whose largest exponent field emax they share by two shuffles. x = F ·
+// 2^(emax - 149), F = round(M · 2^(e - emax - 1)) for the element's 24-bit significand M and
+// exponent field e: |F| < 2^23. A block whose largest exponent field is below 23 (|x| <
+// 2^-104) stages as zero; one holding an inf or NaN gets a NaN scale.
+__device__ __forceinline__ uint32_t Fixed24(uint32_t bits, int emax) {
+  const int e = static_cast<int>((bits >> 23) & 0xFF);
+  if (emax < 23 || e == 0) return 0;
+  const int m = static_cast<int>((bits & 0x7FFFFFu) | 0x800000u);
+  const int sh = emax + 1 - e;  // ≥ 1
+  int f = sh > 24 ? 0 : min((m + (1 << (sh - 1))) >> sh, (1 << 23) - 1);
+  if (bits & 0x80000000u) f = -f;
+  return static_cast<uint32_t>(f);
+}
+
+template <int TB>
+__device__ __forceinline__ void StageXI8(const GemvLaunch& a, uint8_t* planes, float* xscale) {
   const int64_t cols = a.cols;
-  const int nb = static_cast<int>(cols / 32);
-  for (int blk = warp; blk < TB * nb; blk += kWarps) {
-    const int t = blk / nb, b = blk % nb;
-    uint32_t bits = 0;
-    if (t < a.num_tokens) {
-      bits = static_cast<uint32_t>(static_cast<const uint16_t*>(a.x)[t * a.x_stride + b * 32 + lane]) << 16;
+  const int groups = static_cast<int>(cols / 8);  // per token
+  constexpr int kIters = (TB * (kGemvMaxSmemBytes / 3 / 8) + kThreads - 1) / kThreads;  // an upper bound
+  const int64_t plane = static_cast<int64_t>(TB) * cols;
+#pragma unroll 4
+  for (int it = 0; it < kIters; ++it) {
+    if (it * kThreads >= TB * groups) break;  // block-uniform; lanes past the end shuffle too
+    const int i = it * kThreads + static_cast<int>(threadIdx.x);
+    const bool in = i < TB * groups;
+    const int t = i / groups, g = i % groups;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (in && t < a.num_tokens) v = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.x) + t * a.x_stride + 8 * g);
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    uint32_t bits[8];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      bits[2 * k] = w[k] << 16;
+      bits[2 * k + 1] = w[k] & 0xFFFF0000u;
     }
-    const int e = static_cast<int>((bits >> 23) & 0xFF);
-    const int emax = static_cast<int>(__reduce_max_sync(0xffffffffu, static_cast<unsigned>(e)));
-    int f = 0;
-    if (emax >= 23 && e > 0) {
-      const int m = static_cast<int>((bits & 0x7FFFFFu) | 0x800000u);
-      const int sh = emax + 1 - e;  // ≥ 1
-      f = sh > 24 ? 0 : min((m + (1 << (sh - 1))) >> sh, (1 << 23) - 1);
-      if (bits & 0x80000000u) f = -f;
+    int emax = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) emax = max(emax, static_cast<int>((bits[k] >> 23) & 0xFF));
+    emax = max(emax, __shfl_xor_sync(0xffffffffu, emax, 1));
+    emax = max(emax, __shfl_xor_sync(0xffffffffu, emax, 2));
+    uint32_t hi[2] = {0, 0}, mid[2] = {0, 0}, lo[2] = {0, 0};
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const uint32_t f = Fixed24(bits[k], emax);
+      const int word = k / 4, sh = 8 * (k % 4);
+      hi[word] |= ((f >> 16) & 0xFF) << sh;
+      mid[word] |= ((f >> 8) & 0xFF) << sh;
+      lo[word] |= (f & 0xFF) << sh;
     }
-    const int64_t at = t * cols + b * 32 + lane;
-    const int64_t plane = static_cast<int64_t>(TB) * cols;
-    planes[at] = static_cast<uint8_t>(f >> 16);
-    planes[plane + at] = static_cast<uint8_t>(f >> 8);
-    planes[2 * plane + at] = static_cast<uint8_t>(f);
-    // An inf or NaN in the block makes its products NaN (fp32 arithmetic gives inf or NaN).
-    if (lane == 0) {
-      xscale[t * nb + b] = emax == 255 ? __int_as_float(0x7FC00000) : emax >= 23 ? __int_as_float((emax - 22) << 23) : 0.f;
+    if (!in) continue;
+    const int64_t at = t * cols + 8 * g;
+    *reinterpret_cast<uint2*>(planes + at) = make_uint2(hi[0], hi[1]);
+    *reinterpret_cast<uint2*>(planes + plane + at) = make_uint2(mid[0], mid[1]);
+    *reinterpret_cast<uint2*>(planes + 2 * plane + at) = make_uint2(lo[0], lo[1]);
+    if ((g & 3) == 0) {
+      xscale[t * (cols / 32) + g / 4] =
+          emax == 255 ? __int_as_float(0x7FC00000) : emax >= 23 ? __int_as_float((emax - 22) << 23) : 0.f;
     }
   }
 }
@@ -197,7 +224,7 @@ __global__ void __launch_bounds__(kThreads, GemvMinBlocks<W, TB>()) GemvKernel(G
   PdlTrigger();
   uint8_t* const planes = reinterpret_cast<uint8_t*>(xs);
   float* const xscale = reinterpret_cast<float*>(planes + 3 * static_cast<int64_t>(TB) * a.cols);
-  if constexpr (kI8) StageXI8(a, TB, planes, xscale);
+  if constexpr (kI8) StageXI8<TB>(a, planes, xscale);
   for (int i = tid; !kI8 && i < TB * nchunks * 4; i += kThreads) {
     const int t = i / (nchunks * 4), rem = i % (nchunks * 4), c = rem / 4, p = rem % 4;
     float4 xv = make_float4(0.f, 0.f, 0.f, 0.f);

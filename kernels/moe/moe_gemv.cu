@@ -33,6 +33,7 @@
 // Epilogues as the other paths: h = bf16(silu(bf16(g)) · bf16(u)) (natural column order, these
 // experts' rows of h are read by this path only), y rows fp32.
 #include <algorithm>
+#include <cstdlib>
 
 #include "kernels/moe/moe_device.cuh"
 #include "kernels/cuda/pdl.cuh"
@@ -408,11 +409,13 @@ __global__ void __launch_bounds__(kThreads, Cfg<kSmall>::kMinBlocks) GemvKernel(
 // memory written two launches back: the routing kernel completed before gate/up could let this
 // grid start), so its first chunk of weights is in flight while gate/up finishes; the read
 // goes to L2 (ld.global.cg), past any stale L1 line of an earlier layer's ids.
-template <bool kGateUp>
+// kEarly (down only; MOESHARD_MOE_DOWN_EARLY=0 off): as above; else it waits first.
+template <bool kGateUp, bool kEarly>
 __global__ void __launch_bounds__(kThreads, Cfg<true>::kMinBlocks) GemvDirectKernel(MoeExpertParams p, MoeWork w) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int64_t R = (kGateUp ? p.inter : p.width) / (kGateUp ? 16 : 32);
-  if constexpr (kGateUp) {
+  constexpr bool kLate = !kGateUp && kEarly;  // RunTask waits once its first weights are in flight
+  if constexpr (!kLate) {
     PdlWait();
     PdlTrigger();
   }
@@ -420,10 +423,9 @@ __global__ void __launch_bounds__(kThreads, Cfg<true>::kMinBlocks) GemvDirectKer
   const int e = __ldcg(p.expert_ids + pair);
   if (kGateUp && rt == 0 && threadIdx.x == 0) w.pos[pair] = e >= 0 ? static_cast<int32_t>(pair) : -1;
   if (e < 0) {
-    if constexpr (!kGateUp) PdlWait();  // pdl.cuh: every thread waits, an early return too
+    if constexpr (kLate) PdlWait();  // pdl.cuh: every thread waits, an early return too
     return;
   }
-  constexpr bool kLate = !kGateUp;
   const MoeExpertWeights ew = p.experts[e];
   switch (kGateUp ? ew.gate.format : ew.down.format) {
     case WeightFormat::kQ8_0:
@@ -441,15 +443,29 @@ __global__ void __launch_bounds__(kThreads, Cfg<true>::kMinBlocks) GemvDirectKer
   }
 }
 
-template <bool kGateUp>
-cudaError_t LaunchDirect(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
+template <bool kGateUp, bool kEarly>
+cudaError_t LaunchDirectK(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
   constexpr int kSmem = Cfg<true>::kSmemBytes;
   static const cudaError_t attr =
-      cudaFuncSetAttribute(GemvDirectKernel<kGateUp>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+      cudaFuncSetAttribute(GemvDirectKernel<kGateUp, kEarly>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (attr != cudaSuccess) return attr;
   const int64_t R = (kGateUp ? p.inter : p.width) / (kGateUp ? 16 : 32);
   const int64_t grid = std::max<int64_t>(1, p.num_tokens * p.top_k * R);
-  return LaunchPdl(GemvDirectKernel<kGateUp>, static_cast<unsigned>(grid), kThreads, kSmem, stream, p, w);
+  return LaunchPdl(GemvDirectKernel<kGateUp, kEarly>, static_cast<unsigned>(grid), kThreads, kSmem, stream, p, w);
+}
+
+bool DownEarly() {
+  static const bool on = [] {
+    const char* v = std::getenv("MOESHARD_MOE_DOWN_EARLY");
+    return !(v && v[0] == '0');
+  }();
+  return on;
+}
+
+template <bool kGateUp>
+cudaError_t LaunchDirect(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
+  if (!kGateUp && DownEarly()) return LaunchDirectK<kGateUp, true>(p, w, stream);
+  return LaunchDirectK<kGateUp, false>(p, w, stream);
 }
 
 template <bool kGateUp, bool kSmall>
