@@ -379,6 +379,11 @@ int GemvTokensPerLaunch(int64_t cols) {
 }
 
 cudaError_t LaunchGemv(const GemvLaunch& a, cudaStream_t stream) {
+  static const bool mma_on = [] {
+    const char* v = std::getenv("MOESHARD_GEMV_MMA");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  if (mma_on && GemvMmaTakes(a)) return LaunchGemvQ8Mma(a, stream);
   const int64_t tasks = a.task_begin[a.num_matrices];
   const int64_t blocks = (tasks + kWarps - 1) / kWarps;
   int tb = 1;

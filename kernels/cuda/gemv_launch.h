@@ -26,6 +26,10 @@ struct GemvLaunch {
 int GemvTokensPerLaunch(int64_t cols);  // tokens whose fp32 x fits kGemvMaxSmemBytes (1..8)
 int64_t GemvRowsPerTask();
 cudaError_t LaunchGemv(const GemvLaunch& a, cudaStream_t stream);
+// gemv_mma.cu: split Q8 with bf16 x for 2 to 8 tokens on the tensor cores (LaunchGemv takes it
+// unless MOESHARD_GEMV_MMA=0).
+bool GemvMmaTakes(const GemvLaunch& a);
+cudaError_t LaunchGemvQ8Mma(const GemvLaunch& a, cudaStream_t stream);
 cudaError_t LaunchGemvSplitQ8(const WeightRef& w, int8_t* codes, uint16_t* scales, cudaStream_t stream);
 cudaError_t LaunchGemvExpandQ8(const int8_t* codes, const uint16_t* scales, int64_t n, void* out, bool out_f32,
                                cudaStream_t stream);

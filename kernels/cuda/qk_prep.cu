@@ -19,14 +19,13 @@ constexpr int kMaxPer = kQkMaxPer;
 template <typename Act, KvElem E>
 __global__ void __launch_bounds__(kWarps * 32) QkPrepKernel(QkPrepParams p) {
   extern __shared__ float cs[];  // [half] cos, then [half] sin
-  PdlWait();
-  PdlTrigger();
   const int64_t t = blockIdx.x, hd = p.cache.head_dim, half = hd / 2, nkv = p.cache.num_kv_heads;
   const int per = static_cast<int>(hd / 32), lane = threadIdx.x % 32;
-  if (p.rope) {
-    QkRopeAngles(p.pos[t], p.theta, hd, cs, threadIdx.x, blockDim.x);
-    __syncthreads();
-  }
+  // The angles depend on the step's positions only (uploaded before the step): before the wait.
+  if (p.rope) QkRopeAngles(p.pos[t], p.theta, hd, cs, threadIdx.x, blockDim.x);
+  PdlWait();
+  PdlTrigger();
+  if (p.rope) __syncthreads();
   const int64_t task = static_cast<int64_t>(blockIdx.y) * kWarps + threadIdx.x / 32;
   if (task >= p.num_heads + nkv) return;
   const bool is_q = task < p.num_heads;

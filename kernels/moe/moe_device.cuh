@@ -14,6 +14,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/mma_bf16.cuh"
 #include "kernels/cuda/weight_decode.cuh"
 #include "kernels/moe/moe_params.h"
 
@@ -64,16 +65,6 @@ __device__ __forceinline__ void DecodeNvfp4Word(uint32_t w, uint32_t s2, uint32_
   out[1] = MulBf16x2(((w << 2) & kMag) | ((w << 8) & kSign), s2);
   out[2] = MulBf16x2(((w >> 2) & kMag) | ((w << 4) & kSign), s2);
   out[3] = MulBf16x2(((w >> 6) & kMag) | (w & kSign), s2);
-}
-
-// d += a · b, m16n8k16, bf16 inputs, fp32 accumulators.
-__device__ __forceinline__ void MmaBf16(float d[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                        uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 // Zeroes mma accumulators [token tiles][16-row slices][4].
