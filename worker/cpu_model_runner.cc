@@ -169,7 +169,7 @@ absl::Status CpuModelRunner::Residual(int64_t li, Block block, const ResidualOpt
   }
   if (trace_row_ >= 0 && trace_sink_) {
     trace_sink_({trace_position_, shard_.layer_begin + li, block,
-                 std::vector<float>(s.begin() + trace_row_ * H, s.begin() + (trace_row_ + 1) * H)});
+                 std::vector<float>(s.begin() + trace_row_ * H, s.begin() + (trace_row_ + 1) * H), {}, {}});
   }
   return absl::OkStatus();
 }

@@ -79,6 +79,10 @@ struct ResidualTrace {
   int64_t layer = 0;  // the model's layer index
   Block block = Block::kAttention;
   std::vector<float> s;  // [H]
+  // MLP blocks of MoE layers, where the runner reports them (the GPU runner): the token's
+  // router logits [num_experts] and its picks [top_k] (this rank's local ids, -1 for another's).
+  std::vector<float> router_logits;
+  std::vector<int32_t> experts;
 };
 using ResidualTraceSink = std::function<void(const ResidualTrace&)>;
 

@@ -11,7 +11,9 @@
 namespace moeshard {
 namespace {
 
-// One line a trace: "moeshard trace: position P layer L attention|mlp rank R/N: v0 v1 ...".
+// One line a trace: "moeshard trace: position P layer L attention|mlp rank R/N: v0 v1 ...", and
+// after an MoE layer's MLP line, where the runner reports its routing, "moeshard trace: position P
+// layer L route rank R/N: experts e0 ... logits l0 ...".
 ResidualTraceSink StderrTraceSink(const ShardSpec& shard) {
   return [rank = shard.tp_rank, size = shard.tp_size](const ResidualTrace& t) {
     std::string line = "moeshard trace: position " + std::to_string(t.position) + " layer " + std::to_string(t.layer) +
@@ -23,6 +25,17 @@ ResidualTraceSink StderrTraceSink(const ShardSpec& shard) {
       line += buf;
     }
     line += "\n";
+    if (!t.experts.empty()) {  // "... route rank R/N: experts e0 e1 ... logits l0 l1 ..."
+      line += "moeshard trace: position " + std::to_string(t.position) + " layer " + std::to_string(t.layer) +
+              " route rank " + std::to_string(rank) + "/" + std::to_string(size) + ": experts";
+      for (int32_t e : t.experts) line += " " + std::to_string(e);
+      line += " logits";
+      for (float v : t.router_logits) {
+        std::snprintf(buf, sizeof(buf), " %.9g", v);
+        line += buf;
+      }
+      line += "\n";
+    }
     std::fputs(line.c_str(), stderr);
   };
 }

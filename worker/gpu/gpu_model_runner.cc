@@ -279,8 +279,16 @@ absl::Status GpuModelRunner::TraceResidual(int64_t li, Block block) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   MOESHARD_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream_, &capture));
   if (capture != cudaStreamCaptureStatusNone) return absl::OkStatus();  // a decode graph: not traced
-  ResidualTrace t{trace_position_, shard_.layer_begin + li, block, {}};
+  ResidualTrace t{trace_position_, shard_.layer_begin + li, block, {}, {}, {}};
   RETURN_IF_ERROR(Download(s_ + trace_row_ * config_.hidden_size, config_.hidden_size, &t.s));
+  if (block == Block::kMlp && routed_layer_ == li && logits_ && expert_ids_) {  // this block's routing
+    const int64_t E = config_.num_experts, K = config_.top_k;
+    RETURN_IF_ERROR(Download(logits_ + trace_row_ * E, E, &t.router_logits));
+    t.experts.resize(K);
+    MOESHARD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(t.experts.data(), expert_ids_ + trace_row_ * K, K * sizeof(int32_t),
+                                                  cudaMemcpyDeviceToHost, stream_));
+    MOESHARD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  }
   trace_sink_(t);
   return absl::OkStatus();
 }
@@ -315,6 +323,7 @@ absl::Status GpuModelRunner::Route(int64_t li, const RouteOpts& opts) {
   const int64_t T = T_, E = c.num_experts, K = c.top_k, Lw = c.expert_width();
   if (!y32_) return absl::FailedPreconditionError("Route needs MlpInput's fp32 copy");
   logits_ = F32(T * E);
+  routed_layer_ = li;
   wts_ = F32(T * K);
   expert_ids_ = static_cast<int32_t*>(Take(T * K * 4));
   mix_ = opts.latent ? F32(T * Lw) : f_;

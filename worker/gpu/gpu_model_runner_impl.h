@@ -228,6 +228,7 @@ class GpuModelRunner : public ModelRunner, private LayerOps {
   std::vector<int32_t> host_idx_;
   int64_t T_ = 0, R_ = 0, max_chunk_tokens_ = 0;
   int64_t trace_row_ = -1;  // TraceRow of the step being prepared
+  int64_t routed_layer_ = -1;  // the layer whose routing logits_ and expert_ids_ hold (the trace's)
   size_t step_mark_ = 0;  // the arena past the step's indices and residual stream
   int32_t *ids_ = nullptr, *pos_ = nullptr, *slots_ = nullptr, *toff_ = nullptr, *tables_ = nullptr,
           *rows_ = nullptr;
