@@ -18,12 +18,14 @@ constexpr char kUsage[] =
     "usage: moeshard check --model PATH --goldens FILE [--tolerance fp32|q8_0|bf16]\n"
     "                      [--device cpu|cuda] [--gpu N] [--dtype float32|bfloat16] [--kv-dtype auto|float32|bfloat16|fp8]\n"
     "                      [--tp N | --layer-split N] [--bf16-mean-kl X] [--bf16-top1 F] [--max-batch-tokens N]\n"
-    "                      [--runs whole,batched,decode] [--decode-steps N] [--fp32-outliers F]\n"
+    "                      [--runs whole,batched,decode] [--decode-steps N] [--fp32-outliers F] [--bf16-outliers F]\n"
     "  --max-batch-tokens: tokens per step (default 8192); longer sequences are prefilled in chunks\n"
     "  --runs: which runs check the sequences (default all: whole, all in one batch, prefill + decode steps)\n"
     "  --decode-steps: positions at each sequence's end checked as one-token decode steps (default: half)\n"
     "  --fp32-outliers: fraction of positions (at most 0.01) that may miss the fp32 limit at a routing near tie,\n"
     "                   each within 1e-2 in lse, top-1 agreeing at 99.9 % (long goldens; default 0)\n"
+    "  --bf16-outliers: fraction of positions (at most 0.01) whose lse may miss the bf16 limit at a routing near tie\n"
+    "                   (top-k goldens; top-1 still at the bf16 limit over all positions; default 0)\n"
     "  --bf16-mean-kl / --bf16-top1: the model's row of the README's bf16 table (default: its loosest row)\n";
 
 absl::StatusOr<std::pair<CheckLimits, CheckLayout>> ParseSetup(const Args& a, const LoadedModel& m) {
@@ -55,6 +57,8 @@ absl::StatusOr<std::pair<CheckLimits, CheckLayout>> ParseSetup(const Args& a, co
   ASSIGN_OR_RETURN(lim.bf16_top1, a.GetDouble("bf16-top1", lim.bf16_top1));
   ASSIGN_OR_RETURN(lim.fp32_outliers, a.GetDouble("fp32-outliers", 0));
   if (lim.fp32_outliers < 0 || lim.fp32_outliers > 0.01) return absl::InvalidArgumentError("--fp32-outliers must be in [0, 0.01]");
+  ASSIGN_OR_RETURN(lim.bf16_outliers, a.GetDouble("bf16-outliers", 0));
+  if (lim.bf16_outliers < 0 || lim.bf16_outliers > 0.01) return absl::InvalidArgumentError("--bf16-outliers must be in [0, 0.01]");
   return std::make_pair(lim, layout);
 }
 
@@ -67,7 +71,8 @@ const char* KindName(Tolerance t) {
 int CheckCommand(const std::vector<std::string>& argv) {
   auto a = Args::Parse(argv,
                        {"model", "goldens", "tolerance", "device", "gpu", "dtype", "kv-dtype", "max-batch-tokens", "tp",
-                        "layer-split", "bf16-mean-kl", "bf16-top1", "decode-steps", "runs", "fp32-outliers"},
+                        "layer-split", "bf16-mean-kl", "bf16-top1", "decode-steps", "runs", "fp32-outliers",
+                        "bf16-outliers"},
                        {"help"});
   if (!a.ok() || a->Flag("help") || !a->Has("model") || !a->Has("goldens")) {
     std::fprintf(stderr, "%s%s\n", kUsage, a.ok() ? "" : std::string(a.status().message()).c_str());

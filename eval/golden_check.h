@@ -33,6 +33,12 @@ struct CheckLimits {
   // of 16,384 positions; moeshard on muse-spark-tiny at 18, one flip at 15,160 and its
   // window). docs/design/long-context.md, "Long goldens".
   double fp32_outliers = 0;
+  // bf16 with top-k goldens: the fraction of positions whose lse may miss bf16_max_lse (default
+  // none), top-1 still agreeing at bf16_topk_top1 over all positions. The same near ties at
+  // bf16's larger rounding: measured on muse-spark-tiny's 16K goldens, position 9,255's layer-1
+  // router picks expert 8 in bf16 where float32 (margin 0.0053 between its 4th and 5th pick)
+  // picks 13, and that position's lse moves by 1.25 (scripts/trace_diff.py, docs/TESTING.md).
+  double bf16_outliers = 0;
   CheckLimits() = default;
   CheckLimits(Tolerance k) : kind(k) {}  // NOLINT: a tolerance kind is its default limits
 };
@@ -63,6 +69,7 @@ struct SeqReport {
   int64_t positions = 0;
   int64_t worst_position = 0;      // where max(err, lse_err) is largest
   int64_t positions_over = 0;      // positions past 1e-3 (the fp32 limit) in err or lse_err
+  int64_t over_bf16_lse = 0;       // top-k goldens: positions whose lse_err is past bf16_max_lse
   bool full_logits = false;
   bool pass = false;
   bool gating = true;  // false on the bf16 path, where the pooled figures gate
@@ -73,6 +80,7 @@ struct SeqReport {
 struct PooledReport {
   std::string name;  // "whole", "batched", "decode" or "all"
   int64_t positions = 0;
+  int64_t over_bf16_lse = 0;  // top-k goldens: positions past bf16_max_lse
   double mean_kl = 0, top1 = 0, max_lse_err = 0;
   bool full_logits = false;
   bool pass = false;
