@@ -2,7 +2,7 @@
 // bf16 rows with bf16 x, fp32 rows with fp32 x, and Q8_0 rows (quantized by the GGUF writer's
 // quantizer, converted to split Q8 on the device) with bf16 x; 1 to 8 tokens, odd row counts,
 // three matrices in one launch with biases, fp32 and bf16 outputs, and K of 768, 2048 and 4096
-// (two token groups), and split Q8's integer path on x of a wide range, inf and NaN. Also the
+// (two token groups), and split Q8 on x of a wide range, inf and NaN. Also the
 // split-Q8 expansion, bit for bit against ExpandWeights of the
 // Q8_0 bytes, and Gemm's chunked expansion of split-Q8 weights (prefill-sized batches).
 // Labelled `gpu`; exits 77 (SKIPPED) where no CUDA device is present.
@@ -208,8 +208,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GemvTest,
                                            Shape{GemvWeight::kBF16, 784}, Shape{GemvWeight::kF32, 2048},
                                            Shape{GemvWeight::kF32, 4096}));
 
-// Split Q8 with bf16 x runs on the integer units (x staged per 32 columns as 24-bit fixed point
-// against the block's largest element): x spanning 2^-30..2^12 inside each block, zeros, the
+// Split Q8 with bf16 x for two tokens (the tensor-core kernel, gemv_mma.cu): x spanning
+// 2^-30..2^12 inside each block, zeros, the
 // block's largest negative, and whole blocks of tiny values must all give the fp64 dot to
 // fp32 accuracy, each row's error against the sum of |products| (not the row's result, so an
 // element rounded away in a block of large ones would show). An inf or NaN anywhere in x makes
