@@ -23,6 +23,8 @@
 // reads them, before it loads its keys (qk_prep.cuh: the same values QkPrep computes) — and
 // the splits of one (token, KV head) are one thread-block cluster whose partials merge through
 // distributed shared memory: one launch a layer instead of QkPrep + split kernel + combine.
+// The new key and value rows go into the ring of the split that reads them as well as to the
+// cache, so that split's key loads start right after the wait (no fence, no barrier).
 //
 // Why: the fp32-FMA decode kernels spend ~4 instructions per K/V element (convert, FMA, shared
 // loads) and are instruction-bound far below memory bandwidth at long contexts (a 128K-token
@@ -60,6 +62,8 @@ struct TcGeo {
   static constexpr size_t kFusedSmem = kPartial + kRows * HD * 4 + 2 * kRows * 4;
 };
 constexpr int kFusedSplits = 8;  // a portable cluster
+
+__device__ __forceinline__ void PrefetchL1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 
 __device__ __forceinline__ void LdMatrixX4(const uint16_t* p, uint32_t (&r)[4]) {
   const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -149,36 +153,46 @@ __device__ __forceinline__ void DecodeTc(const AttentionParams& p, int group, in
   if constexpr (kFused) {
     if (qp.rope) QkRopeAngles(p.pos[t], qp.theta, hd, angles, tid, kThreads);
   }
+  // The split and its block-table entries are step inputs too: the entries go toward L1 now, so
+  // that the key loads after the wait do not start with a round trip for their slots.
+  const DecodeSplit split = DecodeSplitOf(p, t, sp, splits, ws);
+  const int64_t kb = split.kb, ke = split.ke;
+  const PagedSlots slots(p.block_tables + p.table_offset[t], bs);
+  if (kb < ke) {
+    for (int64_t b = kb / bs + tid; b <= (ke - 1) / bs; b += kThreads) PrefetchL1(slots.table + b);
+  }
   PdlWait();
   PdlTrigger();
 
-  const DecodeSplit split = DecodeSplitOf(p, t, sp, splits, ws);
-  const int64_t kb = split.kb, ke = split.ke;
   // Fused: every split of the cluster takes part in the merge, an empty one with nothing.
   if constexpr (!kFused) {
     if (kb >= ke) return MarkEmptySplit(p, split, t, g, group, sp, splits, tid);
   }
-  const PagedSlots slots(p.block_tables + p.table_offset[t], bs);
-  const int per = static_cast<int>(hd / 32);
-  if constexpr (kFused) {
-    __syncthreads();  // the angles
-    // The new position's key and value head: prepared and written by the split that reads them,
-    // before its loads (the only reads of that row in this launch).
-    const int64_t pos = p.pos[t];
-    if (warp == 0 && kb <= pos && pos < ke) {
-      using Act = uint16_t;
-      float x[kQkMaxPer];
-      QkLoadHead(static_cast<const Act*>(qp.k) + (t * nkv + g) * hd, per, lane, x);
-      if (qp.k_norm) QkNorm(x, per, lane, qp.k_norm, hd, qp.eps);
-      if (qp.rope) QkRope(x, per, lane, angles, hd / 2);
-      const int64_t slot = qp.slots[t], row = slot * nkv + g;
-      QkStoreKv<E>(p.cache.k, p.cache.k_scale, row * hd, row, per, lane, x);
-      QkLoadHead(static_cast<const Act*>(qp.v) + (t * nkv + g) * hd, per, lane, x);
-      QkStoreKv<E>(p.cache.v, p.cache.v_scale, row * hd, row, per, lane, x);
-      __threadfence();
+  const int per = HD / 32;  // the fused kernel runs hd == HD only (DecodeFusedSupports); constant, so x[] stays in registers
+  // Fused: the new position's key and value head are prepared by warp 0 of the split that reads
+  // them and written twice: to the cache (for later steps) and straight into this CTA's ring
+  // where the key's chunk is staged, its cp.async left out — the only read of that row in this
+  // launch, so no fence and no barrier stand between the wait and the key loads.
+  const int64_t pos = p.pos[t];
+  const bool new_row = kFused && kb <= pos && pos < ke;  // uniform over the CTA
+  const int64_t new_chunk = (pos - kb) / kChunk;
+  float kx[kFused ? kQkMaxPer : 1], vx[kFused ? kQkMaxPer : 1];
+  auto put_row = [&](int slot) {  // warp 0 of the new row's split: its K and V rows in ring stage `slot`
+    if constexpr (kFused) {
+      uint8_t* st = ring + slot * G::kRawStage;
+      const int kk = static_cast<int>((pos - kb) % kChunk);
+      if constexpr (E == KvElem::kBF16) {
+        uint16_t* ks = reinterpret_cast<uint16_t*>(st);
+        QkStoreKv<E>(ks, nullptr, int64_t{kk} * LD, 0, per, lane, kx);
+        QkStoreKv<E>(ks + kChunk * LD, nullptr, int64_t{kk} * LD, 0, per, lane, vx);
+      } else {
+        float* kscale = reinterpret_cast<float*>(st + 2 * kChunk * HD);
+        QkStoreKv<E>(st, kscale, int64_t{kk} * HD, kk, per, lane, kx);
+        QkStoreKv<E>(st + kChunk * HD, kscale + kChunk, int64_t{kk} * HD, kk, per, lane, vx);
+      }
     }
-    __syncthreads();
-  }
+  };
+  if constexpr (kFused) __syncthreads();  // the angles
 
   // Stage `slot` <- keys [c0, c0 + 64): bf16 rows (padded) or FP8 rows and their scales.
   auto issue = [&](int64_t c0, int slot) {
@@ -192,6 +206,7 @@ __device__ __forceinline__ void DecodeTc(const AttentionParams& p, int group, in
       for (int i = tid; i < kChunk * kPieces; i += kThreads) {
         const int key = i / kPieces, piece = i % kPieces;
         const int64_t kp = c0 + key;
+        if (kFused && kp == pos) continue;  // put_row writes it
         const bool valid = kp < ke && piece * 8 < hd;
         const int64_t row = valid ? (slots(kp) * nkv + g) * hd : 0;
         CpAsync16(ks + key * LD + piece * 8, kc + row + piece * 8, valid);
@@ -208,12 +223,13 @@ __device__ __forceinline__ void DecodeTc(const AttentionParams& p, int group, in
       for (int i = tid; i < kChunk * kPieces; i += kThreads) {
         const int key = i / kPieces, piece = i % kPieces;
         const int64_t kp = c0 + key;
+        if (kFused && kp == pos) continue;  // put_row writes it
         const bool valid = kp < ke && piece * 16 < hd;
         const int64_t row = valid ? (slots(kp) * nkv + g) * hd : 0;
         CpAsync16(ks + key * HD + piece * 16, kc + row + piece * 16, valid);
         CpAsync16(vs + key * HD + piece * 16, vc + row + piece * 16, valid);
       }
-      if (tid < kChunk) {
+      if (tid < kChunk && !(kFused && c0 + tid == pos)) {
         const int64_t kp = c0 + tid;
         const bool valid = kp < ke;
         const int64_t si = valid ? slots(kp) * nkv + g : 0;
@@ -233,6 +249,19 @@ __device__ __forceinline__ void DecodeTc(const AttentionParams& p, int group, in
       CpCommit();
     }
   }
+  if constexpr (kFused) {
+    if (warp == 0 && new_row) {
+      using Act = uint16_t;
+      QkLoadHead(static_cast<const Act*>(qp.k) + (t * nkv + g) * hd, per, lane, kx);
+      QkLoadHead(static_cast<const Act*>(qp.v) + (t * nkv + g) * hd, per, lane, vx);
+      if (qp.k_norm) QkNorm(kx, per, lane, qp.k_norm, hd, qp.eps);
+      if (qp.rope) QkRope(kx, per, lane, angles, hd / 2);
+      const int64_t row = static_cast<int64_t>(qp.slots[t]) * nkv + g;
+      QkStoreKv<E>(p.cache.k, p.cache.k_scale, row * hd, row, per, lane, kx);
+      QkStoreKv<E>(p.cache.v, p.cache.v_scale, row * hd, row, per, lane, vx);
+      if (new_chunk < kStages - 1) put_row(static_cast<int>(new_chunk));  // else when its chunk is issued
+    }
+  }
   // Q rows (the group's heads), zero past the group and past head_dim.
   const uint16_t* q = static_cast<const uint16_t*>(p.q) + t * (p.q_stride ? p.q_stride : H * hd) + g * group * hd;
   auto to_q = [](uint16_t v) {
@@ -243,17 +272,25 @@ __device__ __forceinline__ void DecodeTc(const AttentionParams& p, int group, in
     return v;
   };
   if constexpr (kFused) {  // normed and rotated here, rounded to bf16 as QkPrep stores them
-    for (int r = warp; r < kRows; r += kThreads / 32) {
-      float x[kQkMaxPer];
-      if (r < group) {
-        QkLoadHead(q + r * hd, per, lane, x);
-        if (qp.q_norm) QkNorm(x, per, lane, qp.q_norm, hd, qp.eps);
-        if (qp.rope) QkRope(x, per, lane, angles, hd / 2);
+    constexpr int kWarpsN = kThreads / 32;
+    for (int r0 = warp; r0 < kRows; r0 += 2 * kWarpsN) {  // a warp's two rows loaded together
+      float x[2][kQkMaxPer];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (r0 + h * kWarpsN < group) QkLoadHead(q + (r0 + h * kWarpsN) * hd, per, lane, x[h]);
       }
 #pragma unroll
-      for (int j = 0; j < HD / 32; ++j) {
-        const bool ok = r < group && j < per;
-        Qs[r * LD + lane + 32 * j] = ok ? to_q(DevF32ToBf16(x[j])) : uint16_t{0};
+      for (int h = 0; h < 2; ++h) {
+        const int r = r0 + h * kWarpsN;
+        if (r < group) {
+          if (qp.q_norm) QkNorm(x[h], per, lane, qp.q_norm, hd, qp.eps);
+          if (qp.rope) QkRope(x[h], per, lane, angles, hd / 2);
+        }
+#pragma unroll
+        for (int j = 0; j < HD / 32; ++j) {
+          const bool ok = r < group && j < per;
+          Qs[r * LD + lane + 32 * j] = ok ? to_q(DevF32ToBf16(x[h][j])) : uint16_t{0};
+        }
       }
     }
   } else {
@@ -277,6 +314,9 @@ __device__ __forceinline__ void DecodeTc(const AttentionParams& p, int group, in
     __syncthreads();  // stage c visible; every warp done with stage c - 1
     if (c + kStages - 1 < nchunks) {
       issue(kb + (c + kStages - 1) * kChunk, static_cast<int>((c + kStages - 1) % kStages));
+      if (kFused && warp == 0 && new_row && new_chunk == c + kStages - 1) {
+        put_row(static_cast<int>((c + kStages - 1) % kStages));
+      }
     } else {
       CpCommit();
     }
@@ -429,23 +469,29 @@ __device__ __forceinline__ void DecodeTc(const AttentionParams& p, int group, in
     namespace cg = cooperative_groups;
     cg::cluster_group cluster = cg::this_cluster();
     cluster.sync();  // every partial written
-    for (int i = static_cast<int>(sp) * kThreads + tid; i < group * HD; i += splits * kThreads) {
+    // Every split's (O, m, l) of the element is read before any is used: one round trip of
+    // distributed shared memory, not one per split.
+    for (int i = static_cast<int>(sp) * kThreads + tid; i < group * HD; i += kFusedSplits * kThreads) {
       const int r = i / HD, d = i % HD;
       if (d >= hd) continue;
-      float M = -INFINITY;
-      for (int s2 = 0; s2 < splits; ++s2) {
+      float ms[kFusedSplits], ls[kFusedSplits], os[kFusedSplits];
+#pragma unroll
+      for (int s2 = 0; s2 < kFusedSplits; ++s2) {
         const float* po = cluster.map_shared_rank(Po, s2);
-        const float l2 = po[kRows * HD + kRows + r];
-        M = fmaxf(M, l2 > 0.f ? po[kRows * HD + r] : -INFINITY);
+        ms[s2] = po[kRows * HD + r];
+        ls[s2] = po[kRows * HD + kRows + r];
+        os[s2] = po[r * HD + d];
       }
+      float M = -INFINITY;
+#pragma unroll
+      for (int s2 = 0; s2 < kFusedSplits; ++s2) M = fmaxf(M, ls[s2] > 0.f ? ms[s2] : -INFINITY);
       float acc = 0.f, L = 0.f;
-      for (int s2 = 0; s2 < splits; ++s2) {
-        const float* po = cluster.map_shared_rank(Po, s2);
-        const float l2 = po[kRows * HD + kRows + r];
-        if (l2 > 0.f) {
-          const float f = expf(po[kRows * HD + r] - M);
-          acc = fmaf(po[r * HD + d], f, acc);
-          L = fmaf(l2, f, L);
+#pragma unroll
+      for (int s2 = 0; s2 < kFusedSplits; ++s2) {
+        if (ls[s2] > 0.f) {
+          const float f = expf(ms[s2] - M);
+          acc = fmaf(os[s2], f, acc);
+          L = fmaf(ls[s2], f, L);
         }
       }
       uint16_t* out = static_cast<uint16_t*>(p.out) + t * (p.out_stride ? p.out_stride : H * hd) + (g * group + r) * hd;

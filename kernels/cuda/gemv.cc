@@ -40,6 +40,8 @@ absl::Status Gemv(const GemvParams& p, GpuStream stream) {
   a.y_f32 = p.y_dtype == ActDType::kF32;
   a.cols = p.cols;
   a.num_matrices = p.num_matrices;
+  const int rpt = GemvRowsPerTask(p.wtype, p.cols, std::min<int64_t>(p.num_tokens, GemvTokensPerLaunch(p.cols)));
+  a.rows_per_task = rpt;
   for (int i = 0; i < p.num_matrices; ++i) {
     GemvMatrix m = p.m[i];
     if (!m.w || !m.y || m.rows <= 0 || !Aligned16(m.w) || (p.wtype == GemvWeight::kQ8 && !m.scales)) {
@@ -48,7 +50,7 @@ absl::Status Gemv(const GemvParams& p, GpuStream stream) {
     if (m.y_stride == 0) m.y_stride = m.rows;
     if (m.y_stride < m.rows) return absl::InvalidArgumentError("Gemv: y_stride < rows");
     a.m[i] = m;
-    a.task_begin[i + 1] = a.task_begin[i] + (m.rows + GemvRowsPerTask() - 1) / GemvRowsPerTask();
+    a.task_begin[i + 1] = a.task_begin[i] + (m.rows + rpt - 1) / rpt;
   }
   const int group = GemvTokensPerLaunch(p.cols);
   const size_t y_elem = a.y_f32 ? 4 : 2;

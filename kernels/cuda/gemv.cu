@@ -41,6 +41,13 @@ struct Fmt {
   static constexpr int kChunkBytes = 16 * kLoads;
 };
 
+// Fmt with R rows a warp: kUnroll scaled so that a lane keeps the same bytes in flight.
+template <GemvWeight W, int R>
+struct FmtR {
+  static constexpr int kLoads = Fmt<W>::kLoads, kChunkBytes = Fmt<W>::kChunkBytes;
+  static constexpr int kUnroll = Fmt<W>::kUnroll * kRowsPerWarp / R;
+};
+
 // Blocks per SM the registers must allow: for one token, every block of a 5,120-row Q/K/V
 // launch resident at once (2 rows a warp: 320 blocks), so that all of its weight loads are
 // issued before PdlWait (a second wave would fetch its rows only after the first finished).
@@ -91,10 +98,12 @@ __device__ __forceinline__ void Decode(const uint4 (&v)[Fmt<W>::kLoads], float (
   }
 }
 
-template <GemvWeight W, int TB>
+// R rows a warp (GemvRowsPerTask): one row takes twice the chunks a lane has in flight, so that
+// a long row's loads all go out before the wait as two rows' of a short one do.
+template <GemvWeight W, int TB, int R = kRowsPerWarp>
 __global__ void __launch_bounds__(kThreads, GemvMinBlocks<W, TB>()) GemvKernel(GemvLaunch a) {
   extern __shared__ float4 xs[];  // [TB][nchunks * 4] swizzled pieces
-  using F = Fmt<W>;
+  using F = FmtR<W, R>;
   const int nchunks = static_cast<int>(a.cols / kChunk);
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int64_t task = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
@@ -102,23 +111,23 @@ __global__ void __launch_bounds__(kThreads, GemvMinBlocks<W, TB>()) GemvKernel(G
   int mi = 0;
   while (mi + 1 < a.num_matrices && task >= a.task_begin[mi + 1]) ++mi;
   const GemvMatrix& m = a.m[mi];
-  const int64_t row0 = (task - a.task_begin[mi]) * kRowsPerWarp;
-  const uint8_t* wrow[kRowsPerWarp];
-  const uint16_t* srow[kRowsPerWarp];
+  const int64_t row0 = (task - a.task_begin[mi]) * R;
+  const uint8_t* wrow[R];
+  const uint16_t* srow[R];
 #pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) {
+  for (int r = 0; r < R; ++r) {
     const int64_t row = row0 + r < m.rows ? row0 + r : m.rows - 1;  // a missing last row re-reads, stores nothing
     wrow[r] = static_cast<const uint8_t*>(m.w) + row * nchunks * F::kChunkBytes;
     srow[r] = W == GemvWeight::kQ8 ? m.scales + row * (a.cols / 32) : nullptr;
   }
-  uint4 v[kRowsPerWarp][F::kUnroll][F::kLoads];
-  float sc[kRowsPerWarp][F::kUnroll];
+  uint4 v[R][F::kUnroll][F::kLoads];
+  float sc[R][F::kUnroll];
   auto load = [&](int c0) {
 #pragma unroll
     for (int u = 0; u < F::kUnroll; ++u) {
       const int c = c0 + 32 * u;
 #pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) {
+      for (int r = 0; r < R; ++r) {
 #pragma unroll
         for (int l = 0; l < F::kLoads; ++l) {
           v[r][u][l] = c < nchunks ? LoadStream(wrow[r] + c * F::kChunkBytes + 16 * l) : make_uint4(0, 0, 0, 0);
@@ -150,7 +159,7 @@ __global__ void __launch_bounds__(kThreads, GemvMinBlocks<W, TB>()) GemvKernel(G
   __syncthreads();
   if (!active) return;
 
-  float acc[kRowsPerWarp][TB] = {};
+  float acc[R][TB] = {};
   for (int c0 = lane; c0 < nchunks; c0 += 32 * F::kUnroll) {
     if (c0 != lane) load(c0);
 #pragma unroll
@@ -158,7 +167,7 @@ __global__ void __launch_bounds__(kThreads, GemvMinBlocks<W, TB>()) GemvKernel(G
       const int c = c0 + 32 * u;
       if (c >= nchunks) break;
 #pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) {
+      for (int r = 0; r < R; ++r) {
         float w[kChunk];
         Decode<W>(v[r][u], w);
 #pragma unroll
@@ -182,7 +191,7 @@ __global__ void __launch_bounds__(kThreads, GemvMinBlocks<W, TB>()) GemvKernel(G
     }
   }
 #pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) {
+  for (int r = 0; r < R; ++r) {
 #pragma unroll
     for (int t = 0; t < TB; ++t) {
       const float s = WarpSum(acc[r][t]);
@@ -200,13 +209,13 @@ __global__ void __launch_bounds__(kThreads, GemvMinBlocks<W, TB>()) GemvKernel(G
   }
 }
 
-template <GemvWeight W, int TB>
+template <GemvWeight W, int TB, int R = kRowsPerWarp>
 cudaError_t LaunchTB(const GemvLaunch& a, int64_t blocks, cudaStream_t stream) {
   const size_t smem = static_cast<size_t>(TB) * a.cols * sizeof(float);
   static const cudaError_t attr =
-      cudaFuncSetAttribute(GemvKernel<W, TB>, cudaFuncAttributeMaxDynamicSharedMemorySize, kGemvMaxSmemBytes);
+      cudaFuncSetAttribute(GemvKernel<W, TB, R>, cudaFuncAttributeMaxDynamicSharedMemorySize, kGemvMaxSmemBytes);
   if (attr != cudaSuccess) return attr;
-  return LaunchPdl(GemvKernel<W, TB>, static_cast<unsigned>(blocks), kThreads, smem, stream, a);
+  return LaunchPdl(GemvKernel<W, TB, R>, static_cast<unsigned>(blocks), kThreads, smem, stream, a);
 }
 
 template <GemvWeight W>
@@ -262,13 +271,22 @@ cudaError_t LaunchGemv(const GemvLaunch& a, cudaStream_t stream) {
   int tb = 1;
   while (tb < a.num_tokens) tb *= 2;
   switch (a.wtype) {
-    case GemvWeight::kQ8: return LaunchW<GemvWeight::kQ8>(a, tb, blocks, stream);
+    case GemvWeight::kQ8:
+      if (a.rows_per_task == 1 && tb == 1) return LaunchTB<GemvWeight::kQ8, 1, 1>(a, blocks, stream);
+      return LaunchW<GemvWeight::kQ8>(a, tb, blocks, stream);
     case GemvWeight::kBF16: return LaunchW<GemvWeight::kBF16>(a, tb, blocks, stream);
     default: return LaunchW<GemvWeight::kF32>(a, tb, blocks, stream);
   }
 }
 
-int64_t GemvRowsPerTask() { return kRowsPerWarp; }
+int GemvRowsPerTask(GemvWeight wtype, int64_t cols, int64_t num_tokens) {
+  static const bool one_row = [] {
+    const char* v = std::getenv("MOESHARD_GEMV_ONE_ROW");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  const int64_t per_round = int64_t{32} * Fmt<GemvWeight::kQ8>::kUnroll * kChunk;  // columns a warp loads at once
+  return one_row && wtype == GemvWeight::kQ8 && num_tokens == 1 && cols > per_round ? 1 : kRowsPerWarp;
+}
 
 cudaError_t LaunchGemvSplitQ8(const WeightRef& w, int8_t* codes, uint16_t* scales, cudaStream_t stream) {
   const int64_t n = w.rows * (w.cols / 32);

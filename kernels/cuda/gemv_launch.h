@@ -21,10 +21,13 @@ struct GemvLaunch {
   GemvMatrix m[3];     // y_stride filled in
   int num_matrices = 1;
   int64_t task_begin[4] = {};  // warp tasks: matrix i owns [task_begin[i], task_begin[i + 1])
+  int rows_per_task = 2;       // GemvRowsPerTask
 };
 
 int GemvTokensPerLaunch(int64_t cols);  // tokens whose fp32 x fits kGemvMaxSmemBytes (1..8)
-int64_t GemvRowsPerTask();
+// Rows a warp computes: 2, or 1 for one token of split Q8 rows longer than one round of loads
+// (K > 2048), so that a lane's loads cover its whole row before the kernel's PDL wait.
+int GemvRowsPerTask(GemvWeight wtype, int64_t cols, int64_t num_tokens);
 cudaError_t LaunchGemv(const GemvLaunch& a, cudaStream_t stream);
 // gemv_mma.cu: split Q8 with bf16 x for 2 to 8 tokens on the tensor cores (LaunchGemv takes it
 // unless MOESHARD_GEMV_MMA=0).

@@ -200,8 +200,11 @@ class FusedDecodeTest : public ::testing::TestWithParam<FusedCase> {
 
 TEST_P(FusedDecodeTest, EqualsQkPrepThenSplitDecode) {
   const FusedCase c = GetParam();
-  const int64_t hd = c.hd, nq = c.nq, nkv = c.nkv, bs = 16, blocks = 192;  // the four tables take 176
-  const std::vector<int32_t> pos = {0, 36, 700, 2047};  // one token each, the last of its sequence
+  const int64_t hd = c.hd, nq = c.nq, nkv = c.nkv, bs = 16, blocks = 256;  // the five tables take 239
+  // One token each, the last of its sequence. The new key lands in the first 64-key chunk of its
+  // split (0, 36, 700), the second (1000: both staged before the loop) or a later one (2047:
+  // staged inside the loop).
+  const std::vector<int32_t> pos = {0, 36, 700, 1000, 2047};
   const int64_t T = static_cast<int64_t>(pos.size());
   std::mt19937 rng(static_cast<uint32_t>(hd * 7 + nq + static_cast<int>(c.elem) + c.window));
   std::normal_distribution<float> d(0.f, 1.f);

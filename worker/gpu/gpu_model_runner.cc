@@ -149,7 +149,9 @@ absl::Status GpuModelRunner::AttentionInput(int64_t li, const AttentionInputOpts
   RETURN_IF_ERROR(arena_error_);
   if (!prenormed_) RETURN_IF_ERROR(Norm(s_, ActDType::kF32, T, H, lw.attn_norm, x));
   prenormed_ = false;
-  RETURN_IF_ERROR(ProjectMany({{&lw.q, q, lw.q_bias}, {&lw.k, k, lw.k_bias}, {&lw.v, v, lw.v_bias}}, x, act_, T));
+  for (int rep = 0; rep < Reps(kRepeatQkv); ++rep) {
+    RETURN_IF_ERROR(ProjectMany({{&lw.q, q, lw.q_bias}, {&lw.k, k, lw.k_bias}, {&lw.v, v, lw.v_bias}}, x, act_, T));
+  }
   // One kernel for q/k norm, RoPE and the KV write; else each its own, and the KV write at
   // the start of Attention.
   fused_prep_ = QkPrepSupports(hd) && qk_prep_enabled_;
@@ -233,11 +235,15 @@ absl::Status GpuModelRunner::Attention(int64_t li, int64_t window) {
   auto region = prof_.Region("attention", stream_);
   if (prep_in_attention_) {
     prep_in_attention_ = false;
-    if (gpu::AttentionDecodeFusedSupports(ap, prep_)) return gpu::AttentionDecodeFused(ap, prep_, stream_);
+    if (gpu::AttentionDecodeFusedSupports(ap, prep_)) {
+      for (int rep = 1; rep < Reps(kRepeatAttention); ++rep) RETURN_IF_ERROR(gpu::AttentionDecodeFused(ap, prep_, stream_));
+      return gpu::AttentionDecodeFused(ap, prep_, stream_);
+    }
     RETURN_IF_ERROR(gpu::QkPrep(prep_, stream_));  // the shape the fused kernel does not take
   }
   if (!fused_prep_) RETURN_IF_ERROR(gpu::KvWrite(kw, stream_));
   if (kv_copy_active_) RETURN_IF_ERROR(UseKvCopy(li, &ap));
+  for (int rep = 1; rep < Reps(kRepeatAttention); ++rep) RETURN_IF_ERROR(gpu::Attention(ap, stream_));
   return gpu::Attention(ap, stream_);
 }
 
@@ -252,7 +258,7 @@ absl::Status GpuModelRunner::OutputGate(int64_t li) {
 
 absl::Status GpuModelRunner::OutputProjection(int64_t li) {
   const GpuLayerWeights& lw = w_->layers[li];
-  RETURN_IF_ERROR(Project(lw.o, o_, a_, ActDType::kF32, T_, lw.o_bias));
+  for (int rep = 0; rep < Reps(kRepeatO); ++rep) RETURN_IF_ERROR(Project(lw.o, o_, a_, ActDType::kF32, T_, lw.o_bias));
   return AllReduce(a_, T_ * config_.hidden_size);
 }
 
@@ -332,7 +338,9 @@ absl::Status GpuModelRunner::Route(int64_t li, const RouteOpts& opts) {
                                           static_cast<int>(K));
   moe_ws_ = Take(static_cast<int64_t>(moe_ws_bytes_));
   RETURN_IF_ERROR(arena_error_);
-  RETURN_IF_ERROR(Project(w_->layers[li].router, y32_, logits_, ActDType::kF32, T, nullptr, "router"));  // fp32 router
+  for (int rep = 0; rep < Reps(kRepeatRouter); ++rep) {
+    RETURN_IF_ERROR(Project(w_->layers[li].router, y32_, logits_, ActDType::kF32, T, nullptr, "router"));  // fp32 router
+  }
   RoutingParams rp;
   rp.logits = logits_;
   rp.num_tokens = T;
@@ -344,7 +352,9 @@ absl::Status GpuModelRunner::Route(int64_t li, const RouteOpts& opts) {
   rp.num_local_experts = host_w_->num_local_experts;
   rp.local_ids = expert_ids_;
   rp.weights = wts_;
-  return gpu::Routing(rp, stream_);
+  for (int rep = 1; rep < Reps(kRepeatRouting); ++rep) RETURN_IF_ERROR(gpu::Routing(rp, stream_));
+  routing_ = rp;  // run by the expert step: folded into its decode kernels where it can be
+  return absl::OkStatus();
 }
 
 absl::Status GpuModelRunner::LatentIn(int64_t li) {
@@ -372,16 +382,20 @@ absl::Status GpuModelRunner::Experts(int64_t li, const ExpertsOpts& opts) {
   mp.workspace = moe_ws_;
   mp.workspace_bytes = moe_ws_bytes_;
   mp.expert_formats = lw.expert_formats;
+  mp.routing = routing_;
+  routing_ = RoutingParams{};
   // On one GPU the MLP block's residual update mixes the experts' rows itself (one kernel less).
   if (fuse_moe_residual_ && shard_.tp_size <= 1 && !opts.output_norm && mix_ == f_ && K <= 64) {
     auto region = prof_.Region("expert step", stream_);
-    ASSIGN_OR_RETURN(moe_rows_, MoeExpertStepRows(mp, stream_));
+    for (int rep = 0; rep < Reps(kRepeatExperts); ++rep) {
+      ASSIGN_OR_RETURN(moe_rows_, MoeExpertStepRows(mp, stream_));
+    }
     moe_mix_pending_ = true;
     return absl::OkStatus();
   }
   {
     auto region = prof_.Region("expert step", stream_);
-    RETURN_IF_ERROR(MoeExpertStep(mp, stream_));
+    for (int rep = 0; rep < Reps(kRepeatExperts); ++rep) RETURN_IF_ERROR(MoeExpertStep(mp, stream_));
   }
   return AllReduce(mix_, T * Lw);  // one Lw-wide fp32 partial per token
 }
@@ -406,6 +420,9 @@ absl::Status GpuModelRunner::HeadRows(int64_t r0, int64_t n) {
   head_logits_ = F32(logit_rows_ * V);
   RETURN_IF_ERROR(arena_error_);
   RETURN_IF_ERROR(Norm(s_, ActDType::kF32, n, H, w_->final_norm, xh, nullptr, rows_ + r0));
+  for (int rep = 1; rep < Reps(kRepeatLmHead); ++rep) {
+    RETURN_IF_ERROR(Project(w_->lm_head, xh, head_logits_, ActDType::kF32, n, nullptr, "lm head"));
+  }
   return Project(w_->lm_head, xh, head_logits_, ActDType::kF32, n, nullptr, "lm head");
 }
 

@@ -21,6 +21,7 @@
 #include "worker/gpu/device_memory.h"
 #include "worker/gpu/gpu_model_runner.h"
 #include "worker/gpu/gpu_weights.h"
+#include "worker/gpu/runner_repeat.h"
 #include "worker/gpu/step_profile.h"
 #include "worker/model/layer_ops.h"
 
@@ -195,6 +196,12 @@ class GpuModelRunner : public ModelRunner, private LayerOps {
   // the MLP block's residual update: moe_rows_ and moe_mix_pending_ until it runs.
   bool fuse_moe_residual_ = true;
   bool moe_mix_pending_ = false;
+  // MOESHARD_REPEAT_OPS (benchmarks only; runner_repeat.h): ops launched twice a step, so that
+  // bench-model's step time shows what each costs inside the decode chain.
+  uint32_t repeat_ops_ = 0;
+  // Route's routing, run by the next Experts (MoeExpertParams::routing).
+  RoutingParams routing_;
+  int Reps(uint32_t op) const { return (repeat_ops_ & op) ? 2 : 1; }
   MoeExpertRows moe_rows_;
   std::unique_ptr<ModelWeights> host_w_;
   std::unique_ptr<GpuModelWeights> w_;

@@ -28,6 +28,9 @@ absl::Status GpuModelRunner::StartDevice() {
   if (const char* mb = std::getenv("MOESHARD_FP8_PREFILL_COPY_MB")) kv_copy_cap_mb_ = std::max(0L, std::strtol(mb, nullptr, 10));
   const char* moe_res = std::getenv("MOESHARD_FUSE_MOE_RESIDUAL");
   fuse_moe_residual_ = !(moe_res && std::string(moe_res) == "0");
+  if (const char* rep = std::getenv("MOESHARD_REPEAT_OPS")) {
+    ASSIGN_OR_RETURN(repeat_ops_, ParseRepeatOps(rep));
+  }
   if (comm_ && comm_->device_memory()) comm_->set_stream(stream_);
   if (options_.profile) prof_.Enable(64 + 16 * static_cast<int>(shard_.layer_end - shard_.layer_begin));
   return absl::OkStatus();
