@@ -3,8 +3,9 @@
 // bf16 once (exactly) and serves every token of the launch through one m16n8k16 mma, where
 // the scalar path spends an instruction per weight and token.
 //
-// A block of 4 warps takes a tile of 16 rows of one matrix; its warps split K into four ranges
-// and meet in shared memory, summing in warp order (deterministic). Lane (g, c) = (lane / 4,
+// A block of 4 warps (8 for K > 2048; MOESHARD_GEMV_MMA_WIDE=0: 4) takes a tile of 16 rows of
+// one matrix; its warps split K into as many ranges and meet in shared memory, summing in warp
+// order (deterministic). Lane (g, c) = (lane / 4,
 // lane % 4) reads 8 codes of rows g and g + 8 in each 32-column block (columns 8c..8c+7), its
 // A-fragment share of the block's two k-steps (the k order inside a block is permuted; the
 // activations are read in the same order, so the dot products are unchanged), and token g's
@@ -16,6 +17,8 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "kernels/cuda/gemv_launch.h"
 #include "kernels/cuda/mma_bf16.cuh"
@@ -25,8 +28,6 @@
 namespace moeshard::gpu {
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kThreads = 32 * kWarps;
 constexpr int kTileRows = 16;
 constexpr int kBatch = 16;       // 32-column blocks of a warp's weights in flight
 constexpr int kXPad = 64;        // bytes after each token's row of x: lanes of different tokens on other banks
@@ -42,7 +43,11 @@ __device__ __forceinline__ uint2 LoadStream8(const void* p) {
   return v;
 }
 
-__global__ void __launch_bounds__(kThreads) GemvQ8MmaKernel(GemvLaunch a, Tiles tl) {
+// kWarps warps split K: 4, or 8 where 4 would leave a warp's range past one batch (K > 2048):
+// then every weight load is issued before the wait, and blocks hold twice the loads in flight.
+template <int kWarps>
+__global__ void __launch_bounds__(32 * kWarps) GemvQ8MmaKernel(GemvLaunch a, Tiles tl) {
+  constexpr int kThreads = 32 * kWarps;
   extern __shared__ uint4 smem4[];
   uint8_t* xs = reinterpret_cast<uint8_t*>(smem4);
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, c = lane % 4;
@@ -136,21 +141,38 @@ __global__ void __launch_bounds__(kThreads) GemvQ8MmaKernel(GemvLaunch a, Tiles 
   }
 }
 
+int MmaWarps(const GemvLaunch& a) {
+  static const bool wide = [] {
+    const char* v = std::getenv("MOESHARD_GEMV_MMA_WIDE");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return wide && a.cols / 32 > 4 * kBatch ? 8 : 4;
+}
+
+size_t MmaSmem(const GemvLaunch& a, int warps) {
+  return static_cast<size_t>(a.num_tokens) * (2 * a.cols + kXPad) + warps * 4 * 32 * sizeof(float);
+}
+
+template <int kWarps>
+cudaError_t LaunchMma(const GemvLaunch& a, const Tiles& tl, cudaStream_t stream) {
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(GemvQ8MmaKernel<kWarps>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem);
+  if (attr != cudaSuccess) return attr;
+  return LaunchPdl(GemvQ8MmaKernel<kWarps>, static_cast<unsigned>(tl.begin[a.num_matrices]), 32 * kWarps,
+                   MmaSmem(a, kWarps), stream, a, tl);
+}
+
 }  // namespace
 
 bool GemvMmaTakes(const GemvLaunch& a) {
-  const size_t smem = static_cast<size_t>(a.num_tokens) * (2 * a.cols + kXPad) + kWarps * 4 * 32 * sizeof(float);
-  return a.wtype == GemvWeight::kQ8 && !a.x_f32 && a.num_tokens >= 2 && a.num_tokens <= 8 && smem <= kMaxSmem;
+  return a.wtype == GemvWeight::kQ8 && !a.x_f32 && a.num_tokens >= 2 && a.num_tokens <= 8 &&
+         MmaSmem(a, MmaWarps(a)) <= kMaxSmem;
 }
 
 cudaError_t LaunchGemvQ8Mma(const GemvLaunch& a, cudaStream_t stream) {
   Tiles tl;
   for (int i = 0; i < a.num_matrices; ++i) tl.begin[i + 1] = tl.begin[i] + (a.m[i].rows + kTileRows - 1) / kTileRows;
-  const size_t smem = static_cast<size_t>(a.num_tokens) * (2 * a.cols + kXPad) + kWarps * 4 * 32 * sizeof(float);
-  static const cudaError_t attr =
-      cudaFuncSetAttribute(GemvQ8MmaKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem);
-  if (attr != cudaSuccess) return attr;
-  return LaunchPdl(GemvQ8MmaKernel, static_cast<unsigned>(tl.begin[a.num_matrices]), kThreads, smem, stream, a, tl);
+  return MmaWarps(a) == 8 ? LaunchMma<8>(a, tl, stream) : LaunchMma<4>(a, tl, stream);
 }
 
 }  // namespace moeshard::gpu
