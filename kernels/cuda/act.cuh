@@ -36,6 +36,10 @@ __device__ __forceinline__ float WarpMax(float v) {
   return v;
 }
 
+// a.x² + a.y² + a.z² + a.w², one expression for every kernel that must agree on a row's sum of
+// squares bit for bit (the residual update's norm and the GEMV that folds it in).
+__device__ __forceinline__ float Sq4(float4 a) { return a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w; }
+
 // Sum over a block of up to 1024 threads (a multiple of 32); every thread gets the total.
 __device__ __forceinline__ float BlockSum(float v, float* scratch /* [32] */) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;

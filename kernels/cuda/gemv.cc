@@ -28,14 +28,20 @@ absl::Status Gemv(const GemvParams& p, GpuStream stream) {
   }
   if (!GemvSupports(p.wtype, p.cols)) return absl::InvalidArgumentError(absl::StrCat("Gemv: unsupported K = ", p.cols));
   if (p.num_matrices < 1 || p.num_matrices > 3) return absl::InvalidArgumentError("Gemv: 1 to 3 matrices");
-  const int64_t x_stride = p.x_stride ? p.x_stride : p.cols;
-  const size_t x_elem = p.x_dtype == ActDType::kF32 ? 4 : 2;
-  if (!p.x || !Aligned16(p.x) || (x_stride * x_elem) % 16 != 0 || x_stride < p.cols) {
+  const bool res = p.res.s != nullptr;
+  const int64_t x_stride = res ? p.cols : (p.x_stride ? p.x_stride : p.cols);
+  const size_t x_elem = res || p.x_dtype == ActDType::kF32 ? 4 : 2;
+  if (res) {
+    if (!p.res.add || !p.res.norm || !Aligned16(p.res.s) || !Aligned16(p.res.add) || !Aligned16(p.res.norm) ||
+        (p.res.xn && !Aligned16(p.res.xn)) || p.cols % 4 != 0) {
+      return absl::InvalidArgumentError("Gemv: the residual input needs s, add and norm, 16-byte aligned, K % 4 == 0");
+    }
+  } else if (!p.x || !Aligned16(p.x) || (x_stride * x_elem) % 16 != 0 || x_stride < p.cols) {
     return absl::InvalidArgumentError("Gemv: x must be 16-byte aligned with a 16-byte row stride >= K");
   }
   GemvLaunch a;
   a.wtype = p.wtype;
-  a.x_f32 = p.x_dtype == ActDType::kF32;
+  a.x_f32 = res || p.x_dtype == ActDType::kF32;
   a.x_stride = x_stride;
   a.y_f32 = p.y_dtype == ActDType::kF32;
   a.cols = p.cols;
@@ -57,7 +63,13 @@ absl::Status Gemv(const GemvParams& p, GpuStream stream) {
   for (int64_t t0 = 0; t0 < p.num_tokens; t0 += group) {
     GemvLaunch g = a;
     g.num_tokens = static_cast<int>(std::min<int64_t>(group, p.num_tokens - t0));
-    g.x = static_cast<const char*>(p.x) + t0 * x_stride * x_elem;
+    g.x = res ? nullptr : static_cast<const char*>(p.x) + t0 * x_stride * x_elem;
+    if (res) {
+      g.res = p.res;
+      g.res.s += t0 * p.cols;
+      g.res.add += t0 * p.cols;
+      if (g.res.xn) g.res.xn = static_cast<char*>(g.res.xn) + t0 * p.cols * (p.res.xn_dtype == ActDType::kF32 ? 4 : 2);
+    }
     for (int i = 0; i < p.num_matrices; ++i) g.m[i].y = static_cast<char*>(a.m[i].y) + t0 * a.m[i].y_stride * y_elem;
     MOESHARD_CUDA_RETURN_IF_ERROR(LaunchGemv(g, stream));
   }

@@ -67,6 +67,58 @@ __device__ __forceinline__ uint4 LoadStream(const void* p) {
   return v;
 }
 
+// x from GemvResidualIn: per token, v = s + add and rmsnorm(v) ⊙ norm into the staged x (fp32),
+// the sum of squares as norm_rope.cu's ResidualRegKernel forms it (each of the 256 threads adds
+// its float4 pieces tid, tid + 256, ... in order, then BlockSum), so the values are that
+// kernel's; block 0 also stores them as xn. Tokens past num_tokens stage zeros.
+template <int TB>
+__device__ __forceinline__ void ResidualPrologue(const GemvLaunch& a, int nchunks, float4* xs) {
+  static_assert(kThreads == 256, "the residual kernel's block size, for the same sums");
+  __shared__ float scratch[32];
+  const int tid = threadIdx.x, D4 = nchunks * 4;
+  const GemvResidualIn& r = a.res;
+  for (int t = 0; t < TB; ++t) {
+    float4* xt = xs + t * D4;
+    if (t >= a.num_tokens) {
+      for (int q = tid; q < D4; q += kThreads) xt[XsSlot(q / 4, q % 4)] = make_float4(0.f, 0.f, 0.f, 0.f);
+      continue;
+    }
+    const float4* s4 = reinterpret_cast<const float4*>(r.s + t * a.cols);
+    const float4* a4 = reinterpret_cast<const float4*>(r.add + t * a.cols);
+    float ss = 0.f;
+    for (int q = tid; q < D4; q += kThreads) {
+      float4 v = s4[q];
+      const float4 ad = a4[q];
+      v.x += ad.x;
+      v.y += ad.y;
+      v.z += ad.z;
+      v.w += ad.w;
+      ss += Sq4(v);
+    }
+    ss = BlockSum(ss, scratch);
+    const float inv = rsqrtf(ss / static_cast<float>(a.cols) + r.eps);
+    for (int q = tid; q < D4; q += kThreads) {
+      float4 v = s4[q];
+      const float4 ad = a4[q], nn = reinterpret_cast<const float4*>(r.norm)[q];
+      v.x += ad.x;
+      v.y += ad.y;
+      v.z += ad.z;
+      v.w += ad.w;
+      const float4 y = make_float4(v.x * inv * nn.x, v.y * inv * nn.y, v.z * inv * nn.z, v.w * inv * nn.w);
+      xt[XsSlot(q / 4, q % 4)] = y;
+      if (blockIdx.x == 0 && r.xn) {
+        if (r.xn_dtype == ActDType::kF32) {
+          reinterpret_cast<float4*>(static_cast<float*>(r.xn) + t * a.cols)[q] = y;
+        } else {
+          reinterpret_cast<uint2*>(static_cast<uint16_t*>(r.xn) + t * a.cols)[q] =
+              make_uint2(DevF32ToBf16(y.x) | (static_cast<uint32_t>(DevF32ToBf16(y.y)) << 16),
+                         DevF32ToBf16(y.z) | (static_cast<uint32_t>(DevF32ToBf16(y.w)) << 16));
+        }
+      }
+    }
+  }
+}
+
 // The 16 weights of one chunk as fp32 (split Q8: the codes, unscaled).
 template <GemvWeight W>
 __device__ __forceinline__ void Decode(const uint4 (&v)[Fmt<W>::kLoads], float (&w)[kChunk]) {
@@ -141,6 +193,9 @@ __global__ void __launch_bounds__(kThreads, GemvMinBlocks<W, TB>()) GemvKernel(G
   if (active) load(lane);
   PdlWait();
   PdlTrigger();
+  if (a.res.s) {
+    ResidualPrologue<TB>(a, nchunks, xs);
+  } else {
   for (int i = tid; i < TB * nchunks * 4; i += kThreads) {
     const int t = i / (nchunks * 4), rem = i % (nchunks * 4), c = rem / 4, p = rem % 4;
     float4 xv = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -155,6 +210,7 @@ __global__ void __launch_bounds__(kThreads, GemvMinBlocks<W, TB>()) GemvKernel(G
       }
     }
     xs[t * nchunks * 4 + XsSlot(c, p)] = xv;
+  }
   }
   __syncthreads();
   if (!active) return;

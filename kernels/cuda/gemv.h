@@ -33,6 +33,20 @@ struct GemvMatrix {
   int64_t y_stride = 0;         // elements; 0 means rows
 };
 
+// Optional x of a launch: the previous block's residual update and this block's input norm,
+// folded in — x[t] = rmsnorm(s[t] + add[t]) ⊙ norm, each row's sum of squares and rounding exactly
+// as the residual kernel's (norm_rope.cu ResidualRegKernel: 256 threads, float4 pieces). Every
+// block computes the rows itself; block 0 also writes x as `xn` (act dtype) for the kernels
+// after it. s is not written: the next residual update adds `add` first (ResidualParams::pre_add).
+struct GemvResidualIn {
+  const float* s = nullptr;  // [T, K] fp32; null: x as given
+  const float* add = nullptr;
+  const float* norm = nullptr;  // [K]
+  float eps = 1e-6f;
+  void* xn = nullptr;  // optional [T, K]
+  ActDType xn_dtype = ActDType::kBF16;
+};
+
 struct GemvParams {
   GemvWeight wtype = GemvWeight::kBF16;
   const void* x = nullptr;  // [T, x_stride] of x_dtype
@@ -43,6 +57,7 @@ struct GemvParams {
   int64_t num_tokens = 0;  // 1..kGemvMaxTokens
   GemvMatrix m[3];
   int num_matrices = 1;
+  GemvResidualIn res;  // res.s set: x, x_dtype and x_stride are not read
 };
 
 // Whether Gemv takes this weight shape (K) and alignment; callers fall back to a GEMM otherwise.

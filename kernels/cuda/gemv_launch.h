@@ -22,6 +22,7 @@ struct GemvLaunch {
   int num_matrices = 1;
   int64_t task_begin[4] = {};  // warp tasks: matrix i owns [task_begin[i], task_begin[i + 1])
   int rows_per_task = 2;       // GemvRowsPerTask
+  GemvResidualIn res;          // res.s: x from the residual prologue (fp32 x path)
 };
 
 int GemvTokensPerLaunch(int64_t cols);  // tokens whose fp32 x fits kGemvMaxSmemBytes (1..8)

@@ -74,6 +74,7 @@ absl::Status Residual(const ResidualParams& p, GpuStream stream) {
   if (p.gated && (!p.out_norm || !p.alpha || !p.beta)) {
     return absl::InvalidArgumentError("Residual: the gated form needs out_norm, alpha and beta");
   }
+  if (p.gated && p.pre_add) return absl::InvalidArgumentError("Residual: pre_add is for the plain form only");
   MOESHARD_CUDA_RETURN_IF_ERROR(LaunchResidual(p, stream));
   return absl::OkStatus();
 }

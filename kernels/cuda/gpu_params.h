@@ -113,6 +113,10 @@ struct ResidualParams {
   const int32_t* mix_pos = nullptr;
   const float* mix_weights = nullptr;
   int mix_k = 0;
+  // Optional, ungated only: added to s first, s = (s + pre_add) + out — the previous block's
+  // residual update, left to this one when the kernels between computed its norm themselves
+  // (GemvResidualIn): the same fp32 additions in the same order.
+  const float* pre_add = nullptr;
 };
 
 // NeoX rotate-half RoPE in place on x[T, heads, head_dim] (rows `row_stride` apart).

@@ -80,7 +80,11 @@ __global__ void ResidualKernel(ResidualParams p) {
   const float* o = p.mix_rows ? nullptr : p.out + r * D;
   LoadMixSlots(p, r, mix_pos, mix_wt);
   if (!p.gated) {
-    for (int64_t i = threadIdx.x; i < D; i += blockDim.x) s[i] += OutAt(p, o, mix_pos, mix_wt, i);
+    const float* pre = p.pre_add ? p.pre_add + r * D : nullptr;
+    for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
+      const float si = pre ? s[i] + pre[i] : s[i];
+      s[i] = si + OutAt(p, o, mix_pos, mix_wt, i);
+    }
   } else {
     float ss = 0.f;
     for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
@@ -114,7 +118,6 @@ __global__ void ResidualKernel(ResidualParams p) {
 __device__ __forceinline__ float4 Ld4(const float* p, int64_t i, bool ok) {
   return ok ? reinterpret_cast<const float4*>(p)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
 }
-__device__ __forceinline__ float Sq4(float4 a) { return a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w; }
 
 template <typename Out, int kVec, bool kGated>
 __global__ void __launch_bounds__(kRowThreads) ResidualRegKernel(ResidualParams p) {
@@ -144,6 +147,17 @@ __global__ void __launch_bounds__(kRowThreads) ResidualRegKernel(ResidualParams 
     const int64_t i = tid + int64_t{v} * kRowThreads;
     sv[v] = Ld4(s, i, i < D4);
     ov[v] = p.mix_rows ? make_float4(0.f, 0.f, 0.f, 0.f) : Ld4(p.out + r * p.dim, i, i < D4);
+  }
+  if (!kGated && p.pre_add) {  // the previous block's update first (ResidualParams::pre_add)
+#pragma unroll
+    for (int v = 0; v < kVec; ++v) {
+      const int64_t i = tid + int64_t{v} * kRowThreads;
+      const float4 a = Ld4(p.pre_add + r * p.dim, i, i < D4);
+      sv[v].x += a.x;
+      sv[v].y += a.y;
+      sv[v].z += a.z;
+      sv[v].w += a.w;
+    }
   }
   if (p.mix_rows) {  // the MoE combine: acc += w_j * row_j, slot by slot (as moe_route.cu's)
     LoadMixSlots(p, r, mix_pos, mix_wt);
@@ -267,6 +281,7 @@ cudaError_t LaunchResidualOut(const ResidualParams& p, cudaStream_t st) {
   const bool reg = p.dim % 4 == 0 && pieces <= 8 && aligned(p.s) && (p.mix_rows ? aligned(p.mix_rows) : aligned(p.out)) &&
                    (!p.gated || (aligned(p.alpha) && aligned(p.beta) && aligned(p.out_norm))) &&
                    (!p.next_norm || aligned(p.next_norm)) && (!p.next_out_f32 || aligned(p.next_out_f32)) &&
+                   (!p.pre_add || aligned(p.pre_add)) &&
                    (!p.next_out || aligned(p.next_out));
   // The gated form holds three more weight rows: registers for up to 4 pieces a thread.
   if (!reg || (p.gated && pieces > 4)) return LaunchPdl(ResidualKernel<Out>, p.rows, kRowThreads, 0, st, p);

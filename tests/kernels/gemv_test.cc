@@ -13,6 +13,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/dtype.h"
@@ -315,6 +316,92 @@ TEST_F(GemvQ8, GemmExpandsSplitQ8InChunks) {
   std::vector<float> wb = m.ref;
   for (auto& v : wb) v = Bf16ToF32(F32ToBf16(v));
   EXPECT_LE(MaxRelErr(y.Host<float>(T * N), RefMatMul(x, T, wb, N, K, nullptr)), 1e-5);
+}
+
+// The residual update folded into a GEMV (GemvResidualIn, the router of an MoE block after its
+// attention block): the GEMV's outputs and its xn must be, bit for bit, those of the residual
+// kernel (s += add, the next block's norm into xn and an fp32 copy) followed by the GEMV on that
+// fp32 copy; s itself stays as it was. Then the MLP block's update with pre_add must leave s as
+// the two updates one after the other, with the same next-block norm. fp32 router rows and a
+// split-Q8 matrix (one row a warp at K = 4096), 1, 3 and 8 tokens, bf16 and fp32 xn.
+TEST_F(GemvQ8, ResidualFoldedInEqualsResidualThenGemv) {
+  std::mt19937 rng(17);
+  std::normal_distribution<float> d(0.f, 1.f);
+  for (const auto& [wt, K, N] : {std::tuple{GemvWeight::kF32, int64_t{2048}, int64_t{128}},
+                                 std::tuple{GemvWeight::kF32, int64_t{768}, int64_t{40}},
+                                 std::tuple{GemvWeight::kQ8, int64_t{4096}, int64_t{64}}}) {
+    Matrix m = MakeMatrix(wt, N, K, rng);
+    for (int64_t T : {1, 3, 8}) {
+      for (ActDType xn_dtype : {ActDType::kBF16, ActDType::kF32}) {
+        SCOPED_TRACE(testing::Message() << "K " << K << " T " << T << (xn_dtype == ActDType::kF32 ? " f32" : " bf16"));
+        std::vector<float> s(T * K), add(T * K), out2(T * K), norm(K), norm2(K);
+        for (auto& v : s) v = 3.f * d(rng);
+        for (auto& v : add) v = d(rng);
+        for (auto& v : out2) v = d(rng);
+        for (auto& v : norm) v = 1.f + 0.2f * d(rng);
+        for (auto& v : norm2) v = 1.f + 0.2f * d(rng);
+        const size_t xe = xn_dtype == ActDType::kF32 ? 4 : 2;
+        DevBuf sa(s.data(), s.size() * 4), sb(s.data(), s.size() * 4), da(add.data(), add.size() * 4),
+            dn(norm.data(), K * 4), dn2(norm2.data(), K * 4), o2(out2.data(), out2.size() * 4), xna(T * K * xe),
+            xnb(T * K * xe), x32(T * K * 4), ya(T * N * 4), yb(T * N * 4), nxa(T * K * 2), nxb(T * K * 2);
+        // A: the residual kernel, then the GEMV on its fp32 copy.
+        gpu::ResidualParams r;
+        r.s = static_cast<float*>(sa.p);
+        r.out = static_cast<const float*>(da.p);
+        r.rows = T;
+        r.dim = K;
+        r.eps = 1e-6f;
+        r.next_norm = static_cast<const float*>(dn.p);
+        r.next_out = xna.p;
+        r.next_dtype = xn_dtype;
+        r.next_out_f32 = static_cast<float*>(x32.p);
+        ASSERT_TRUE(gpu::Residual(r, nullptr).ok());
+        gpu::GemvParams p;
+        p.wtype = wt;
+        p.x = x32.p;
+        p.x_dtype = ActDType::kF32;
+        p.y_dtype = ActDType::kF32;
+        p.cols = K;
+        p.num_tokens = T;
+        p.m[0] = {m.w->p, m.scales ? static_cast<const uint16_t*>(m.scales->p) : nullptr, N, nullptr, ya.p, 0};
+        ASSERT_TRUE(gpu::Gemv(p, nullptr).ok());
+        // B: the GEMV with the update folded in.
+        gpu::GemvParams q = p;
+        q.x = nullptr;
+        q.res = {static_cast<const float*>(sb.p), static_cast<const float*>(da.p), static_cast<const float*>(dn.p),
+                 1e-6f, xnb.p, xn_dtype};
+        q.m[0].y = yb.p;
+        ASSERT_TRUE(gpu::Gemv(q, nullptr).ok());
+        EXPECT_EQ(ya.Host<uint32_t>(T * N), yb.Host<uint32_t>(T * N)) << "GEMV outputs";
+        EXPECT_EQ(xna.Host<uint16_t>(T * K * xe / 2), xnb.Host<uint16_t>(T * K * xe / 2)) << "xn";
+        EXPECT_EQ(sb.Host<float>(T * K), s) << "s must stay as it was";
+        // The MLP block's update: A adds out2 to its updated s; B adds add, then out2 (pre_add).
+        for (auto [buf, pre, nx] : {std::tuple{&sa, static_cast<const float*>(nullptr), &nxa},
+                                    std::tuple{&sb, static_cast<const float*>(da.p), &nxb}}) {
+          gpu::ResidualParams u;
+          u.s = static_cast<float*>(buf->p);
+          u.out = static_cast<const float*>(o2.p);
+          u.pre_add = pre;
+          u.rows = T;
+          u.dim = K;
+          u.eps = 1e-6f;
+          u.next_norm = static_cast<const float*>(dn2.p);
+          u.next_out = nx->p;
+          u.next_dtype = ActDType::kBF16;
+          ASSERT_TRUE(gpu::Residual(u, nullptr).ok());
+        }
+        EXPECT_EQ(sa.Host<uint32_t>(T * K), sb.Host<uint32_t>(T * K)) << "s after the MLP block's update";
+        EXPECT_EQ(nxa.Host<uint16_t>(T * K), nxb.Host<uint16_t>(T * K)) << "the next block's input";
+      }
+    }
+  }
+  gpu::GemvParams bad;
+  bad.wtype = GemvWeight::kF32;
+  bad.cols = 256;
+  bad.num_tokens = 1;
+  float dummy[4];
+  bad.res.s = dummy;  // no add, no norm
+  EXPECT_EQ(gpu::Gemv(bad, nullptr).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -57,6 +57,8 @@ absl::Status GpuModelRunner::ProjectMany(std::initializer_list<ProjectOut> outs,
   g.y_dtype = y_dtype;
   g.cols = w0.cols;
   g.num_tokens = rows;
+  g.res = gemv_res_;  // Route's router after a folded residual update
+  gemv_res_ = {};
   g.num_matrices = 0;
   for (const ProjectOut& o : outs) g.m[g.num_matrices++] = GemvOf(*o.w, o.bias, o.y);
   auto region = prof_.Region(category, stream_);
@@ -107,6 +109,8 @@ absl::Status GpuModelRunner::ResidualUpdate(const float* out, const float* norm,
   p.alpha = alpha;
   p.beta = beta;
   p.eps = config_.rms_eps;
+  p.pre_add = pre_add_;  // the attention block's update, when Route's router folded it in
+  pre_add_ = nullptr;
   if (moe_mix_pending_) {
     p.out = nullptr;
     p.mix_rows = moe_rows_.rows;
@@ -123,6 +127,16 @@ absl::Status GpuModelRunner::ResidualUpdate(const float* out, const float* norm,
     prenormed_ = true;
   }
   return gpu::Residual(p, stream_);
+}
+
+// Whether the attention block's residual update goes into the router's GEMV (fold_residual_):
+// one GPU, the plain form, an MoE block next whose fp32 router takes the GEMV, no trace.
+bool GpuModelRunner::FoldsAttentionResidual(int64_t li, const ResidualOpts& opts) const {
+  const DenseWeight& router = w_->layers[li].router;
+  return fold_residual_ && fuse_norms_ && shard_.tp_size <= 1 && !opts.gated && trace_row_ < 0 &&
+         opts.next.kind == NextInput::Kind::kMlp && opts.next.f32_copy && w_->layers[li].moe_norm &&
+         router.data && GemvTypeOf(router) == GemvWeight::kF32 && UseGemv(router, T_) &&
+         router.cols == config_.hidden_size && config_.hidden_size % 4 == 0;
 }
 
 // The model file's layer sequence (worker/model) over this runner's ops, below.
@@ -145,7 +159,6 @@ absl::Status GpuModelRunner::AttentionInput(int64_t li, const AttentionInputOpts
   void* k = k_ = Act(T * nkv_ * hd);
   void* v = v_ = Act(T * nkv_ * hd);
   o_ = Act(T * nq_ * hd);
-  a_ = F32(T * H);
   RETURN_IF_ERROR(arena_error_);
   if (!prenormed_) RETURN_IF_ERROR(Norm(s_, ActDType::kF32, T, H, lw.attn_norm, x));
   prenormed_ = false;
@@ -271,6 +284,12 @@ absl::Status GpuModelRunner::Residual(int64_t li, Block block, const ResidualOpt
   } else if (opts.next.kind == NextInput::Kind::kAttention && li + 1 < static_cast<int64_t>(w_->layers.size())) {
     next_norm = w_->layers[li + 1].attn_norm;
   }
+  if (block == Block::kAttention && FoldsAttentionResidual(li, opts)) {
+    router_res_ = {s_, a_, lw.moe_norm, config_.rms_eps, xn_, act_};
+    pre_add_ = a_;
+    prenormed_ = true;  // the router's GEMV writes xn_
+    return absl::OkStatus();
+  }
   if (block == Block::kAttention) {
     RETURN_IF_ERROR(
         ResidualUpdate(a_, lw.attn_out_norm, lw.attn_alpha, lw.attn_beta, opts.gated, next_norm, opts.next.f32_copy));
@@ -338,8 +357,12 @@ absl::Status GpuModelRunner::Route(int64_t li, const RouteOpts& opts) {
                                           static_cast<int>(K));
   moe_ws_ = Take(static_cast<int64_t>(moe_ws_bytes_));
   RETURN_IF_ERROR(arena_error_);
+  const gpu::GemvResidualIn res = router_res_;  // the attention block's folded update (FoldsAttentionResidual)
+  router_res_ = {};
   for (int rep = 0; rep < Reps(kRepeatRouter); ++rep) {
+    gemv_res_ = res;
     RETURN_IF_ERROR(Project(w_->layers[li].router, y32_, logits_, ActDType::kF32, T, nullptr, "router"));  // fp32 router
+    if (gemv_res_.s) return absl::InternalError("the folded residual update did not reach the router's GEMV");
   }
   RoutingParams rp;
   rp.logits = logits_;

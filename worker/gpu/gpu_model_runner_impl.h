@@ -166,6 +166,7 @@ class GpuModelRunner : public ModelRunner, private LayerOps {
   absl::Status ProjectMany(std::initializer_list<ProjectOut> outs, const void* x, ActDType y_dtype, int64_t rows,
                            const char* category = "dense projections");
   bool UseGemv(const DenseWeight& w, int64_t rows) const;
+  bool FoldsAttentionResidual(int64_t li, const ResidualOpts& opts) const;
   absl::Status UploadHidden(const std::vector<float>& h);
   absl::Status Download(const float* dev, int64_t n, std::vector<float>* out);
   // The traced row of s after a residual update (SetResidualTrace), outside graph capture.
@@ -201,6 +202,14 @@ class GpuModelRunner : public ModelRunner, private LayerOps {
   uint32_t repeat_ops_ = 0;
   // Route's routing, run by the next Experts (MoeExpertParams::routing).
   RoutingParams routing_;
+  // MOESHARD_FOLD_RESIDUAL=0: off. Else, on one GPU, a decode step's attention residual update
+  // is folded: the router's GEMV computes s + a_ and the MoE block's input norm itself
+  // (GemvResidualIn; it writes xn_ for the experts), and the MLP block's update adds a_ to s
+  // first (ResidualParams::pre_add) — one kernel less a layer.
+  bool fold_residual_ = true;
+  gpu::GemvResidualIn router_res_;  // set by Residual, taken by Route's router projection
+  gpu::GemvResidualIn gemv_res_;    // for the next ProjectMany's Gemv only (Route sets it)
+  const float* pre_add_ = nullptr;  // set by Residual, taken by the MLP block's residual update
   int Reps(uint32_t op) const { return (repeat_ops_ & op) ? 2 : 1; }
   MoeExpertRows moe_rows_;
   std::unique_ptr<ModelWeights> host_w_;
@@ -247,7 +256,7 @@ class GpuModelRunner : public ModelRunner, private LayerOps {
   float* xn32_ = nullptr;    // [T, H] its fp32 copy (the MoE router's input)
   // The current block's scratch (arena, taken by the block's first op).
   void *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *o_ = nullptr;  // attention: q/k/v, output per head
-  float* a_ = nullptr;        // [T, H] the attention block's output
+  float* a_ = nullptr;        // [T, H] the attention block's output (per step, outside the block arena)
   bool fused_prep_ = false;   // AttentionInput's QkPrep wrote the KV cache (or Attention's fused kernel will)
   // One token per sequence, at most fused_max_tokens_ of them (MOESHARD_ATTN_FUSED_MAX_TOKENS,
   // default 2) and every context at most fused_max_context_ (MOESHARD_ATTN_FUSED_MAX_CONTEXT,

@@ -28,6 +28,8 @@ absl::Status GpuModelRunner::StartDevice() {
   if (const char* mb = std::getenv("MOESHARD_FP8_PREFILL_COPY_MB")) kv_copy_cap_mb_ = std::max(0L, std::strtol(mb, nullptr, 10));
   const char* moe_res = std::getenv("MOESHARD_FUSE_MOE_RESIDUAL");
   fuse_moe_residual_ = !(moe_res && std::string(moe_res) == "0");
+  const char* fold = std::getenv("MOESHARD_FOLD_RESIDUAL");
+  fold_residual_ = !(fold && std::string(fold) == "0");
   if (const char* rep = std::getenv("MOESHARD_REPEAT_OPS")) {
     ASSIGN_OR_RETURN(repeat_ops_, ParseRepeatOps(rep));
   }
@@ -179,6 +181,7 @@ absl::Status GpuModelRunner::Prepare(const std::vector<SeqChunk>& batch) {
   s_ = F32(T_ * config_.hidden_size);
   xn_ = Act(T_ * config_.hidden_size);
   xn32_ = F32(T_ * config_.hidden_size);
+  a_ = F32(T_ * config_.hidden_size);  // kept across the MLP block when its residual update is folded
   RETURN_IF_ERROR(arena_error_);
   step_mark_ = arena_.Mark();
   MOESHARD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev, host_idx_.data(), host_idx_.size() * 4,
