@@ -98,8 +98,8 @@ absl::Status GpuModelRunner::InitBuffers() {
   // stream; then the largest of one attention block, one MLP block (with the expert step's
   // workspace) and one chunk of the LM head.
   index_capacity_ = (sliding_pool() ? 7 : 5) * T + (sliding_pool() ? 16 : 8) * options_.num_kv_blocks;
-  const int64_t fixed = 4 * index_capacity_ + 4 * H * T + (act_bytes_ + 4) * H * T;  // + xn_, xn32_
-  const int64_t attn = T * (act_bytes_ * (H + 2 * nq_ * hd + 2 * nkv_ * hd + nq_) + 4 * H) + kAttentionWorkspaceBytes;
+  const int64_t fixed = 4 * index_capacity_ + 4 * H * T + (act_bytes_ + 4) * H * T + 4 * H * T;  // + xn_, xn32_, a_
+  const int64_t attn = T * act_bytes_ * (H + 2 * nq_ * hd + 2 * nkv_ * hd + nq_) + kAttentionWorkspaceBytes;
   int64_t mlp = T * (act_bytes_ * H + 8 * H);
   if (host_w_->num_local_experts > 0) {
     mlp += T * (4 * E + 8 * K + 4 * Lw + 2 * act_bytes_ * Lw);
