@@ -1,16 +1,14 @@
 // MoE routing and small elementwise kernels.
 //
 // Routing: the top-k of each token's fp32 router logits by repeated selection (ties to the
-// lower index, as the CPU reference; NaN below every number: routing_warp.cuh), then the
-// weights: softmax over all experts restricted to the picked ones (optionally renormalized),
-// or softmax over the picked logits only.
+// lower index, as the CPU reference), then the weights: softmax over all experts restricted
+// to the picked ones (optionally renormalized), or softmax over the picked logits only.
 // Exponentials in double, as the CPU reference. One warp per token (each lane holds
 // experts lane, lane + 32, ...; a selection round is a warp argmax) up to 512 experts; one
 // thread per token beyond.
 #include "kernels/cuda/act.cuh"
 #include "kernels/cuda/launchers.h"
 #include "kernels/cuda/pdl.cuh"
-#include "kernels/cuda/routing_warp.cuh"
 
 namespace moeshard::gpu {
 namespace {
@@ -31,11 +29,11 @@ __global__ void RoutingKernel(RoutingParams p) {
       bool taken = false;
       for (int i = 0; i < j; ++i) taken |= ids[i] == e;
       if (taken) continue;
-      if (best < 0 || RouteKey(l[e]) > RouteKey(l[best])) best = e;
+      if (best < 0 || l[e] > l[best]) best = e;
     }
     ids[j] = best;
   }
-  const double m = RouteKey(l[ids[0]]);
+  const double m = l[ids[0]];
   double sum = 0, w[kMaxTopK];
   if (p.softmax_topk_only) {
     for (int j = 0; j < k; ++j) sum += exp(static_cast<double>(l[ids[j]]) - m);
@@ -59,7 +57,15 @@ __global__ void RoutingKernel(RoutingParams p) {
   }
 }
 
-// kPer logits a lane (E <= 32 * kPer): routing_warp.cuh, one warp per token.
+constexpr int kWarpPerLane = 16;  // the warp kernel holds up to 32 * 16 = 512 experts
+
+// The better of two candidates (value, expert): larger value, then lower index; e < 0 is none.
+__device__ __forceinline__ bool Better(float v, int e, float bv, int be) {
+  return e >= 0 && (be < 0 || v > bv || (v == bv && e < be));
+}
+
+// kPer logits a lane (E <= 32 * kPer); each pick's value is kept from the warp reduction, so
+// nothing is read twice.
 template <int kPer>
 __global__ void RoutingWarpKernel(RoutingParams p) {
   PdlWait();
@@ -67,7 +73,68 @@ __global__ void RoutingWarpKernel(RoutingParams p) {
   const int lane = threadIdx.x & 31;
   const int64_t t = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5;
   if (t >= p.num_tokens) return;  // whole warps leave together
-  RouteTokenWarp<kPer>(p, t, lane);
+  const float* l = p.logits + t * p.num_experts;
+  const int E = static_cast<int>(p.num_experts), k = static_cast<int>(p.top_k);
+  float v[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) v[i] = lane + 32 * i < E ? l[lane + 32 * i] : 0.f;
+  unsigned taken = 0;  // bit i: expert lane + 32 i already picked
+  int my_id = -1;      // lane j < k keeps the j-th pick and its logit
+  float my_v = 0.f, first_v = 0.f;
+  for (int j = 0; j < k; ++j) {
+    float bv = 0.f;
+    int be = -1;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int e = lane + 32 * i;
+      if (e < E && !((taken >> i) & 1u) && Better(v[i], e, bv, be)) {
+        bv = v[i];
+        be = e;
+      }
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+      const int oe = __shfl_xor_sync(0xffffffffu, be, off);
+      if (Better(ov, oe, bv, be)) {
+        bv = ov;
+        be = oe;
+      }
+    }
+    be = max(be, 0);  // a candidate always exists (k <= E)
+    if ((be & 31) == lane) taken |= 1u << (be >> 5);
+    if (lane == j) {
+      my_id = be;
+      my_v = bv;
+    }
+    if (j == 0) first_v = bv;
+  }
+  const double m = first_v;
+  double sum = 0;
+  if (p.softmax_topk_only) {
+    double part = lane < k ? exp(static_cast<double>(my_v) - m) : 0.0;
+    for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(0xffffffffu, part, off);
+    sum = part;
+  } else {
+    double part = 0;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      if (lane + 32 * i < E) part += exp(static_cast<double>(v[i]) - m);
+    }
+    for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(0xffffffffu, part, off);
+    sum = part;
+  }
+  float w = lane < k ? static_cast<float>(exp(static_cast<double>(my_v) - m) / sum) : 0.f;
+  if (!p.softmax_topk_only && p.renormalize) {
+    double picked = w;
+    for (int off = 16; off > 0; off >>= 1) picked += __shfl_xor_sync(0xffffffffu, picked, off);
+    w = static_cast<float>(w / picked);
+  }
+  if (lane < k) {
+    const int64_t local = my_id - p.expert_begin;
+    p.local_ids[t * k + lane] = (local >= 0 && local < p.num_local_experts) ? static_cast<int32_t>(local) : -1;
+    p.weights[t * k + lane] = w;
+    if (p.global_ids) p.global_ids[t * k + lane] = my_id;
+  }
 }
 
 template <typename Act>
@@ -118,11 +185,11 @@ unsigned GridFor(int64_t n) { return static_cast<unsigned>(std::min<int64_t>((n 
 int64_t MaxRoutingTopK() { return kMaxTopK; }
 
 cudaError_t LaunchRouting(const RoutingParams& p, cudaStream_t st) {
-  if (p.num_experts <= kRouteWarpMaxExperts && p.top_k <= 32) {
+  if (p.num_experts <= 32 * kWarpPerLane && p.top_k <= 32) {
     const unsigned grid = static_cast<unsigned>((p.num_tokens + 3) / 4);  // 4 tokens a block
     if (p.num_experts <= 32 * 4) return LaunchPdl(RoutingWarpKernel<4>, grid, 128, 0, st, p);
     if (p.num_experts <= 32 * 8) return LaunchPdl(RoutingWarpKernel<8>, grid, 128, 0, st, p);
-    return LaunchPdl(RoutingWarpKernel<16>, grid, 128, 0, st, p);
+    return LaunchPdl(RoutingWarpKernel<kWarpPerLane>, grid, 128, 0, st, p);
   }
   return LaunchPdl(RoutingKernel, static_cast<unsigned>((p.num_tokens + 127) / 128), 128, 0, st, p);
 }

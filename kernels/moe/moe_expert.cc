@@ -12,9 +12,7 @@
 //   5. combine (moe_route.cu): per token, in slot order, norm and weighted sum into out.
 // MoeExpertParams::expert_formats (when the caller sets it) drops the launches that no
 // expert needs; when it says every expert takes the GEMV/mma path, decode-sized steps (at most
-// kMoeDirectMaxPairs pairs) skip the route too (MoeWork::direct; MOESHARD_MOE_DIRECT=0 off),
-// and fold in the routing when the step runs it (MoeExpertParams::routing). MOESHARD_MOE_GEMV=0
-// in the environment turns the GEMV/mma path off.
+// kMoeDirectMaxPairs pairs) skip the route too (MoeWork::direct; MOESHARD_MOE_DIRECT=0 off). MOESHARD_MOE_GEMV=0 in the environment turns the GEMV/mma path off.
 // Nothing here synchronizes with the host: the kernels read the counts the route wrote.
 #include "kernels/moe/moe_expert.h"
 
@@ -25,7 +23,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/launchers.h"
 #include "kernels/moe/moe_launch.h"
 
 namespace moeshard::gpu {
@@ -73,19 +70,6 @@ absl::Status Validate(const MoeExpertParams& p) {
   if (!p.experts || !p.expert_ids || !p.weights || !p.x || !p.out || !p.workspace) {
     return absl::InvalidArgumentError("MoeExpertStep: a device pointer is null");
   }
-  if (const RoutingParams& r = p.routing; r.logits) {
-    if (r.local_ids != p.expert_ids || r.weights != p.weights || r.num_tokens != p.num_tokens ||
-        r.top_k != p.top_k || r.num_local_experts != p.num_local_experts) {
-      return absl::InvalidArgumentError(
-          "MoeExpertStep: the routing must write this step's expert_ids and weights for its tokens, top_k and experts");
-    }
-    if (r.top_k > r.num_experts || r.top_k > MaxRoutingTopK() || r.expert_begin < 0 ||
-        r.expert_begin + r.num_local_experts > r.num_experts) {
-      return absl::InvalidArgumentError(absl::StrCat("MoeExpertStep: bad routing: top_k=", r.top_k, " of ",
-                                                     r.num_experts, " experts, local [", r.expert_begin, ", +",
-                                                     r.num_local_experts, ")"));
-    }
-  }
   if (reinterpret_cast<uintptr_t>(p.workspace) % kAlign != 0) {
     return absl::InvalidArgumentError("MoeExpertStep: workspace must be 256-byte aligned");
   }
@@ -106,14 +90,6 @@ absl::Status Validate(const MoeExpertParams& p) {
 bool DirectEnabled() {
   static const bool on = [] {
     const char* v = std::getenv("MOESHARD_MOE_DIRECT");
-    return !(v && std::strcmp(v, "0") == 0);
-  }();
-  return on;
-}
-
-bool FusedRoutingEnabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("MOESHARD_MOE_FUSED_ROUTING");
     return !(v && std::strcmp(v, "0") == 0);
   }();
   return on;
@@ -193,14 +169,6 @@ cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStr
   w.direct = DirectEnabled() && w.gemv_allowed && !need_generic && known &&
              (fmts & ~(kMoeAllViewsFast | kMoeNvfp4Repacked | gemv_bits)) == 0 &&
              p.num_tokens * p.top_k <= kMoeDirectMaxPairs;
-  // The routing (when the step runs it): in the direct kernels, or its own kernel first.
-  if (p.routing.logits) {
-    w.route_fused = w.direct && FusedRoutingEnabled() && p.routing.num_experts <= kMoeFusedRouteMaxExperts &&
-                    p.routing.top_k <= 32;
-    if (!w.route_fused) {
-      if (cudaError_t err = LaunchRouting(p.routing, stream); err != cudaSuccess) return err;
-    }
-  }
   // Repacked NVFP4 weights: the streaming kernels read x and h as they are (no gather).
   const bool repacked = known && (fmts & kMoeNvfp4Repacked);
   using Launch = cudaError_t (*)(const MoeExpertParams&, const MoeWork&, cudaStream_t);

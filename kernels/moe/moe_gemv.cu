@@ -37,7 +37,6 @@
 
 #include "kernels/moe/moe_device.cuh"
 #include "kernels/cuda/pdl.cuh"
-#include "kernels/cuda/routing_warp.cuh"
 #include "kernels/moe/moe_launch.h"
 
 namespace moeshard::gpu {
@@ -387,57 +386,17 @@ __global__ void __launch_bounds__(kThreads, Cfg<kSmall>::kMinBlocks) GemvKernel(
 // grid start), so its first chunk of weights is in flight while gate/up finishes; the read
 // goes to L2 (ld.global.cg), past any stale L1 line of an earlier layer's ids.
 // kEarly (down only; MOESHARD_MOE_DOWN_EARLY=0 off): as above; else it waits first.
-//
-// Folded routing (MoeWork::route_fused): each block ranks its pair's expert from the router's
-// logits itself (RankedExpert; the down kernel before its wait: the logits are two launches
-// back), and the gate/up grid's last num_tokens blocks each run the routing warp of one token,
-// which writes expert_ids and weights for the combine — the routing kernel's work, off the
-// path from the router to the experts' weights.
-//
-// The local expert of slot j of token t: the expert whose key ranks j-th in the routing order
-// (routing_warp.cuh), or -1 (another GPU's). keys: shared scratch of num_experts floats. Every
-// thread calls it; it ends with a barrier.
-__device__ __forceinline__ int RankedExpert(const RoutingParams& r, int64_t t, int j, float* keys) {
-  __shared__ int pick;
-  const int E = static_cast<int>(r.num_experts);
-  const float* l = r.logits + t * E;
-  for (int i = threadIdx.x; i < E; i += blockDim.x) keys[i] = RouteKey(__ldcg(l + i));
-  __syncthreads();
-  for (int i = threadIdx.x; i < E; i += blockDim.x) {
-    const float v = keys[i];
-    int rank = 0;
-#pragma unroll 8
-    for (int e = 0; e < E; ++e) {
-      const float u = keys[e];
-      rank += (u > v || (u == v && e < i)) ? 1 : 0;
-    }
-    if (rank == j) pick = i;
-  }
-  __syncthreads();
-  const int64_t local = pick - r.expert_begin;
-  return local >= 0 && local < r.num_local_experts ? static_cast<int>(local) : -1;
-}
-
 template <bool kGateUp, bool kEarly>
 __global__ void __launch_bounds__(kThreads, Cfg<true>::kMinBlocks) GemvDirectKernel(MoeExpertParams p, MoeWork w) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int64_t R = (kGateUp ? p.inter : p.width) / (kGateUp ? 16 : 32);
-  const int64_t tasks = p.num_tokens * p.top_k * R;
   constexpr bool kLate = !kGateUp && kEarly;  // RunTask waits once its first weights are in flight
-  if (kGateUp && w.route_fused && blockIdx.x >= tasks) {  // a routing block: token blockIdx.x - tasks
-    PdlWait();
-    PdlTrigger();
-    if (threadIdx.x < 32) RouteTokenWarpAny(p.routing, blockIdx.x - tasks, static_cast<int>(threadIdx.x));
-    return;
-  }
   if constexpr (!kLate) {
     PdlWait();
     PdlTrigger();
   }
   const int64_t pair = blockIdx.x / R, rt = blockIdx.x % R;
-  const int e = w.route_fused ? RankedExpert(p.routing, pair / p.top_k, static_cast<int>(pair % p.top_k),
-                                             reinterpret_cast<float*>(smem))
-                              : __ldcg(p.expert_ids + pair);
+  const int e = __ldcg(p.expert_ids + pair);
   if (kGateUp && rt == 0 && threadIdx.x == 0) w.pos[pair] = e >= 0 ? static_cast<int32_t>(pair) : -1;
   if (e < 0) {
     if constexpr (kLate) PdlWait();  // pdl.cuh: every thread waits, an early return too
@@ -467,8 +426,7 @@ cudaError_t LaunchDirectK(const MoeExpertParams& p, const MoeWork& w, cudaStream
       cudaFuncSetAttribute(GemvDirectKernel<kGateUp, kEarly>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (attr != cudaSuccess) return attr;
   const int64_t R = (kGateUp ? p.inter : p.width) / (kGateUp ? 16 : 32);
-  const int64_t routing_blocks = kGateUp && w.route_fused ? p.num_tokens : 0;
-  const int64_t grid = std::max<int64_t>(1, p.num_tokens * p.top_k * R + routing_blocks);
+  const int64_t grid = std::max<int64_t>(1, p.num_tokens * p.top_k * R);
   return LaunchPdl(GemvDirectKernel<kGateUp, kEarly>, static_cast<unsigned>(grid), kThreads, kSmem, stream, p, w);
 }
 

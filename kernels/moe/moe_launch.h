@@ -18,8 +18,6 @@ constexpr int kMoeTileTokens = 32;  // 4 n8 tiles: more would spill registers
 constexpr int kMoeGemvTokens = 32;
 // The most (token, slot) pairs of a direct decode step (MoeWork::direct).
 constexpr int64_t kMoeDirectMaxPairs = 64;
-// The most router experts a direct step ranks in its blocks (MoeWork::route_fused).
-constexpr int64_t kMoeFusedRouteMaxExperts = 512;
 
 // Stream-K fix-up of the streaming NVFP4 kernels (moe_nvfp4_stream.cu): at most this many
 // blocks per launch, each with two slots of partial sums (its first and its last piece).
@@ -48,10 +46,6 @@ struct MoeWork {
   // no route stage; the GEMV kernels take one pair per task (moe_gemv.cu GemvDirectKernel) and
   // write pos; offsets, rows and the bases are not written.
   bool direct = false;
-  // Direct with the routing folded in (MoeExpertParams::routing): the GEMV kernels rank each
-  // pair's expert from the logits; the gate/up grid has one more block per token that writes
-  // expert_ids and weights.
-  bool route_fused = false;
   int num_sms = 0;
 };
 

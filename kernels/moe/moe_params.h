@@ -49,14 +49,6 @@ struct MoeExpertParams {
   // launched as before. A wrong value (a format missing, or kMoeAllViewsFast set for an
   // ineligible expert) leaves that expert's rows uncomputed.
   uint32_t expert_formats = 0;
-  // Optional (routing.logits set): the routing that yields expert_ids and weights, run by the
-  // step itself (its local_ids and weights must be expert_ids and weights above; num_tokens,
-  // top_k and num_local_experts the same). A direct decode step (moe_launch.h MoeWork::direct)
-  // folds it into its GEMV kernels — each block ranks its own pair's expert from the logits,
-  // a block per token writes the ids and weights (kernels/cuda/routing_warp.cuh) — so no
-  // routing kernel stands between the router and the experts; any other step launches the
-  // routing kernel first. MOESHARD_MOE_FUSED_ROUTING=0: always the routing kernel.
-  RoutingParams routing;
 };
 
 MOESHARD_MOE_HD constexpr uint32_t MoeFormatBit(WeightFormat f) { return 1u << static_cast<unsigned>(f); }

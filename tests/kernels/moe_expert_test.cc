@@ -31,7 +31,6 @@
 #include "kernels/cpu/moe_ref.h"
 #include "kernels/cpu/quantize.h"
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/gpu_ops.h"
 #include "tests/kernels/gpu_test_util.h"
 
 namespace moeshard {
@@ -230,61 +229,6 @@ void RunCase(const Shape& s, WeightFormat f, ActDType act, bool norm, std::mt199
     EXPECT_EQ(std::memcmp(got.data(), again.data(), T * L * 4), 0) << "the format hint changed the result";
   }
 
-  // The routing run by the step (MoeExpertParams::routing): folded into the direct decode
-  // kernels where the step is direct (here: the GEMV formats with bf16 activations and the
-  // hint, at most 64 pairs), else the routing kernel launched first by the step — either way
-  // the same expert ids, weights and output bits as the routing kernel run before the step.
-  // Logits with a tie (the lower index first) and, with the top-k softmax, a NaN (ranked last).
-  for (const bool topk_only : {false, true}) {
-    std::vector<float> logits(T * s.E_total);
-    for (auto& v : logits) v = normal(rng);
-    if (s.E_total >= 2) logits[1] = logits[0];
-    if (topk_only && T > 1 && s.E_total >= 3) logits[s.E_total + 2] = NAN;
-    const size_t n = ids.size();
-    DeviceMem d_logits(logits.size() * 4), ids_a(n * 4), w_a(n * 4), ids_b(n * 4), w_b(n * 4);
-    CUDA_OK(cudaMemcpy(d_logits.ptr, logits.data(), logits.size() * 4, cudaMemcpyHostToDevice));
-    gpu::RoutingParams r;
-    r.logits = static_cast<const float*>(d_logits.ptr);
-    r.num_tokens = T;
-    r.num_experts = s.E_total;
-    r.top_k = s.top_k;
-    r.softmax_topk_only = topk_only;
-    r.renormalize = !topk_only;
-    r.expert_begin = 0;
-    r.num_local_experts = s.E;
-    std::vector<float> out_a(T * L), out_b(T * L), wa(n), wb(n);
-    std::vector<int32_t> ia(n), ib(n);
-    for (const bool folded : {false, true}) {
-      DeviceMem& di = folded ? ids_b : ids_a;
-      DeviceMem& dw = folded ? w_b : w_a;
-      CUDA_OK(cudaMemset(di.ptr, 0x7f, n * 4));
-      CUDA_OK(cudaMemset(dw.ptr, 0xff, n * 4));
-      r.local_ids = static_cast<int32_t*>(di.ptr);
-      r.weights = static_cast<float*>(dw.ptr);
-      gpu::MoeExpertParams pr = p;
-      pr.expert_formats = hint;
-      pr.expert_ids = r.local_ids;
-      pr.weights = r.weights;
-      if (folded) {
-        pr.routing = r;
-      } else {
-        absl::Status st = gpu::Routing(r, nullptr);
-        ASSERT_TRUE(st.ok()) << st;
-      }
-      CUDA_OK(cudaMemset(d_out.ptr, 0xff, T * L * 4));
-      absl::Status st = gpu::MoeExpertStep(pr, nullptr);
-      ASSERT_TRUE(st.ok()) << st;
-      CUDA_OK(cudaDeviceSynchronize());
-      CUDA_OK(cudaMemcpy((folded ? out_b : out_a).data(), d_out.ptr, T * L * 4, cudaMemcpyDeviceToHost));
-      CUDA_OK(cudaMemcpy((folded ? ib : ia).data(), di.ptr, n * 4, cudaMemcpyDeviceToHost));
-      CUDA_OK(cudaMemcpy((folded ? wb : wa).data(), dw.ptr, n * 4, cudaMemcpyDeviceToHost));
-    }
-    EXPECT_EQ(ia, ib) << "expert ids, routing " << (topk_only ? "top-k softmax" : "renormalized");
-    EXPECT_EQ(std::memcmp(wa.data(), wb.data(), n * 4), 0) << "routing weights";
-    EXPECT_EQ(std::memcmp(out_a.data(), out_b.data(), T * L * 4), 0) << "the output with the routing run by the step";
-    for (int32_t id : ia) EXPECT_TRUE(id >= -1 && id < s.E) << id;
-  }
-
   // NVFP4 with bf16 activations on the tensor-core path: the same step on weights repacked
   // by MoeRepackNvfp4 (the streaming kernels) must meet the same tolerance and repeat run
   // to run bit for bit.
@@ -421,36 +365,6 @@ TEST(MoeExpertNoDeviceTest, RejectsBadParams) {
   EXPECT_TRUE(gpu::MoeExpertStep(p, nullptr).ok());  // nothing to do
   p.num_tokens = 4;
   EXPECT_EQ(gpu::MoeExpertStep(p, nullptr).code(), absl::StatusCode::kInvalidArgument);  // null pointers
-  // A routing that would not write this step's ids and weights, or picks more than it has.
-  alignas(256) static uint8_t fake[256];
-  int32_t ids[8];
-  float wts[8], logits[4 * 8];
-  p.experts = reinterpret_cast<const gpu::MoeExpertWeights*>(fake);
-  p.expert_ids = ids;
-  p.weights = wts;
-  p.x = fake;
-  p.out = logits;
-  p.workspace = fake;
-  gpu::RoutingParams r;
-  r.logits = logits;
-  r.num_tokens = 4;
-  r.num_experts = 8;
-  r.top_k = 2;
-  r.num_local_experts = 2;
-  r.local_ids = ids + 1;
-  r.weights = wts;
-  p.routing = r;
-  absl::Status st = gpu::MoeExpertStep(p, nullptr);
-  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(st.message().find("routing"), absl::string_view::npos) << st;
-  p.routing.local_ids = ids;
-  p.routing.num_experts = 1;  // top_k 2 of 1
-  st = gpu::MoeExpertStep(p, nullptr);
-  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(st.message().find("routing"), absl::string_view::npos) << st;
-  p.routing.num_experts = 8;
-  p.routing.expert_begin = 7;  // local experts 7 and 8 of 8
-  EXPECT_EQ(gpu::MoeExpertStep(p, nullptr).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_GT(gpu::MoeExpertWorkspaceBytes(32, 4096, 4096, 8, 8), size_t{8 * 8 * 4096 * 10});
 }
 

@@ -200,9 +200,7 @@ class GpuModelRunner : public ModelRunner, private LayerOps {
   // MOESHARD_REPEAT_OPS (benchmarks only; runner_repeat.h): ops launched twice a step, so that
   // bench-model's step time shows what each costs inside the decode chain.
   uint32_t repeat_ops_ = 0;
-  // Route's routing, run by the next Experts (MoeExpertParams::routing).
-  RoutingParams routing_;
-  // MOESHARD_FOLD_RESIDUAL=0: off. Else, on one GPU, a decode step's attention residual update
+  // MOESHARD_FOLD_RESIDUAL=0: off. Else, on one GPU, a one-token step's attention residual update
   // is folded: the router's GEMV computes s + a_ and the MoE block's input norm itself
   // (GemvResidualIn; it writes xn_ for the experts), and the MLP block's update adds a_ to s
   // first (ResidualParams::pre_add) — one kernel less a layer.
