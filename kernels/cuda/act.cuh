@@ -36,6 +36,12 @@ __device__ __forceinline__ float WarpMax(float v) {
   return v;
 }
 
+// Two floats as one word of two bf16 (lo in the low half), and four as two words.
+__device__ __forceinline__ uint32_t PackBf16Pair(float lo, float hi) {
+  return static_cast<uint32_t>(DevF32ToBf16(lo)) | (static_cast<uint32_t>(DevF32ToBf16(hi)) << 16);
+}
+__device__ __forceinline__ uint2 PackBf16x4(float4 v) { return make_uint2(PackBf16Pair(v.x, v.y), PackBf16Pair(v.z, v.w)); }
+
 // a.x² + a.y² + a.z² + a.w², one expression for every kernel that must agree on a row's sum of
 // squares bit for bit (the residual update's norm and the GEMV that folds it in).
 __device__ __forceinline__ float Sq4(float4 a) { return a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w; }

@@ -35,10 +35,6 @@ __device__ __forceinline__ uint32_t SwizzledChunk(int r, int c, int rows) {
   return static_cast<uint32_t>((c >> 3) * rows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
 }
 
-__device__ __forceinline__ uint32_t PackBf16Pair(float lo, float hi) {
-  return static_cast<uint32_t>(DevF32ToBf16(lo)) | (static_cast<uint32_t>(DevF32ToBf16(hi)) << 16);
-}
-
 // One warp: the keys the CTA's 128 rows see, [first, last] into range[0], and each warpgroup's
 // 64 rows' into range[1] and range[2] (INT_MAX, -1 where no row is valid), with [2] the latest
 // first key and [3] the earliest position of its valid rows: a key tile inside [range[2],

@@ -110,9 +110,7 @@ __device__ __forceinline__ void ResidualPrologue(const GemvLaunch& a, int nchunk
         if (r.xn_dtype == ActDType::kF32) {
           reinterpret_cast<float4*>(static_cast<float*>(r.xn) + t * a.cols)[q] = y;
         } else {
-          reinterpret_cast<uint2*>(static_cast<uint16_t*>(r.xn) + t * a.cols)[q] =
-              make_uint2(DevF32ToBf16(y.x) | (static_cast<uint32_t>(DevF32ToBf16(y.y)) << 16),
-                         DevF32ToBf16(y.z) | (static_cast<uint32_t>(DevF32ToBf16(y.w)) << 16));
+          reinterpret_cast<uint2*>(static_cast<uint16_t*>(r.xn) + t * a.cols)[q] = PackBf16x4(y);
         }
       }
     }

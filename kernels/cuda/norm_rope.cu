@@ -226,8 +226,7 @@ __global__ void __launch_bounds__(kRowThreads) ResidualRegKernel(ResidualParams 
     if constexpr (sizeof(Out) == 4) {
       reinterpret_cast<float4*>(out)[i] = y;
     } else {
-      const uint2 b = make_uint2(DevF32ToBf16(y.x) | (static_cast<uint32_t>(DevF32ToBf16(y.y)) << 16),
-                                 DevF32ToBf16(y.z) | (static_cast<uint32_t>(DevF32ToBf16(y.w)) << 16));
+      const uint2 b = PackBf16x4(y);
       reinterpret_cast<uint2*>(out)[i] = b;
     }
   }

@@ -40,13 +40,14 @@ bool GpuModelRunner::UseGemv(const DenseWeight& w, int64_t rows) const {
 }
 
 absl::Status GpuModelRunner::ProjectMany(std::initializer_list<ProjectOut> outs, const void* x, ActDType y_dtype,
-                                         int64_t rows, const char* category) {
+                                         int64_t rows, const char* category, const gpu::GemvResidualIn& res) {
   const DenseWeight& w0 = *outs.begin()->w;
   bool fused = outs.size() <= 3;
   for (const ProjectOut& o : outs) {
     fused = fused && UseGemv(*o.w, rows) && GemvTypeOf(*o.w) == GemvTypeOf(w0) && o.w->cols == w0.cols;
   }
   if (!fused) {
+    if (res.s) return absl::InternalError("a folded residual update needs the Gemv path");
     for (const ProjectOut& o : outs) RETURN_IF_ERROR(Project(*o.w, x, o.y, y_dtype, rows, o.bias, category));
     return absl::OkStatus();
   }
@@ -57,8 +58,7 @@ absl::Status GpuModelRunner::ProjectMany(std::initializer_list<ProjectOut> outs,
   g.y_dtype = y_dtype;
   g.cols = w0.cols;
   g.num_tokens = rows;
-  g.res = gemv_res_;  // Route's router after a folded residual update
-  gemv_res_ = {};
+  g.res = res;
   g.num_matrices = 0;
   for (const ProjectOut& o : outs) g.m[g.num_matrices++] = GemvOf(*o.w, o.bias, o.y);
   auto region = prof_.Region(category, stream_);
@@ -361,10 +361,10 @@ absl::Status GpuModelRunner::Route(int64_t li, const RouteOpts& opts) {
   RETURN_IF_ERROR(arena_error_);
   const gpu::GemvResidualIn res = router_res_;  // the attention block's folded update (FoldsAttentionResidual)
   router_res_ = {};
-  for (int rep = 0; rep < Reps(kRepeatRouter); ++rep) {
-    gemv_res_ = res;
-    RETURN_IF_ERROR(Project(w_->layers[li].router, y32_, logits_, ActDType::kF32, T, nullptr, "router"));  // fp32 router
-    if (gemv_res_.s) return absl::InternalError("the folded residual update did not reach the router's GEMV");
+  for (int rep = 0; rep < Reps(kRepeatRouter); ++rep) {  // fp32 router
+    const DenseWeight& router = w_->layers[li].router;
+    RETURN_IF_ERROR(res.s ? ProjectMany({{&router, logits_, nullptr}}, y32_, ActDType::kF32, T, "router", res)
+                          : Project(router, y32_, logits_, ActDType::kF32, T, nullptr, "router"));
   }
   RoutingParams rp;
   rp.logits = logits_;

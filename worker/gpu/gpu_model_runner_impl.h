@@ -163,8 +163,9 @@ class GpuModelRunner : public ModelRunner, private LayerOps {
     const float* bias;
   };
   // Several projections of the same x: one Gemv launch when all qualify, else one call each.
+  // With res.s set, x comes from the folded residual update (GemvResidualIn): Gemv only.
   absl::Status ProjectMany(std::initializer_list<ProjectOut> outs, const void* x, ActDType y_dtype, int64_t rows,
-                           const char* category = "dense projections");
+                           const char* category = "dense projections", const gpu::GemvResidualIn& res = {});
   bool UseGemv(const DenseWeight& w, int64_t rows) const;
   bool FoldsAttentionResidual(int64_t li, const ResidualOpts& opts) const;
   absl::Status UploadHidden(const std::vector<float>& h);
@@ -206,7 +207,6 @@ class GpuModelRunner : public ModelRunner, private LayerOps {
   // first (ResidualParams::pre_add) — one kernel less a layer.
   bool fold_residual_ = true;
   gpu::GemvResidualIn router_res_;  // set by Residual, taken by Route's router projection
-  gpu::GemvResidualIn gemv_res_;    // for the next ProjectMany's Gemv only (Route sets it)
   const float* pre_add_ = nullptr;  // set by Residual, taken by the MLP block's residual update
   int Reps(uint32_t op) const { return (repeat_ops_ & op) ? 2 : 1; }
   MoeExpertRows moe_rows_;
