@@ -1,5 +1,6 @@
-// Shared-memory barriers (mbarrier, sm_90) for producer/consumer rings in the attention kernels:
-// init, arrive, the arrival of a thread's earlier cp.async copies, a parity wait, and warpgroup
+// Shared-memory barriers (mbarrier, sm_90) for producer/consumer rings in the attention kernels
+// and the MoE decode GEMV: init, arrive, the arrival of a thread's earlier cp.async copies, bulk
+// copies counted in bytes, a parity wait, and warpgroup
 // register reallocation (setmaxnreg) and named barriers for warp-specialized kernels.
 #pragma once
 
@@ -18,6 +19,18 @@ __device__ __forceinline__ void MbarrierArrive(uint64_t* bar) {
 // One arrival on `bar` once every cp.async this thread issued before it has landed.
 __device__ __forceinline__ void MbarrierArriveOnCpAsync(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(SharedAddr(bar)) : "memory");
+}
+// One arrival on `bar` that also expects `bytes` more from copies counted on it (BulkCopyToShared).
+__device__ __forceinline__ void MbarrierArriveExpectTx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(SharedAddr(bar)), "r"(bytes) : "memory");
+}
+// `bytes` (a multiple of 16) from 16-byte aligned global `src` to 16-byte aligned shared `dst`
+// by the copy engine (a 1-D bulk copy), its bytes counted on `bar`.
+__device__ __forceinline__ void BulkCopyToShared(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   SharedAddr(dst)),
+               "l"(src), "r"(bytes), "r"(SharedAddr(bar))
+               : "memory");
 }
 // Waits until the phase of parity `parity` has completed (a fresh barrier counts parity 1 as
 // completed, so a ring's producer passes its first wait on each empty slot).

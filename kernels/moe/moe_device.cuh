@@ -16,6 +16,8 @@
 
 #include "kernels/cuda/mma_bf16.cuh"
 #include "kernels/cuda/weight_decode.cuh"
+#include "kernels/cuda/pdl.cuh"
+#include "kernels/moe/moe_launch.h"
 #include "kernels/moe/moe_params.h"
 
 namespace moeshard::gpu {
@@ -76,6 +78,41 @@ __device__ __forceinline__ void ZeroAcc(float (&acc)[NT][M][4]) {
     for (int m = 0; m < M; ++m)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[nt][m][i] = 0.f;
+}
+
+// Bytes of one 32-column block of the GEMV/mma path's formats (moe_gemv.cu, moe_direct.cu).
+template <WeightFormat F>
+struct Fmt;
+template <>
+struct Fmt<WeightFormat::kQ8_0> {
+  static constexpr int kBlockBytes = 34;
+};
+template <>
+struct Fmt<WeightFormat::kMXFP4> {
+  static constexpr int kBlockBytes = 17;
+};
+template <>
+struct Fmt<WeightFormat::kBF16> {
+  static constexpr int kBlockBytes = 64;
+};
+
+// The start of a direct-decode block (MoeWork::direct; block i = pair i / R, row tile i % R):
+// the PDL wait unless kLate (the caller waits once its first weights are in flight), the pair's
+// local expert (read through L2: the routing kernel's output), and for gate/up row tile 0 the
+// pair's pos (the pair, or -1: another GPU's expert) for the combine. Returns the expert, or -1
+// when the block has nothing to do (it has waited, as pdl.cuh asks of an early return).
+template <bool kGateUp, bool kLate>
+__device__ __forceinline__ int DirectBlockStart(const MoeExpertParams& p, const MoeWork& w, int64_t R, int64_t& pair,
+                                                int64_t& rt) {
+  if constexpr (!kLate) {
+    PdlWait();
+    PdlTrigger();
+  }
+  pair = blockIdx.x / R, rt = blockIdx.x % R;
+  const int e = __ldcg(p.expert_ids + pair);
+  if (kGateUp && rt == 0 && threadIdx.x == 0) w.pos[pair] = e >= 0 ? static_cast<int32_t>(pair) : -1;
+  if (e < 0 && kLate) PdlWait();
+  return e;
 }
 
 }  // namespace moeshard::gpu

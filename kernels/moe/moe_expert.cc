@@ -12,7 +12,9 @@
 //   5. combine (moe_route.cu): per token, in slot order, norm and weighted sum into out.
 // MoeExpertParams::expert_formats (when the caller sets it) drops the launches that no
 // expert needs; when it says every expert takes the GEMV/mma path, decode-sized steps (at most
-// kMoeDirectMaxPairs pairs) skip the route too (MoeWork::direct; MOESHARD_MOE_DIRECT=0 off). MOESHARD_MOE_GEMV=0 in the environment turns the GEMV/mma path off.
+// kMoeDirectMaxPairs pairs) skip the route too (MoeWork::direct; MOESHARD_MOE_DIRECT=0 off),
+// through moe_direct.cu when every expert is Q8_0 or MXFP4 (MOESHARD_MOE_DIRECT_V2=0: through
+// moe_gemv.cu's first version). MOESHARD_MOE_GEMV=0 in the environment turns the GEMV/mma path off.
 // Nothing here synchronizes with the host: the kernels read the counts the route wrote.
 #include "kernels/moe/moe_expert.h"
 
@@ -95,6 +97,24 @@ bool DirectEnabled() {
   return on;
 }
 
+bool DirectV2Enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("MOESHARD_MOE_DIRECT_V2");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return on;
+}
+
+// Q8_0 experts through moe_direct.cu too (MOESHARD_MOE_DIRECT_V2_Q8=1). Off by default: on the
+// H200 its Q8_0 path measured slower than the first version's (docs/PERFORMANCE.md).
+bool DirectV2Q8Enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("MOESHARD_MOE_DIRECT_V2_Q8");
+    return v && std::strcmp(v, "1") == 0;
+  }();
+  return on;
+}
+
 bool GemvEnabled() {
   static const bool on = [] {
     const char* v = std::getenv("MOESHARD_MOE_GEMV");
@@ -169,6 +189,8 @@ cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStr
   w.direct = DirectEnabled() && w.gemv_allowed && !need_generic && known &&
              (fmts & ~(kMoeAllViewsFast | kMoeNvfp4Repacked | gemv_bits)) == 0 &&
              p.num_tokens * p.top_k <= kMoeDirectMaxPairs;
+  w.direct_v2 = w.direct && DirectV2Enabled() && (fmts & MoeFormatBit(WeightFormat::kBF16)) == 0 &&
+                ((fmts & MoeFormatBit(WeightFormat::kQ8_0)) == 0 || DirectV2Q8Enabled());
   // Repacked NVFP4 weights: the streaming kernels read x and h as they are (no gather).
   const bool repacked = known && (fmts & kMoeNvfp4Repacked);
   using Launch = cudaError_t (*)(const MoeExpertParams&, const MoeWork&, cudaStream_t);

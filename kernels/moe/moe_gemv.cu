@@ -59,21 +59,6 @@ struct Cfg {
   static constexpr int kMinBlocks = kSmall ? 5 : 3;
 };
 
-template <WeightFormat F>
-struct Fmt;
-template <>
-struct Fmt<WeightFormat::kQ8_0> {
-  static constexpr int kBlockBytes = 34;
-};
-template <>
-struct Fmt<WeightFormat::kMXFP4> {
-  static constexpr int kBlockBytes = 17;
-};
-template <>
-struct Fmt<WeightFormat::kBF16> {
-  static constexpr int kBlockBytes = 64;
-};
-
 // A view reduced to what the staging needs: column 0 of row 0, and the row stride.
 struct View {
   const uint8_t* base;
@@ -389,19 +374,10 @@ __global__ void __launch_bounds__(kThreads, Cfg<kSmall>::kMinBlocks) GemvKernel(
 template <bool kGateUp, bool kEarly>
 __global__ void __launch_bounds__(kThreads, Cfg<true>::kMinBlocks) GemvDirectKernel(MoeExpertParams p, MoeWork w) {
   extern __shared__ __align__(16) uint8_t smem[];
-  const int64_t R = (kGateUp ? p.inter : p.width) / (kGateUp ? 16 : 32);
   constexpr bool kLate = !kGateUp && kEarly;  // RunTask waits once its first weights are in flight
-  if constexpr (!kLate) {
-    PdlWait();
-    PdlTrigger();
-  }
-  const int64_t pair = blockIdx.x / R, rt = blockIdx.x % R;
-  const int e = __ldcg(p.expert_ids + pair);
-  if (kGateUp && rt == 0 && threadIdx.x == 0) w.pos[pair] = e >= 0 ? static_cast<int32_t>(pair) : -1;
-  if (e < 0) {
-    if constexpr (kLate) PdlWait();  // pdl.cuh: every thread waits, an early return too
-    return;
-  }
+  int64_t pair, rt;
+  const int e = DirectBlockStart<kGateUp, kLate>(p, w, (kGateUp ? p.inter : p.width) / (kGateUp ? 16 : 32), pair, rt);
+  if (e < 0) return;
   const MoeExpertWeights ew = p.experts[e];
   switch (kGateUp ? ew.gate.format : ew.down.format) {
     case WeightFormat::kQ8_0:
@@ -459,6 +435,7 @@ cudaError_t LaunchClass(const MoeExpertParams& p, const MoeWork& w, cudaStream_t
 
 template <bool kGateUp>
 cudaError_t LaunchGemv(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
+  if (w.direct && w.direct_v2) return LaunchMoeDirect(kGateUp, p, w, stream);
   if (w.direct) return LaunchDirect<kGateUp>(p, w, stream);
   if (cudaError_t err = LaunchClass<kGateUp, true>(p, w, stream); err != cudaSuccess) return err;
   // Groups of more than 8 tokens exist only when some expert has more than 8 rows.

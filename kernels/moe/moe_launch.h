@@ -46,6 +46,9 @@ struct MoeWork {
   // no route stage; the GEMV kernels take one pair per task (moe_gemv.cu GemvDirectKernel) and
   // write pos; offsets, rows and the bases are not written.
   bool direct = false;
+  // With direct, when every expert is Q8_0 or MXFP4 (MOESHARD_MOE_DIRECT_V2=0 off): the direct
+  // GEMV of moe_direct.cu instead of moe_gemv.cu's (same sums, fewer instructions).
+  bool direct_v2 = false;
   int num_sms = 0;
 };
 
@@ -57,6 +60,7 @@ cudaError_t LaunchMoeFastGateUp(const MoeExpertParams& p, const MoeWork& w, cuda
 cudaError_t LaunchMoeFastDown(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
 cudaError_t LaunchMoeGemvGateUp(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
 cudaError_t LaunchMoeGemvDown(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
+cudaError_t LaunchMoeDirect(bool gate_up, const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
 // The streaming NVFP4 kernels (moe_nvfp4_stream.cu) over repacked weights, and the repack.
 cudaError_t LaunchMoeStreamGateUp(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
 cudaError_t LaunchMoeStreamDown(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);

@@ -56,9 +56,13 @@ struct TestWeight {
   WeightRef host, dev;
 };
 
-void MakeWeight(WeightFormat f, int64_t rows, int64_t cols, int64_t c0, std::mt19937& rng, TestWeight& tw) {
-  const int64_t stored = (c0 + cols + 31) / 32 * 32 + 32;
-  const int64_t stride = WeightRowBytes(f, stored) + 16;
+// aligned: rows as a real checkpoint stores them (whole 128-column groups, no padding), so that
+// every row of a Q8_0 or MXFP4 view starts at the same byte phase mod 4 (moe_direct.cu's
+// compile-time phases); otherwise odd strides (its run-time phase).
+void MakeWeight(WeightFormat f, int64_t rows, int64_t cols, int64_t c0, bool aligned, std::mt19937& rng,
+                TestWeight& tw) {
+  const int64_t stored = aligned ? c0 + cols + 128 : (c0 + cols + 31) / 32 * 32 + 32;
+  const int64_t stride = WeightRowBytes(f, stored) + (aligned ? 0 : 16);
   tw.data.assign(rows * stride, 0);
   std::normal_distribution<float> normal(0.f, 1.f);
   std::uniform_int_distribution<int> byte(0, 255);
@@ -123,6 +127,7 @@ struct Shape {
   int top_k, E, E_total;  // ids drawn from [0, E_total); those ≥ E belong to other GPUs
   int64_t L, I, c0;
   int skip_expert;  // a local expert that no token picks (-1: none)
+  bool aligned = false;  // MakeWeight's aligned rows
 };
 
 constexpr Shape kShapes[] = {
@@ -137,6 +142,9 @@ constexpr Shape kShapes[] = {
     {"gemv decode", 4, 8, 16, 32, 512, 192, 0, 3},
     // A wider decode step (L = 1024) through the direct GEMV kernels.
     {"gemv decode wide", 2, 8, 8, 16, 1024, 64, 0, -1},
+    // The direct kernels' compile-time phases: I = 384 puts the down GEMV's four warps at
+    // blocks 0, 3, 6 and 9 (MXFP4 phases 0, 3, 2, 1), in a window at column 128.
+    {"gemv decode aligned", 3, 8, 12, 16, 512, 384, 128, -1, true},
     {"gemv mid", 40, 3, 6, 6, 256, 96, 0, -1},
     {"gemv prefill", 300, 4, 8, 8, 256, 96, 0, -1},
 };
@@ -147,9 +155,9 @@ void RunCase(const Shape& s, WeightFormat f, ActDType act, bool norm, std::mt199
   std::vector<MoeRefExpert> ref(s.E);
   std::vector<gpu::MoeExpertWeights> dev(s.E);
   for (int e = 0; e < s.E; ++e) {
-    MakeWeight(f, I, L, s.c0, rng, tw[3 * e]);
-    MakeWeight(f, I, L, s.c0, rng, tw[3 * e + 1]);
-    MakeWeight(f, L, I, s.c0, rng, tw[3 * e + 2]);
+    MakeWeight(f, I, L, s.c0, s.aligned, rng, tw[3 * e]);
+    MakeWeight(f, I, L, s.c0, s.aligned, rng, tw[3 * e + 1]);
+    MakeWeight(f, L, I, s.c0, s.aligned, rng, tw[3 * e + 2]);
     ref[e] = {tw[3 * e].host, tw[3 * e + 1].host, tw[3 * e + 2].host};
     dev[e] = {tw[3 * e].dev, tw[3 * e + 1].dev, tw[3 * e + 2].dev};
   }
