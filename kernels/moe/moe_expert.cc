@@ -106,7 +106,7 @@ bool DirectV2Enabled() {
 }
 
 // Q8_0 experts through moe_direct.cu too (MOESHARD_MOE_DIRECT_V2_Q8=1). Off by default: on the
-// H200 its Q8_0 path measured slower than the first version's (docs/PERFORMANCE.md).
+// H200 its Q8_0 path measured level with the first version's (kernels/moe/PERF_NOTES.md).
 bool DirectV2Q8Enabled() {
   static const bool on = [] {
     const char* v = std::getenv("MOESHARD_MOE_DIRECT_V2_Q8");
