@@ -26,11 +26,19 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/cuda/probe.cuh"
+
 namespace moeshard::gpu {
 
 __device__ __forceinline__ void PdlWait() {
+#if defined(MOESHARD_PROBE)
+  const ProbeSlot probe = ProbeReserve();
+#endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+#if defined(MOESHARD_PROBE)
+  ProbeRecordWait(probe);  // a -DMOESHARD_PROBE=ON build's timeline (probe.h)
 #endif
 }
 

@@ -17,6 +17,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gpu_ops.h"
+#include "kernels/cuda/probe.h"
 #include "worker/gpu/device_memory.h"
 #include "worker/kv_cache.h"
 #include "worker/model_bench.h"
@@ -172,7 +173,7 @@ absl::StatusOr<std::string> RunModelBench(const ModelConfig& c, const ModelBench
   for (int64_t S : o.streams) {
     std::vector<std::vector<int32_t>> tables(S);
     for (int64_t i = 0; i < S; ++i) {
-      RETURN_IF_ERROR(blocks.Reserve(tables[i], o.prompt_len + o.decode_steps + 1, ro.block_size));
+      RETURN_IF_ERROR(blocks.Reserve(tables[i], o.prompt_len + o.decode_steps + 2, ro.block_size));
       RETURN_IF_ERROR(runner->Forward({SeqChunk{prompt(), 0, tables[i], false}}, &logits));
     }
     auto step = [&](int64_t j) {
@@ -189,6 +190,14 @@ absl::StatusOr<std::string> RunModelBench(const ModelConfig& c, const ModelBench
     for (int64_t j = o.decode_steps / 2 + 1; j <= o.decode_steps; ++j) RETURN_IF_ERROR(step(j));
     runner->SetProfiling(false);
     profiles.push_back(absl::StrCat("decode ", S, ": ", runner->ProfileReport()));
+    if (gpu::ProbeCompiledIn()) {  // a -DMOESHARD_PROBE=ON build: one more step, its chain recorded
+      RETURN_IF_ERROR(gpu::ProbeArm(1u << 20));
+      RETURN_IF_ERROR(step(o.decode_steps + 1));
+      uint32_t dropped = 0;
+      ASSIGN_OR_RETURN(auto recs, gpu::ProbeCollect(&dropped));
+      RETURN_IF_ERROR(gpu::ProbeDisarm());
+      profiles.push_back(absl::StrCat("decode ", S, " chain (", dropped, " records dropped): ", gpu::ProbeTimeline(recs)));
+    }
     for (auto& t : tables) blocks.Free(t);
     const double touched = c.num_experts * (1.0 - std::pow(1.0 - static_cast<double>(c.top_k) / c.num_experts, S));
     double kv_read = 0;
