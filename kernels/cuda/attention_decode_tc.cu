@@ -153,21 +153,10 @@ __device__ __forceinline__ void DecodeTc(const AttentionParams& p, int group, in
   if constexpr (kFused) {
     if (qp.rope) QkRopeAngles(p.pos[t], qp.theta, hd, angles, tid, kThreads);
   }
-  // The split and its block-table entries are step inputs too: the entries go toward L1 now, so
-  // that the key loads after the wait do not start with a round trip for their slots.
+  // The split and its block-table entries are step inputs too (read before the wait, below).
   const DecodeSplit split = DecodeSplitOf(p, t, sp, splits, ws);
   const int64_t kb = split.kb, ke = split.ke;
   const PagedSlots slots(p.block_tables + p.table_offset[t], bs);
-  if (kb < ke) {
-    for (int64_t b = kb / bs + tid; b <= (ke - 1) / bs; b += kThreads) PrefetchL1(slots.table + b);
-  }
-  PdlWait();
-  PdlTrigger();
-
-  // Fused: every split of the cluster takes part in the merge, an empty one with nothing.
-  if constexpr (!kFused) {
-    if (kb >= ke) return MarkEmptySplit(p, split, t, g, group, sp, splits, tid);
-  }
   const int per = HD / 32;  // the fused kernel runs hd == HD only (DecodeFusedSupports); constant, so x[] stays in registers
   // Fused: the new position's key and value head are prepared by warp 0 of the split that reads
   // them and written twice: to the cache (for later steps) and straight into this CTA's ring
@@ -192,8 +181,6 @@ __device__ __forceinline__ void DecodeTc(const AttentionParams& p, int group, in
       }
     }
   };
-  if constexpr (kFused) __syncthreads();  // the angles
-
   // Stage `slot` <- keys [c0, c0 + 64): bf16 rows (padded) or FP8 rows and their scales.
   auto issue = [&](int64_t c0, int slot) {
     uint8_t* st = ring + slot * G::kRawStage;
@@ -241,12 +228,42 @@ __device__ __forceinline__ void DecodeTc(const AttentionParams& p, int group, in
   };
 
   const int64_t nchunks = (ke - kb + kChunk - 1) / kChunk;
+  auto prologue = [&] {
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < nchunks) {
-      issue(kb + s * kChunk, s);
-    } else {
-      CpCommit();
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < nchunks) {
+        issue(kb + s * kChunk, s);
+      } else {
+        CpCommit();
+      }
+    }
+  };
+  // Fused: every key the split reads but the new position's was written by earlier steps, and the
+  // block table and positions are the step's inputs (uploaded before it): the first chunks'
+  // copies go out before the wait (pdl.cuh rule 1). Unfused, the new row comes from the kernel
+  // before: its table entries go toward L1 now, the copies after the wait.
+  if constexpr (kFused) {
+    prologue();
+  } else if (kb < ke) {
+    for (int64_t b = kb / bs + tid; b <= (ke - 1) / bs; b += kThreads) PrefetchL1(slots.table + b);
+  }
+  PdlWait();
+  PdlTrigger();
+  if constexpr (!kFused) {
+    if (kb >= ke) return MarkEmptySplit(p, split, t, g, group, sp, splits, tid);
+    prologue();
+  }
+  if constexpr (kFused) __syncthreads();  // the angles
+
+  // Q rows (the group's heads), zero past the group and past head_dim. Fused: this warp's first
+  // two rows are loaded before the new row's key and value, so that the two round trips overlap.
+  const uint16_t* q = static_cast<const uint16_t*>(p.q) + t * (p.q_stride ? p.q_stride : H * hd) + g * group * hd;
+  constexpr int kWarpsN = kThreads / 32;
+  float xq[2][kQkMaxPer] = {};
+  if constexpr (kFused) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (warp + h * kWarpsN < group) QkLoadHead(q + (warp + h * kWarpsN) * hd, per, lane, xq[h]);
     }
   }
   if constexpr (kFused) {
@@ -262,8 +279,7 @@ __device__ __forceinline__ void DecodeTc(const AttentionParams& p, int group, in
       if (new_chunk < kStages - 1) put_row(static_cast<int>(new_chunk));  // else when its chunk is issued
     }
   }
-  // Q rows (the group's heads), zero past the group and past head_dim.
-  const uint16_t* q = static_cast<const uint16_t*>(p.q) + t * (p.q_stride ? p.q_stride : H * hd) + g * group * hd;
+  MOESHARD_PROBE_MARK(0);  // the first chunks' copies issued, the new row written
   auto to_q = [](uint16_t v) {
     if constexpr (F16) {
       const __half h = __float2half_rn(DevBf16ToF32(v));
@@ -272,12 +288,13 @@ __device__ __forceinline__ void DecodeTc(const AttentionParams& p, int group, in
     return v;
   };
   if constexpr (kFused) {  // normed and rotated here, rounded to bf16 as QkPrep stores them
-    constexpr int kWarpsN = kThreads / 32;
     for (int r0 = warp; r0 < kRows; r0 += 2 * kWarpsN) {  // a warp's two rows loaded together
       float x[2][kQkMaxPer];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        if (r0 + h * kWarpsN < group) QkLoadHead(q + (r0 + h * kWarpsN) * hd, per, lane, x[h]);
+#pragma unroll
+        for (int j = 0; j < kQkMaxPer; ++j) x[h][j] = xq[h][j];  // the first two, loaded above
+        if (r0 != warp && r0 + h * kWarpsN < group) QkLoadHead(q + (r0 + h * kWarpsN) * hd, per, lane, x[h]);
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -300,6 +317,7 @@ __device__ __forceinline__ void DecodeTc(const AttentionParams& p, int group, in
     }
   }
   __syncthreads();
+  MOESHARD_PROBE_MARK(1);  // Q staged
   uint32_t qa[KS][4];
 #pragma unroll
   for (int ks = 0; ks < KS; ++ks) LdMatrixX4(Qs + (lane % 16) * LD + ks * 16 + (lane / 16) * 8, qa[ks]);
@@ -405,6 +423,7 @@ __device__ __forceinline__ void DecodeTc(const AttentionParams& p, int group, in
   }
   CpWait<0>();
   __syncthreads();  // the ring is reused for the merge
+  MOESHARD_PROBE_MARK(2);  // every chunk's scores and values done
 
   // Merge the four warps' partials of each row, then store like StoreDecodeHead.
   float* Ow = reinterpret_cast<float*>(smem);  // [warp][row][HD]
@@ -499,6 +518,7 @@ __device__ __forceinline__ void DecodeTc(const AttentionParams& p, int group, in
     }
     cluster.sync();  // no split leaves while another reads its shared memory
   }
+  MOESHARD_PROBE_MARK(3);  // merged and stored
 }
 
 template <int HD, KvElem E, bool kFused>

@@ -16,6 +16,13 @@
 // 24-bit fixed point in byte planes, dp4a): the same time at one token on an H200 (this kernel
 // is bound by its round trips, not the int → float conversions). With 2-8 tokens split Q8 with
 // bf16 x goes to the tensor-core kernel of gemv_mma.cu.
+//
+// Also tried and taken out (2026-12-03): the router's top-k folded into its launch (the block that
+// finished last, found by a fenced counter, ran the routing kernel's warp code over the logits).
+// bench-model one stream 3.00 ms a step against 2.78 without it, four streams 5.80 against 5.54:
+// the decode-chain probe (probe.h) put the router's share of the chain at 10.1 us against 3.3 +
+// 4.3 for the GEMV and the routing kernel apart — the fences, the counter's round trip and one
+// block's serial top-k cost more than the launch they saved.
 #include <cuda_fp16.h>
 
 #include <algorithm>

@@ -119,7 +119,54 @@ __device__ __forceinline__ float4 Ld4(const float* p, int64_t i, bool ok) {
   return ok ? reinterpret_cast<const float4*>(p)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
-template <typename Out, int kVec, bool kGated>
+// The MoE combine of ResidualRegKernel with every slot's row in flight at once (kAllSlots:
+// mix_k <= kMaxAllSlots): slot j's row is loaded at its pair index r·k + j — where the direct
+// expert kernels leave it (moe_expert.h MoeExpertRows: the rows buffer holds T·k rows) — in the
+// same round trip as the slots' positions and weights, instead of the positions first and the
+// rows four slots at a time; a slot whose position is elsewhere (the grouped kernels' sorted
+// rows) is read again from there. The same sums in the same order as the slot loop.
+constexpr int kMaxAllSlots = 8;
+template <int kVec>
+__device__ __forceinline__ void MixAllSlots(const ResidualParams& p, int64_t r, int64_t D4, float4 (&ov)[kVec]) {
+  const int tid = threadIdx.x;
+  int32_t pos[kMaxAllSlots];
+  float wt[kMaxAllSlots];
+  float4 yv[kMaxAllSlots][kVec];
+#pragma unroll
+  for (int j = 0; j < kMaxAllSlots; ++j) {
+    if (j >= p.mix_k) break;
+    const int64_t slot = r * p.mix_k + j;
+    pos[j] = p.mix_pos[slot];
+    wt[j] = p.mix_weights[slot];
+#pragma unroll
+    for (int v = 0; v < kVec; ++v) {
+      const int64_t i = tid + int64_t{v} * kRowThreads;
+      yv[j][v] = Ld4(p.mix_rows + slot * p.dim, i, i < D4);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kMaxAllSlots; ++j) {
+    if (j >= p.mix_k) break;
+    if (pos[j] < 0) continue;
+    if (pos[j] != r * p.mix_k + j) {
+#pragma unroll
+      for (int v = 0; v < kVec; ++v) {
+        const int64_t i = tid + int64_t{v} * kRowThreads;
+        yv[j][v] = Ld4(p.mix_rows + static_cast<int64_t>(pos[j]) * p.dim, i, i < D4);
+      }
+    }
+    const float w = wt[j];
+#pragma unroll
+    for (int v = 0; v < kVec; ++v) {
+      ov[v].x += w * yv[j][v].x;
+      ov[v].y += w * yv[j][v].y;
+      ov[v].z += w * yv[j][v].z;
+      ov[v].w += w * yv[j][v].w;
+    }
+  }
+}
+
+template <typename Out, int kVec, bool kGated, bool kAllSlots = false>
 __global__ void __launch_bounds__(kRowThreads) ResidualRegKernel(ResidualParams p) {
   __shared__ float scratch[32];
   const int64_t r = blockIdx.x, D4 = p.dim / 4;
@@ -159,7 +206,9 @@ __global__ void __launch_bounds__(kRowThreads) ResidualRegKernel(ResidualParams 
       sv[v].w += a.w;
     }
   }
-  if (p.mix_rows) {  // the MoE combine: acc += w_j * row_j, slot by slot (as moe_route.cu's)
+  if (kAllSlots && p.mix_rows) {
+    MixAllSlots<kVec>(p, r, D4, ov);
+  } else if (p.mix_rows) {  // the MoE combine: acc += w_j * row_j, slot by slot (as moe_route.cu's)
     LoadMixSlots(p, r, mix_pos, mix_wt);
 #pragma unroll 4
     for (int j = 0; j < p.mix_k; ++j) {
@@ -182,6 +231,7 @@ __global__ void __launch_bounds__(kRowThreads) ResidualRegKernel(ResidualParams 
       }
     }
   }
+  MOESHARD_PROBE_MARK(0);  // the row's inputs in registers
   if constexpr (!kGated) {
 #pragma unroll
     for (int v = 0; v < kVec; ++v) {
@@ -209,6 +259,7 @@ __global__ void __launch_bounds__(kRowThreads) ResidualRegKernel(ResidualParams 
     const int64_t i = tid + int64_t{v} * kRowThreads;
     if (i < D4) reinterpret_cast<float4*>(s)[i] = sv[v];
   }
+  MOESHARD_PROBE_MARK(1);  // s stored
   if (!p.next_out) return;
   float ss = 0.f;
 #pragma unroll
@@ -284,6 +335,15 @@ cudaError_t LaunchResidualOut(const ResidualParams& p, cudaStream_t st) {
                    (!p.next_out || aligned(p.next_out));
   // The gated form holds three more weight rows: registers for up to 4 pieces a thread.
   if (!reg || (p.gated && pieces > 4)) return LaunchPdl(ResidualKernel<Out>, p.rows, kRowThreads, 0, st, p);
+  // MOESHARD_RESIDUAL_ALL_SLOTS=0: the combine's rows four slots at a time after the positions.
+  static const bool all_slots_on = [] {
+    const char* v = std::getenv("MOESHARD_RESIDUAL_ALL_SLOTS");
+    return !(v && v[0] == '0');
+  }();
+  if (all_slots_on && p.mix_rows && p.mix_k <= kMaxAllSlots && pieces <= 2) {
+    if (p.gated) return LaunchPdl(ResidualRegKernel<Out, 2, true, true>, p.rows, kRowThreads, 0, st, p);
+    return LaunchPdl(ResidualRegKernel<Out, 2, false, true>, p.rows, kRowThreads, 0, st, p);
+  }
   if (p.gated) {
     if (pieces <= 2) return LaunchPdl(ResidualRegKernel<Out, 2, true>, p.rows, kRowThreads, 0, st, p);
     return LaunchPdl(ResidualRegKernel<Out, 4, true>, p.rows, kRowThreads, 0, st, p);

@@ -15,6 +15,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/dtype.h"
@@ -121,16 +122,23 @@ TEST_P(ModelOpsTest, ResidualPlainAndGated) {
 }
 
 // The MoE combine inside the update (ResidualParams::mix_*): each row's output is its slots'
-// rows weighted in slot order, a slot at position -1 left out.
+// rows weighted in slot order, a slot at position -1 left out — rows where the direct expert
+// kernels leave them (slot t·k + j at row t·k + j: the all-slots path's loads hit) and scattered
+// (the grouped kernels' order: each slot read again from its position), k of 8 and 6.
 TEST_P(ModelOpsTest, ResidualMixesExpertRows) {
-  const int64_t rows = 3, k = 8, nrows = 20;
-  for (int64_t D : {int64_t{98}, int64_t{2048}}) {
+  const int64_t rows = 3, nrows = 24;
+  for (auto [D, k, at_pair] : {std::tuple{int64_t{98}, int64_t{8}, false}, std::tuple{int64_t{2048}, int64_t{8}, false},
+                               std::tuple{int64_t{2048}, int64_t{8}, true}, std::tuple{int64_t{2048}, int64_t{6}, true},
+                               std::tuple{int64_t{1024}, int64_t{6}, false}}) {
     for (bool gated : {false, true}) {
-      SCOPED_TRACE(testing::Message() << "D " << D << " gated " << gated);
+      SCOPED_TRACE(testing::Message() << "D " << D << " k " << k << (at_pair ? " rows at pairs" : " scattered")
+                                      << " gated " << gated);
       auto s = Randn(rows * D, rng_), y = Randn(nrows * D, rng_, 2.f), wts = Randn(rows * k, rng_),
            norm = Randn(D, rng_), alpha = Randn(D, rng_), beta = Randn(D, rng_);
       std::vector<int32_t> pos(rows * k);
-      for (int64_t i = 0; i < rows * k; ++i) pos[i] = i % 5 == 3 ? -1 : static_cast<int32_t>((i * 7) % nrows);
+      for (int64_t i = 0; i < rows * k; ++i) {
+        pos[i] = i % 5 == 3 ? -1 : static_cast<int32_t>(at_pair ? i : (i * 7) % nrows);
+      }
       Dev<float> ds(s), dy(y), dw(wts), dn(norm), da(alpha), db(beta);
       Dev<int32_t> dp(pos);
       gpu::ResidualParams p{ds.get(), nullptr, rows, D, gated, dn.get(), da.get(), db.get(), 1e-6f};
@@ -266,6 +274,40 @@ TEST_P(ModelOpsTest, RoutingBothSoftmaxModes) {
   Dev<float> w(1);
   gpu::RoutingParams bad{dl.get(), 1, E, E + 1, false, false, 0, E, ids.get(), w.get(), nullptr};
   EXPECT_FALSE(gpu::Routing(bad, nullptr).ok());
+}
+
+// The ready flag (RoutingParams::ready): after the launch it holds the step's number, and the
+// picks and weights are those of the launch without it, bit for bit; more tokens than one block
+// routes, or no seq, is refused.
+TEST_P(ModelOpsTest, RoutingPublishesReadyFlag) {
+  const int64_t E = 128, k = 8;
+  for (int64_t T : {int64_t{1}, int64_t{3}, int64_t{4}}) {
+    SCOPED_TRACE(testing::Message() << "T " << T);
+    Dev<float> dl(Randn(T * E, rng_, 2.f));
+    Dev<int32_t> ia(T * k), ib(T * k);
+    Dev<float> wa(T * k), wb(T * k);
+    Dev<uint32_t> ready(std::vector<uint32_t>{0}), seq(std::vector<uint32_t>{41u + static_cast<uint32_t>(T)});
+    // All experts local, softmax over all renormalized (Qwen3's routing).
+    const gpu::RoutingParams p{dl.get(), T, E, k, false, true, 0, E, ia.get(), wa.get(), nullptr};
+    STATUS_OK(gpu::Routing(p, nullptr));
+    gpu::RoutingParams q = p;
+    q.local_ids = ib.get();
+    q.weights = wb.get();
+    q.ready = ready.get();
+    q.seq = seq.get();
+    STATUS_OK(gpu::Routing(q, nullptr));
+    EXPECT_EQ(ready.Host(), seq.Host());
+    EXPECT_EQ(ia.Host(), ib.Host());
+    const auto a = wa.Host(), b = wb.Host();
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0);
+    if (T == 4) {
+      q.num_tokens = 5;
+      EXPECT_EQ(gpu::Routing(q, nullptr).code(), absl::StatusCode::kInvalidArgument);
+      q.num_tokens = 4;
+      q.seq = nullptr;
+      EXPECT_EQ(gpu::Routing(q, nullptr).code(), absl::StatusCode::kInvalidArgument);
+    }
+  }
 }
 
 TEST_P(ModelOpsTest, EmbedDecodesStoredRows) {
