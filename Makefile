@@ -38,11 +38,12 @@ run: build $(MODEL)/config.json
 	@bash scripts/run_demo.sh $(BUILD) $(MODEL) "$(PROMPT)"
 
 # Every CPU test runs once: in the sanitizer build (test-asan), except those labelled long (the
-# long goldens: minutes under ASan), which the release build runs with the tests labelled gpu,
-# which need its CUDA kernels (ctest reports them Skipped without a GPU; the GPU
-# lane, scripts/gpu_lane.sh, runs them on one). docs/TESTING.md says what runs where.
+# long goldens: minutes under ASan) and cudahost (CPU tests of code that only the CUDA build has),
+# which the release build runs with the tests labelled gpu, which need its CUDA kernels (ctest
+# reports them Skipped without a GPU; the GPU lane, scripts/gpu_lane.sh, runs them on one).
+# docs/TESTING.md says what runs where.
 test-unit: build
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L 'gpu|long'
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L 'gpu|long|cudahost'
 
 # Every CPU test (formats, tokenizer, kernels, worker, comm, coordinator, router, CLI) under
 # AddressSanitizer + UBSan: Debug at -O1, no CUDA. A test that skips fails (cmake/moeshard.cmake).
