@@ -223,10 +223,6 @@ absl::Status Routing(const RoutingParams& p, GpuStream stream) {
     return absl::InvalidArgumentError(absl::StrCat("Routing: top_k ", p.top_k, " outside [1, min(", p.num_experts,
                                                    ", ", MaxRoutingTopK(), ")]"));
   }
-  if (p.ready && (!p.seq || p.num_tokens > kRoutingReadyMaxTokens || p.num_experts > 512 || p.top_k > 32)) {
-    return absl::InvalidArgumentError(absl::StrCat("Routing: a ready flag needs seq, at most ", kRoutingReadyMaxTokens,
-                                                   " tokens, 512 experts and top_k 32"));
-  }
   MOESHARD_CUDA_RETURN_IF_ERROR(LaunchRouting(p, stream));
   return absl::OkStatus();
 }

@@ -219,14 +219,7 @@ struct RoutingParams {
   int32_t* local_ids = nullptr;
   float* weights = nullptr;
   int32_t* global_ids = nullptr;  // optional
-  // Optional (one launch block: num_tokens <= kRoutingReadyMaxTokens, num_experts <= 512): once
-  // every id and weight is stored, *ready = *seq with release semantics, so that the MoE kernel
-  // after it may start on the ids before this grid completes (MoeExpertParams::ids_ready). seq:
-  // the step's number, uploaded with its indices (never 0; ready starts at 0).
-  uint32_t* ready = nullptr;
-  const uint32_t* seq = nullptr;
 };
-inline constexpr int64_t kRoutingReadyMaxTokens = 4;
 
 // out = silu(gate) ⊙ up, elementwise over n values (fp32 math).
 struct SiluMulParams {

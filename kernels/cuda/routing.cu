@@ -67,7 +67,12 @@ __device__ __forceinline__ bool Better(float v, int e, float bv, int be) {
 // kPer logits a lane (E <= 32 * kPer); each pick's value is kept from the warp reduction, so
 // nothing is read twice.
 template <int kPer>
-__device__ __forceinline__ void RouteWarp(const RoutingParams& p, int64_t t, int lane) {
+__global__ void RoutingWarpKernel(RoutingParams p) {
+  PdlWait();
+  PdlTrigger();
+  const int lane = threadIdx.x & 31;
+  const int64_t t = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5;
+  if (t >= p.num_tokens) return;  // whole warps leave together
   const float* l = p.logits + t * p.num_experts;
   const int E = static_cast<int>(p.num_experts), k = static_cast<int>(p.top_k);
   float v[kPer];
@@ -129,24 +134,6 @@ __device__ __forceinline__ void RouteWarp(const RoutingParams& p, int64_t t, int
     p.local_ids[t * k + lane] = (local >= 0 && local < p.num_local_experts) ? static_cast<int32_t>(local) : -1;
     p.weights[t * k + lane] = w;
     if (p.global_ids) p.global_ids[t * k + lane] = my_id;
-  }
-}
-
-// One warp a token, four tokens a block. With p.ready (one block), the ids are published once
-// stored: every lane fences its stores, the block meets, thread 0 stores the step's number.
-template <int kPer>
-__global__ void RoutingWarpKernel(RoutingParams p) {
-  PdlWait();
-  PdlTrigger();
-  const int lane = threadIdx.x & 31;
-  const int64_t t = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5;
-  if (t < p.num_tokens) RouteWarp<kPer>(p, t, lane);  // whole warps together
-  if (p.ready == nullptr) return;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const uint32_t seq = *p.seq;
-    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p.ready), "r"(seq) : "memory");
   }
 }
 

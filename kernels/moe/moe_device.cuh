@@ -101,29 +101,12 @@ struct Fmt<WeightFormat::kBF16> {
 // local expert (read through L2: the routing kernel's output), and for gate/up row tile 0 the
 // pair's pos (the pair, or -1: another GPU's expert) for the combine. Returns the expert, or -1
 // when the block has nothing to do (it has waited, as pdl.cuh asks of an early return).
-//
-// gate/up with kLate (moe_direct.cu, MoeExpertParams::ids_ready): thread 0 polls the routing
-// kernel's ready flag until it holds the step's number (acquire), and the block reads its ids
-// after that — before the routing grid completes — then waits (PdlWait) once its first weights
-// are in flight. The routing kernel is already running (it let this grid start: PdlTrigger after
-// its wait), so the poll ends.
 template <bool kGateUp, bool kLate>
 __device__ __forceinline__ int DirectBlockStart(const MoeExpertParams& p, const MoeWork& w, int64_t R, int64_t& pair,
                                                 int64_t& rt) {
   if constexpr (!kLate) {
     PdlWait();
     PdlTrigger();
-  } else if constexpr (kGateUp) {
-    if (threadIdx.x == 0) {
-      const uint32_t want = __ldcg(p.seq);
-      uint32_t got;
-      while (true) {
-        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(got) : "l"(p.ids_ready) : "memory");
-        if (got == want) break;
-        __nanosleep(256);  // hundreds of pollers on one line slow the routing kernel's own stores
-      }
-    }
-    __syncthreads();
   }
   pair = blockIdx.x / R, rt = blockIdx.x % R;
   const int e = __ldcg(p.expert_ids + pair);

@@ -298,7 +298,7 @@ __device__ __forceinline__ void RunDirect(const MoeExpertParams& p, const MoeWor
   const int64_t i0 = rt * (kGateUp ? 16 : 32);
   const int nb = static_cast<int>((kGateUp ? p.width : p.inter) / 32);
   const int kb_begin = quarter * nb / 4, kb_end = (quarter + 1) * nb / 4;
-  const WeightRef v = slice == 0 ? m0 : m1;  // by value: no address taken (the views may be locals)
+  const WeightRef& v = slice == 0 ? m0 : m1;
   const int64_t row0 = kGateUp ? i0 : i0 + 16 * slice;
   const uint16_t* brow = kGateUp ? static_cast<const uint16_t*>(p.x) + pair / p.top_k * p.width
                                  : static_cast<const uint16_t*>(w.h) + pair * p.inter;
@@ -346,24 +346,18 @@ __device__ __forceinline__ void RunDirect(const MoeExpertParams& p, const MoeWor
   MOESHARD_PROBE_MARK(3);  // stored
 }
 
-// Block i: (pair i / R, row tile i % R), as GemvDirectKernel. kEarly: the first chunk of weights
-// is in flight before the wait — down: pdl.cuh's rule for memory written two launches back covers
-// expert_ids; gate/up: the routing kernel's ready flag (MoeExpertParams::ids_ready) does.
+// Block i: (pair i / R, row tile i % R), as GemvDirectKernel. kEarly (down only): the first
+// chunk of weights is in flight before the wait (pdl.cuh's rule for memory written two launches
+// back covers expert_ids).
 template <bool kGateUp, bool kEarly, bool kSubnormal>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) DirectKernel(MoeExpertParams p, MoeWork w) {
-  constexpr bool kLate = kEarly;
+  constexpr bool kLate = !kGateUp && kEarly;
   int64_t pair, rt;
   const int e = DirectBlockStart<kGateUp, kLate>(p, w, (kGateUp ? p.inter : p.width) / (kGateUp ? 16 : 32), pair, rt);
   if (e < 0) return;
-  // A uniform layout's views are formed here; else read (one round trip after the ids).
-  WeightRef m0, m1;
-  if (p.uniform.on) {
-    m0 = MoeViewAt(p.uniform, kGateUp ? 0 : 2, e);
-    m1 = kGateUp ? MoeViewAt(p.uniform, 1, e) : m0;
-  } else {
-    m0 = kGateUp ? p.experts[e].gate : p.experts[e].down;
-    m1 = kGateUp ? p.experts[e].up : m0;
-  }
+  const MoeExpertWeights& ew = p.experts[e];
+  const WeightRef& m0 = kGateUp ? ew.gate : ew.down;
+  const WeightRef& m1 = kGateUp ? ew.up : ew.down;
   switch (m0.format) {
     case WeightFormat::kQ8_0:
       return RunDirect<WeightFormat::kQ8_0, kGateUp, false, kLate>(p, w, m0, m1, rt, pair);
@@ -394,7 +388,6 @@ cudaError_t LaunchK(const MoeExpertParams& p, const MoeWork& w, cudaStream_t str
 template <bool kGateUp>
 cudaError_t Launch(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
   static const bool early = EnvOn("MOESHARD_MOE_DOWN_EARLY"), sub = EnvOn("MOESHARD_MOE_SUBNORMAL");
-  if (kGateUp && p.ids_ready) return sub ? LaunchK<true, true, true>(p, w, stream) : LaunchK<true, true, false>(p, w, stream);
   if (kGateUp) return sub ? LaunchK<true, false, true>(p, w, stream) : LaunchK<true, false, false>(p, w, stream);
   if (early) return sub ? LaunchK<false, true, true>(p, w, stream) : LaunchK<false, true, false>(p, w, stream);
   return sub ? LaunchK<false, false, true>(p, w, stream) : LaunchK<false, false, false>(p, w, stream);

@@ -137,34 +137,6 @@ uint32_t MoeExpertFormats(const MoeExpertWeights* experts, int num_local_experts
   return bits;
 }
 
-MoeUniformLayout MoeExpertUniform(const MoeExpertWeights* experts, int num_local_experts) {
-  MoeUniformLayout u;
-  if (num_local_experts < 1) return u;
-  u.first = experts[0];
-  const auto view = [](const MoeExpertWeights& w, int i) -> const WeightRef& {
-    return i == 0 ? w.gate : i == 1 ? w.up : w.down;
-  };
-  for (int i = 0; i < 3; ++i) {
-    const WeightRef& a = view(experts[0], i);
-    if (num_local_experts > 1) {
-      const WeightRef& b = view(experts[1], i);
-      u.data_stride[i] = b.data - a.data;
-      u.scale_stride[i] = a.scale && b.scale ? b.scale - a.scale : 0;
-    }
-    for (int e = 1; e < num_local_experts; ++e) {
-      const WeightRef& v = view(experts[e], i);
-      const bool same = v.format == a.format && v.rows == a.rows && v.cols == a.cols &&
-                        v.row_stride_bytes == a.row_stride_bytes && v.col_offset == a.col_offset &&
-                        v.scale_row_stride == a.scale_row_stride && v.scale2 == a.scale2 &&
-                        (v.scale == nullptr) == (a.scale == nullptr) && v.data == a.data + e * u.data_stride[i] &&
-                        (!v.scale || v.scale == a.scale + e * u.scale_stride[i]);
-      if (!same) return MoeUniformLayout{};
-    }
-  }
-  u.on = true;
-  return u;
-}
-
 size_t MoeExpertWorkspaceBytes(int num_local_experts, int64_t width, int64_t inter, int64_t num_tokens, int top_k) {
   return MakeLayout(num_local_experts, width, inter, num_tokens, top_k).end;
 }

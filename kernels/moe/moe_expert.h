@@ -47,11 +47,6 @@ size_t MoeExpertWorkspaceBytes(int num_local_experts, int64_t width, int64_t int
 // column offsets, strides and pointer values are read (for alignment), never the memory.
 uint32_t MoeExpertFormats(const MoeExpertWeights* experts, int num_local_experts, int64_t width, int64_t inter);
 
-// MoeExpertParams::uniform for these experts (a HOST array of the device views, as above):
-// `on` when every expert's views are expert 0's moved by fixed byte strides (MoeUniformLayout),
-// every other field equal. Read once at load.
-MoeUniformLayout MoeExpertUniform(const MoeExpertWeights* experts, int num_local_experts);
-
 // Load-time repack of one NVFP4 matrix for the streaming tensor-core kernels
 // (moe_nvfp4_stream.cu): reads `src` (device pointers; any row stride, col_offset % 16 == 0,
 // rows % 16 == 0, cols % 256 == 0) and writes dst_data (rows · cols / 2 bytes) and dst_scale

@@ -22,18 +22,6 @@ struct MoeExpertWeights {
   WeightRef down;      // [L, I]
 };
 
-// The usual layout of a layer's experts (one stacked tensor per projection, or one upload after
-// another): expert e's views are expert 0's with each data and scale pointer moved by e times a
-// fixed byte stride (MoeExpertUniform finds it at load). A kernel that has it forms an expert's
-// views in registers (MoeViewAt) instead of reading experts[e] — one dependent round trip less
-// between the expert ids and the weights' first bytes.
-struct MoeUniformLayout {
-  bool on = false;
-  MoeExpertWeights first;
-  int64_t data_stride[3] = {};   // gate, up, down
-  int64_t scale_stride[3] = {};  // NVFP4 block scales
-};
-
 // One GPU's share of an MoE layer: its local experts applied to all T tokens.
 //   out[t] = Σ_k weights[t,k] · norm?(down_e(silu(gate_e·x_t) ⊙ up_e·x_t)),  e = expert_ids[t,k]
 // summed over the slots k in order 0..top_k-1; rows with no local expert are zero.
@@ -61,24 +49,7 @@ struct MoeExpertParams {
   // launched as before. A wrong value (a format missing, or kMoeAllViewsFast set for an
   // ineligible expert) leaves that expert's rows uncomputed.
   uint32_t expert_formats = 0;
-  // Optional: the routing kernel launched just before publishes expert_ids by *ids_ready == *seq
-  // (RoutingParams::ready). The direct decode gate/up kernel (moe_direct.cu) then polls it instead
-  // of waiting for the routing grid to complete, and starts its weights' copies as soon as the ids
-  // are stored; it waits for the grid (PdlWait) before reading x. Other paths ignore it.
-  const uint32_t* ids_ready = nullptr;
-  const uint32_t* seq = nullptr;
-  // Optional: the experts' views as a uniform layout (MoeUniformLayout; `experts` must hold the
-  // same views). Read by the direct decode kernels (moe_direct.cu); the other paths read experts.
-  MoeUniformLayout uniform;
 };
-
-// View `which` (0 gate, 1 up, 2 down) of expert e from a uniform layout.
-MOESHARD_MOE_HD WeightRef MoeViewAt(const MoeUniformLayout& u, int which, int e) {
-  WeightRef v = which == 0 ? u.first.gate : which == 1 ? u.first.up : u.first.down;
-  v.data += e * u.data_stride[which];
-  if (v.scale) v.scale += e * u.scale_stride[which];
-  return v;
-}
 
 MOESHARD_MOE_HD constexpr uint32_t MoeFormatBit(WeightFormat f) { return 1u << static_cast<unsigned>(f); }
 constexpr uint32_t kMoeAllViewsFast = 1u << 31;

@@ -276,40 +276,6 @@ TEST_P(ModelOpsTest, RoutingBothSoftmaxModes) {
   EXPECT_FALSE(gpu::Routing(bad, nullptr).ok());
 }
 
-// The ready flag (RoutingParams::ready): after the launch it holds the step's number, and the
-// picks and weights are those of the launch without it, bit for bit; more tokens than one block
-// routes, or no seq, is refused.
-TEST_P(ModelOpsTest, RoutingPublishesReadyFlag) {
-  const int64_t E = 128, k = 8;
-  for (int64_t T : {int64_t{1}, int64_t{3}, int64_t{4}}) {
-    SCOPED_TRACE(testing::Message() << "T " << T);
-    Dev<float> dl(Randn(T * E, rng_, 2.f));
-    Dev<int32_t> ia(T * k), ib(T * k);
-    Dev<float> wa(T * k), wb(T * k);
-    Dev<uint32_t> ready(std::vector<uint32_t>{0}), seq(std::vector<uint32_t>{41u + static_cast<uint32_t>(T)});
-    // All experts local, softmax over all renormalized (Qwen3's routing).
-    const gpu::RoutingParams p{dl.get(), T, E, k, false, true, 0, E, ia.get(), wa.get(), nullptr};
-    STATUS_OK(gpu::Routing(p, nullptr));
-    gpu::RoutingParams q = p;
-    q.local_ids = ib.get();
-    q.weights = wb.get();
-    q.ready = ready.get();
-    q.seq = seq.get();
-    STATUS_OK(gpu::Routing(q, nullptr));
-    EXPECT_EQ(ready.Host(), seq.Host());
-    EXPECT_EQ(ia.Host(), ib.Host());
-    const auto a = wa.Host(), b = wb.Host();
-    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0);
-    if (T == 4) {
-      q.num_tokens = 5;
-      EXPECT_EQ(gpu::Routing(q, nullptr).code(), absl::StatusCode::kInvalidArgument);
-      q.num_tokens = 4;
-      q.seq = nullptr;
-      EXPECT_EQ(gpu::Routing(q, nullptr).code(), absl::StatusCode::kInvalidArgument);
-    }
-  }
-}
-
 TEST_P(ModelOpsTest, EmbedDecodesStoredRows) {
   const int64_t V = 50, H = 64;
   auto table = Randn(V * H, rng_);

@@ -18,14 +18,12 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <memory>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "common/dtype.h"
@@ -237,71 +235,6 @@ void RunCase(const Shape& s, WeightFormat f, ActDType act, bool norm, std::mt199
     CUDA_OK(cudaDeviceSynchronize());
     CUDA_OK(cudaMemcpy(again.data(), d_out.ptr, T * L * 4, cudaMemcpyDeviceToHost));
     EXPECT_EQ(std::memcmp(got.data(), again.data(), T * L * 4), 0) << "the format hint changed the result";
-  }
-  // The routing kernel's ready flag (MoeExpertParams::ids_ready; the direct gate/up kernel polls
-  // it before reading the ids): set before the launch, and set only later from another stream
-  // while the step's kernels wait on it. Both must give the same result bit for bit.
-  if (T <= gpu::kRoutingReadyMaxTokens) {
-    const uint32_t seq = 7, zero = 0;
-    DeviceMem d_ready(4), d_seq(4);
-    CUDA_OK(cudaMemcpy(d_seq.ptr, &seq, 4, cudaMemcpyHostToDevice));
-    gpu::MoeExpertParams pf = p;
-    pf.expert_formats = hint;
-    pf.ids_ready = static_cast<const uint32_t*>(d_ready.ptr);
-    pf.seq = static_cast<const uint32_t*>(d_seq.ptr);
-    cudaStream_t run, late;
-    CUDA_OK(cudaStreamCreateWithFlags(&run, cudaStreamNonBlocking));
-    CUDA_OK(cudaStreamCreateWithFlags(&late, cudaStreamNonBlocking));
-    for (bool set_late : {false, true}) {
-      CUDA_OK(cudaMemcpy(d_ready.ptr, set_late ? &zero : &seq, 4, cudaMemcpyHostToDevice));
-      CUDA_OK(cudaMemset(d_out.ptr, 0xff, T * L * 4));
-      CUDA_OK(cudaDeviceSynchronize());
-      absl::Status st = gpu::MoeExpertStep(pf, run);
-      ASSERT_TRUE(st.ok()) << st;
-      if (set_late) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(2));
-        CUDA_OK(cudaMemcpyAsync(d_ready.ptr, &seq, 4, cudaMemcpyHostToDevice, late));
-      }
-      CUDA_OK(cudaDeviceSynchronize());
-      CUDA_OK(cudaMemcpy(again.data(), d_out.ptr, T * L * 4, cudaMemcpyDeviceToHost));
-      EXPECT_EQ(std::memcmp(got.data(), again.data(), T * L * 4), 0)
-          << "the ready flag (" << (set_late ? "set late" : "set before") << ") changed the result";
-    }
-    CUDA_OK(cudaStreamDestroy(run));
-    CUDA_OK(cudaStreamDestroy(late));
-  }
-  // A uniform layout (MoeExpertParams::uniform): each projection's matrices copied into one
-  // buffer at a fixed stride, so that the direct kernels form every expert's views themselves;
-  // MoeExpertUniform must find it, and the result must be the one read through the views, bit
-  // for bit. (Separate allocations, as above, are not uniform.)
-  EXPECT_FALSE(s.E > 2 && gpu::MoeExpertUniform(dev.data(), s.E).on) << "separate allocations found uniform";
-  if (dev[0].gate.scale == nullptr) {
-    std::vector<gpu::MoeExpertWeights> udev = dev;
-    std::vector<std::unique_ptr<DeviceMem>> bufs;
-    for (int i = 0; i < 3; ++i) {
-      auto view = [i](gpu::MoeExpertWeights& w) -> WeightRef& { return i == 0 ? w.gate : i == 1 ? w.up : w.down; };
-      const int64_t bytes = view(dev[0]).rows * view(dev[0]).row_stride_bytes;
-      const int64_t stride = (bytes + 255) / 256 * 256 + 64 * (i + 1);  // not a multiple of 256
-      bufs.push_back(std::make_unique<DeviceMem>(stride * s.E));
-      for (int e = 0; e < s.E; ++e) {
-        uint8_t* at = static_cast<uint8_t*>(bufs.back()->ptr) + e * stride;
-        CUDA_OK(cudaMemcpy(at, view(dev[e]).data, bytes, cudaMemcpyDeviceToDevice));
-        view(udev[e]).data = at;
-      }
-    }
-    DeviceMem d_uexperts(sizeof(gpu::MoeExpertWeights) * s.E);
-    CUDA_OK(cudaMemcpy(d_uexperts.ptr, udev.data(), sizeof(gpu::MoeExpertWeights) * s.E, cudaMemcpyHostToDevice));
-    gpu::MoeExpertParams pu = p;
-    pu.experts = static_cast<const gpu::MoeExpertWeights*>(d_uexperts.ptr);
-    pu.expert_formats = hint;
-    pu.uniform = gpu::MoeExpertUniform(udev.data(), s.E);
-    EXPECT_TRUE(pu.uniform.on);
-    CUDA_OK(cudaMemset(d_out.ptr, 0xff, T * L * 4));
-    absl::Status st = gpu::MoeExpertStep(pu, nullptr);
-    ASSERT_TRUE(st.ok()) << st;
-    CUDA_OK(cudaDeviceSynchronize());
-    CUDA_OK(cudaMemcpy(again.data(), d_out.ptr, T * L * 4, cudaMemcpyDeviceToHost));
-    EXPECT_EQ(std::memcmp(got.data(), again.data(), T * L * 4), 0) << "the uniform layout changed the result";
   }
 
   // NVFP4 with bf16 activations on the tensor-core path: the same step on weights repacked

@@ -378,12 +378,6 @@ absl::Status GpuModelRunner::Route(int64_t li, const RouteOpts& opts) {
   rp.local_ids = expert_ids_;
   rp.weights = wts_;
   for (int rep = 1; rep < Reps(kRepeatRouting); ++rep) RETURN_IF_ERROR(gpu::Routing(rp, stream_));
-  ids_ready_ = nullptr;
-  if (ids_flag_ && ready_.get() && seq_ && T <= kRoutingReadyMaxTokens && E <= 512 && K <= 32) {
-    ids_ready_ = static_cast<uint32_t*>(ready_.get()) + li;  // li: the shard's own layer index
-    rp.ready = ids_ready_;
-    rp.seq = seq_;
-  }
   return gpu::Routing(rp, stream_);
 }
 
@@ -412,10 +406,6 @@ absl::Status GpuModelRunner::Experts(int64_t li, const ExpertsOpts& opts) {
   mp.workspace = moe_ws_;
   mp.workspace_bytes = moe_ws_bytes_;
   mp.expert_formats = lw.expert_formats;
-  if (uniform_experts_) mp.uniform = lw.expert_uniform;
-  mp.ids_ready = ids_ready_;  // Route's flag for this layer's ids, when it set one
-  mp.seq = seq_;
-  ids_ready_ = nullptr;
   // On one GPU the MLP block's residual update mixes the experts' rows itself (one kernel less).
   if (fuse_moe_residual_ && shard_.tp_size <= 1 && !opts.output_norm && mix_ == f_ && K <= 64) {
     auto region = prof_.Region("expert step", stream_);

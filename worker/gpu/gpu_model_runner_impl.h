@@ -207,18 +207,6 @@ class GpuModelRunner : public ModelRunner, private LayerOps {
   // first (ResidualParams::pre_add) — one kernel less a layer.
   bool fold_residual_ = true;
   gpu::GemvResidualIn router_res_;  // set by Residual, taken by Route's router projection
-  // MOESHARD_MOE_IDS_FLAG=0: off. Else a decode step of at most kRoutingReadyMaxTokens tokens has
-  // its routing kernel publish the expert ids on a per-layer flag (RoutingParams::ready) that the
-  // direct MoE gate/up kernel polls (MoeExpertParams::ids_ready): its weights start streaming
-  // without waiting for the routing grid to complete. ready_ holds one flag a layer (zero at
-  // first); seq_ points at the step's number in its index upload; step_seq_ counts steps.
-  bool ids_flag_ = true;
-  // MOESHARD_MOE_UNIFORM=0: the MoE kernels read each expert's views (no MoeUniformLayout).
-  bool uniform_experts_ = true;
-  DeviceBuffer ready_;
-  const uint32_t* seq_ = nullptr;
-  uint32_t step_seq_ = 0;
-  uint32_t* ids_ready_ = nullptr;  // set by Route for the layer's Experts, else null
   const float* pre_add_ = nullptr;  // set by Residual, taken by the MLP block's residual update
   int Reps(uint32_t op) const { return (repeat_ops_ & op) ? 2 : 1; }
   MoeExpertRows moe_rows_;

@@ -30,10 +30,6 @@ absl::Status GpuModelRunner::StartDevice() {
   fuse_moe_residual_ = !(moe_res && std::string(moe_res) == "0");
   const char* fold = std::getenv("MOESHARD_FOLD_RESIDUAL");
   fold_residual_ = !(fold && std::string(fold) == "0");
-  const char* ids_flag = std::getenv("MOESHARD_MOE_IDS_FLAG");
-  ids_flag_ = !(ids_flag && std::string(ids_flag) == "0");
-  const char* uniform = std::getenv("MOESHARD_MOE_UNIFORM");
-  uniform_experts_ = !(uniform && std::string(uniform) == "0");
   if (const char* rep = std::getenv("MOESHARD_REPEAT_OPS")) {
     ASSIGN_OR_RETURN(repeat_ops_, ParseRepeatOps(rep));
   }
@@ -101,7 +97,7 @@ absl::Status GpuModelRunner::InitBuffers() {
   // its [slots, table offsets] too, rows, block tables of up to 8 × the pools) and residual
   // stream; then the largest of one attention block, one MLP block (with the expert step's
   // workspace) and one chunk of the LM head.
-  index_capacity_ = (sliding_pool() ? 7 : 5) * T + (sliding_pool() ? 16 : 8) * options_.num_kv_blocks + 1;  // + seq
+  index_capacity_ = (sliding_pool() ? 7 : 5) * T + (sliding_pool() ? 16 : 8) * options_.num_kv_blocks;
   const int64_t fixed = 4 * index_capacity_ + 4 * H * T + (act_bytes_ + 4) * H * T + 4 * H * T;  // + xn_, xn32_, a_
   const int64_t attn = T * act_bytes_ * (H + 2 * nq_ * hd + 2 * nkv_ * hd + nq_) + kAttentionWorkspaceBytes;
   int64_t mlp = T * (act_bytes_ * H + 8 * H);
@@ -117,9 +113,6 @@ absl::Status GpuModelRunner::InitBuffers() {
   RETURN_IF_ERROR(arena_.Reserve(bytes));
   stage_floats_ = T * std::max(H, Lw);
   MOESHARD_CUDA_RETURN_IF_ERROR(cudaMallocHost(&stage_, static_cast<size_t>(stage_floats_) * 4));
-  const size_t flags = static_cast<size_t>(std::max<int64_t>(1, shard_.layer_end - shard_.layer_begin)) * 4;
-  ASSIGN_OR_RETURN(ready_, DeviceBuffer::Allocate(flags));
-  MOESHARD_CUDA_RETURN_IF_ERROR(cudaMemset(ready_.get(), 0, flags));
   return absl::OkStatus();
 }
 
@@ -154,17 +147,14 @@ absl::Status GpuModelRunner::Prepare(const std::vector<SeqChunk>& batch) {
     return absl::InvalidArgumentError(absl::StrCat("batch of ", T_, " tokens exceeds ", options_.max_batch_tokens));
   }
   // [ids T][pos T][slots T][table offsets T]([sliding slots T][sliding table offsets T])[rows R]
-  // [seq][tables][sliding tables]: every address but the tables' depends on T only (decode
-  // graphs). seq: the step's number (never 0), for the routing kernel's ready flags.
-  if (per_token * T_ + R_ + 1 + table_total > index_capacity_) {
+  // [tables][sliding tables]: every address but the tables' depends on T only (decode graphs).
+  if (per_token * T_ + R_ + table_total > index_capacity_) {
     return absl::InvalidArgumentError(absl::StrCat("the batch's block tables (", table_total,
                                                    " entries) exceed this runner's index space"));
   }
-  host_idx_.assign(per_token * T_ + R_ + 1 + table_total, 0);
+  host_idx_.assign(per_token * T_ + R_ + table_total, 0);
   int32_t *ids = host_idx_.data(), *pos = ids + T_, *slots = pos + T_, *toff = slots + T_,
-          *sslots = toff + T_, *stoff = sslots + T_, *rows = ids + per_token * T_, *tables = rows + R_ + 1;
-  if (++step_seq_ == 0) step_seq_ = 1;
-  rows[R_] = static_cast<int32_t>(step_seq_);
+          *sslots = toff + T_, *stoff = sslots + T_, *rows = ids + per_token * T_, *tables = rows + R_;
   int64_t t = 0, r = 0, toffset = 0, stoffset = full_total;
   const int64_t bs = options_.block_size;
   for (auto& ch : batch) {
@@ -203,8 +193,7 @@ absl::Status GpuModelRunner::Prepare(const std::vector<SeqChunk>& batch) {
   sliding_slots_ = sliding ? dev + 4 * T_ : slots_;
   sliding_toff_ = sliding ? dev + 5 * T_ : toff_;
   rows_ = dev + per_token * T_;
-  seq_ = reinterpret_cast<const uint32_t*>(rows_ + R_);
-  tables_ = rows_ + R_ + 1;
+  tables_ = rows_ + R_;
   return PrepareKvCopy(batch);
 }
 

@@ -173,7 +173,6 @@ absl::StatusOr<std::unique_ptr<GpuModelWeights>> UploadModelWeights(const ModelW
       ASSIGN_OR_RETURN(void* arr, g->pool.Upload(ex.data(), ex.size() * sizeof(MoeExpertWeights), stream));
       l.experts = static_cast<const MoeExpertWeights*>(arr);
       l.expert_formats = MoeExpertFormats(ex.data(), static_cast<int>(ex.size()), width, inter);
-      l.expert_uniform = MoeExpertUniform(ex.data(), static_cast<int>(ex.size()));
       if (repacked) l.expert_formats |= kMoeNvfp4Repacked;
     }
     g->layers.push_back(l);

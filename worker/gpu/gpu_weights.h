@@ -31,7 +31,6 @@ struct GpuLayerWeights {
   DenseWeight router, latent_in, latent_out;  // router always fp32
   const MoeExpertWeights* experts = nullptr;  // device array [num_local_experts]
   uint32_t expert_formats = 0;                 // MoeExpertFormats of `experts` (which kernels apply)
-  MoeUniformLayout expert_uniform;             // MoeExpertUniform of `experts`
   GpuExpertWeights dense;
 };
 
