@@ -61,7 +61,8 @@ __device__ __forceinline__ void ProbeRecordWait(const ProbeSlot& s) {
   *s.record = r;
 }
 
-// Thread 0 of a block that has passed PdlWait: the time of point k of its kernel.
+// Thread 0 of a block that has passed PdlWait (before it the block's record is not set): the time
+// of point k of its kernel.
 __device__ __forceinline__ void ProbeMarkAt(int k) {
   if (threadIdx.x | threadIdx.y | threadIdx.z) return;
   ProbeRecord* r = ProbeBlockRecord();

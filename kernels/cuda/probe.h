@@ -6,7 +6,8 @@
 // and what PDL's overlap hides from a repeated-op measurement. `moeshard bench-model` prints the
 // table (ProbeTimeline) after each stream count's decode when the build has the probe.
 //
-// Kernels may also mark points of their own (ProbeMark(k), thread 0 of a block, k < kProbeMarks:
+// Kernels may also mark points of their own (MOESHARD_PROBE_MARK(k), k < kProbeMarks, only after
+// the block's PdlWait:
 // e.g. the first weights arrived); the table adds each mark's mean time after the release.
 //
 // Each probed translation unit (every .cu that includes pdl.cuh) registers a setter for its own
@@ -25,7 +26,7 @@
 
 namespace moeshard::gpu {
 
-inline constexpr int kProbeMarks = 4;
+inline constexpr int kProbeMarks = 6;
 
 struct ProbeRecord {
   uint64_t grid;     // %gridid: the launch's number

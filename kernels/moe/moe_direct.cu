@@ -235,6 +235,7 @@ __device__ __forceinline__ void WarpGemv(const WeightRef& v, int64_t row0, const
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncwarp();
+  if constexpr (!kLateWait) MOESHARD_PROBE_MARK(5);  // the barriers ready (marks only after the wait)
   // One copy a row: its chunk's bytes, widened to 16-byte bounds.
   auto stage = [&](int buf, int kb0) {
     const uint8_t* src = rowsrc + kb0 * BB;
@@ -354,6 +355,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) DirectKernel(MoeExpertPa
   constexpr bool kLate = !kGateUp && kEarly;
   int64_t pair, rt;
   const int e = DirectBlockStart<kGateUp, kLate>(p, w, (kGateUp ? p.inter : p.width) / (kGateUp ? 16 : 32), pair, rt);
+  if constexpr (!kLate) MOESHARD_PROBE_MARK(4);  // the pair's expert id read
   if (e < 0) return;
   const MoeExpertWeights& ew = p.experts[e];
   const WeightRef& m0 = kGateUp ? ew.gate : ew.down;
