@@ -108,7 +108,9 @@ struct ResidualParams {
   float* next_out_f32 = nullptr;
   // Optional, instead of `out` (the MoE combine fused in): row t's output is
   // sum_j mix_weights[t * mix_k + j] * mix_rows[mix_pos[t * mix_k + j] * dim ...], in slot order,
-  // a slot with mix_pos < 0 skipped (moe_expert.h MoeExpertStepRows). mix_k <= 64.
+  // a slot with mix_pos < 0 skipped (moe_expert.h MoeExpertStepRows). mix_k <= 64. mix_rows holds
+  // at least rows * mix_k rows: the update may read slot t * mix_k + j's row at that index before
+  // it knows the slot's position (norm_rope.cu MixAllSlots; MoeExpertRows' buffer has T * k).
   const float* mix_rows = nullptr;
   const int32_t* mix_pos = nullptr;
   const float* mix_weights = nullptr;
