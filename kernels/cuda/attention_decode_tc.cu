@@ -249,6 +249,8 @@ __device__ __forceinline__ void DecodeTc(const AttentionParams& p, int group, in
   }
   PdlWait();
   PdlTrigger();
+  // Fused: every split of the cluster takes part in the merge, an empty one with nothing (its
+  // prologue only commits empty groups).
   if constexpr (!kFused) {
     if (kb >= ke) return MarkEmptySplit(p, split, t, g, group, sp, splits, tid);
     prologue();
