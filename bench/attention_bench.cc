@@ -190,7 +190,7 @@ int Main(int argc, char** argv) {
       for (auto& x : q) x = F32ToBf16(nd(rng));
       void *dq = nullptr, *dout = nullptr, *dws = nullptr;
       int32_t *dpos = nullptr, *doff = nullptr, *dtab = nullptr;
-      const int64_t ws_bytes = gpu::AttentionWorkspaceBytes(c.seqs, nq, hd, 64);
+      const int64_t ws_bytes = gpu::AttentionWorkspaceBytes(c.seqs, nq, hd, gpu::kAttentionMaxSplits);  // as the runners
       CK(cudaMalloc(&dq, q.size() * 2));
       CK(cudaMalloc(&dout, q.size() * 2));
       CK(cudaMalloc(&dws, ws_bytes));
@@ -211,7 +211,7 @@ int Main(int argc, char** argv) {
       ap.table_offset = doff;
       ap.block_tables = dtab;
       ap.scale = 1.f / std::sqrt(static_cast<float>(hd));
-      ap.cache = gpu::KvCacheView{k, v, ks, vs, fp8 ? gpu::KvElem::kFp8E4M3 : gpu::KvElem::kBF16, bs, nkv, hd};
+      ap.cache = gpu::KvCacheView{k, v, ks, vs, fp8 ? gpu::KvElem::kFp8E4M3 : gpu::KvElem::kBF16, bs, nkv, hd, blocks};
       ap.algo = gpu::AttentionAlgo::kSplitDecode;
       ap.max_tokens_per_seq = 1;
       ap.workspace = dws;

@@ -2,7 +2,7 @@
 # The GPU lane: every GPU check in one run with one summary. Two steps.
 #
 #   scripts/gpu_lane.sh bundle BUILD_DIR       (here, on a CUDA build: -DMOESHARD_CUDA=ON)
-#       packs .device/bundle (../shared/tools/device-bundle.sh: moeshard, its services,
+#       rebuilds and packs .device/bundle (../shared/tools/device-bundle.sh: moeshard, its services,
 #       testdata_gguf and every test binary ctest labels gpu) and .device/gpu_tests.txt (those
 #       tests' names, from `ctest -L gpu -N`).
 #   scripts/gpu_lane.sh run [BIN_DIR]           (on the GPU machine, from the repository root)
@@ -48,9 +48,13 @@ bundle() {
   done
   mkdir -p "$DEVICE"
   : >"$DEVICE/gpu_tests.txt.tmp"
+  local targets=(moeshard moeshard-router moeshard-coordinator moeshard-worker testdata_gguf moeshard-itest)
   for t in $tests; do
-    [[ -x $build/tests/$t ]] && { progs+=("$build/tests/$t"); echo "$t" >>"$DEVICE/gpu_tests.txt.tmp"; }
+    [[ -x $build/tests/$t ]] && { progs+=("$build/tests/$t"); targets+=("$t"); echo "$t" >>"$DEVICE/gpu_tests.txt.tmp"; }
   done
+  # Every binary packed is rebuilt from this tree first: a test binary left from another
+  # checkout (a branch) would otherwise travel and fail, or pass, for code that is not here.
+  cmake --build "$build" --target "${targets[@]}" >/dev/null || { echo "gpu lane: the build of ${targets[*]} failed" >&2; return 1; }
   mv "$DEVICE/gpu_tests.txt.tmp" "$DEVICE/gpu_tests.txt"
   # The commit the bundle was built from (the GPU machine's copy of the tree may carry other git
   # metadata): the lane's summary names it.

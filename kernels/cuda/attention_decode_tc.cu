@@ -37,6 +37,7 @@
 #include <cstdlib>
 
 #include "kernels/cuda/attention_common.cuh"
+#include "kernels/cuda/attention_decode_tc.cuh"
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/qk_prep.cuh"
@@ -44,7 +45,7 @@
 namespace moeshard::gpu {
 namespace {
 
-constexpr int kThreads = 128, kChunk = 64, kStages = 3, kRows = 16;
+constexpr int kThreads = 128, kChunk = 64, kStages = 3, kRows = kTcRows;
 
 template <int HD, KvElem E>
 struct TcGeo {
@@ -62,61 +63,6 @@ struct TcGeo {
   static constexpr size_t kFusedSmem = kPartial + kRows * HD * 4 + 2 * kRows * 4;
 };
 constexpr int kFusedSplits = 8;  // a portable cluster
-
-__device__ __forceinline__ void PrefetchL1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
-
-__device__ __forceinline__ void LdMatrixX4(const uint16_t* p, uint32_t (&r)[4]) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-}
-__device__ __forceinline__ void LdMatrixX4T(const uint16_t* p, uint32_t (&r)[4]) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-}
-// c += a b on bf16 operands, or fp16 (F16).
-template <bool F16>
-__device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (F16) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-template <bool F16>
-__device__ __forceinline__ uint32_t Pack(float lo, float hi) {
-  if constexpr (F16) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  } else {
-    return static_cast<uint32_t>(DevF32ToBf16(lo)) | (static_cast<uint32_t>(DevF32ToBf16(hi)) << 16);
-  }
-}
-__device__ __forceinline__ float QuadMax(float v) {
-  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-__device__ __forceinline__ float QuadSum(float v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 1);
-  return v + __shfl_xor_sync(0xffffffffu, v, 2);
-}
-
-// Two e4m3 bytes as two fp16 in one word (exact).
-__device__ __forceinline__ uint32_t E4m3x2ToF16x2(uint32_t v) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xffffu), __NV_E4M3);
-  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
-}
 
 // FP8: a warp's 16 keys (rows kw..kw+15 of a stage's K or V bytes) to fp16 in the same rows of
 // `work`, exact for e4m3. __syncwarp first: every lane's ldmatrix of the rows' last contents is done.
@@ -363,18 +309,8 @@ __device__ __forceinline__ void DecodeTc(const AttentionParams& p, int group, in
       Mma<F16>(s[1], qa[k], b[2], b[3]);
     }
     const int64_t key0 = kb + c * kChunk + kw + 2 * (lane % 4);
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int n = 0; n < 2; ++n) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const bool ok = key0 + n * 8 + (j % 2) < ke;
-        float sc = p.scale;
-        if constexpr (F16) sc *= kscale[kw + n * 8 + 2 * (lane % 4) + (j % 2)];
-        s[n][j] = ok ? s[n][j] * sc : -INFINITY;
-        mx[j / 2] = fmaxf(mx[j / 2], s[n][j]);
-      }
-    }
+    float mx[2];
+    ScaleMaskScores<F16>(s, key0, kb, ke, p.scale, kscale == nullptr ? nullptr : kscale + kw, lane, mx);
     float corr[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -384,106 +320,24 @@ __device__ __forceinline__ void DecodeTc(const AttentionParams& p, int group, in
       m[r] = m_new;
       mx[r] = m_use;
     }
-    float sum[2] = {0.f, 0.f};
-#pragma unroll
-    for (int n = 0; n < 2; ++n) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        s[n][j] = expf(s[n][j] - mx[j / 2]);
-        sum[j / 2] += s[n][j];
-      }
-    }
+    float sum[2];
+    uint32_t pa[4];
+    ScoresToP<F16>(s, mx, vscale == nullptr ? nullptr : vscale + kw, lane, sum, pa);  // F16: V's scale in P only
     l[0] = l[0] * corr[0] + sum[0];
     l[1] = l[1] * corr[1] + sum[1];
-    if constexpr (F16) {  // V's scale per key, in P only
-#pragma unroll
-      for (int n = 0; n < 2; ++n) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) s[n][j] *= vscale[kw + n * 8 + 2 * (lane % 4) + (j % 2)];
-      }
-    }
-    const uint32_t pa[4] = {Pack<F16>(s[0][0], s[0][1]), Pack<F16>(s[0][2], s[0][3]), Pack<F16>(s[1][0], s[1][1]),
-                            Pack<F16>(s[1][2], s[1][3])};
     if constexpr (E != KvElem::kBF16) {
       Fp8RowsToF16<HD, LD>(st + kChunk * HD, kw, lane, work);
       vs = work;
     }
-#pragma unroll
-    for (int i = 0; i < HD / 8; ++i) {
-      o[i][0] *= corr[0];
-      o[i][1] *= corr[0];
-      o[i][2] *= corr[1];
-      o[i][3] *= corr[1];
-    }
-#pragma unroll
-    for (int d = 0; d < HD / 16; ++d) {
-      uint32_t b[4];
-      LdMatrixX4T(vs + (kw + lane % 8 + ((lane / 8) % 2) * 8) * LD + d * 16 + (lane / 16) * 8, b);
-      Mma<F16>(o[2 * d], pa, b[0], b[1]);
-      Mma<F16>(o[2 * d + 1], pa, b[2], b[3]);
-    }
+    RescaleO<HD>(o, corr);
+    PvMma<HD, F16>(o, pa, vs + kw * LD, LD, lane);
   }
   CpWait<0>();
   __syncthreads();  // the ring is reused for the merge
   MOESHARD_PROBE_MARK(2);  // every chunk's scores and values done
 
-  // Merge the four warps' partials of each row, then store like StoreDecodeHead.
-  float* Ow = reinterpret_cast<float*>(smem);  // [warp][row][HD]
-  float* Mw = Ow + 4 * kRows * HD;             // [warp][row]
-  float* Lw = Mw + 4 * kRows;
-  const int ra = lane / 4, rb = ra + 8;
-#pragma unroll
-  for (int i = 0; i < HD / 8; ++i) {
-    const int d = i * 8 + 2 * (lane % 4);
-    *reinterpret_cast<float2*>(Ow + (warp * kRows + ra) * HD + d) = make_float2(o[i][0], o[i][1]);
-    *reinterpret_cast<float2*>(Ow + (warp * kRows + rb) * HD + d) = make_float2(o[i][2], o[i][3]);
-  }
-  const float la = QuadSum(l[0]), lb = QuadSum(l[1]);
-  if (lane % 4 == 0) {
-    Mw[warp * kRows + ra] = m[0];
-    Mw[warp * kRows + rb] = m[1];
-    Lw[warp * kRows + ra] = la;
-    Lw[warp * kRows + rb] = lb;
-  }
-  __syncthreads();
   float* Po = reinterpret_cast<float*>(smem + G::kPartial);  // fused: [row][HD], then m, l per row
-  float* Pm = Po + kRows * HD;
-  float* Pl = Pm + kRows;
-  for (int i = tid; i < group * HD; i += kThreads) {
-    const int r = i / HD, d = i % HD;
-    if (d >= hd) continue;
-    float M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < 4; ++w) M = fmaxf(M, Lw[w * kRows + r] > 0.f ? Mw[w * kRows + r] : -INFINITY);
-    float acc = 0.f, L = 0.f;
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      const float lw = Lw[w * kRows + r];
-      if (lw > 0.f) {
-        const float f = expf(Mw[w * kRows + r] - M);
-        acc = fmaf(Ow[(w * kRows + r) * HD + d], f, acc);
-        L = fmaf(lw, f, L);
-      }
-    }
-    const int64_t h = g * group + r;
-    if constexpr (kFused) {
-      Po[r * HD + d] = acc;
-      if (d == 0) {
-        Pm[r] = M;
-        Pl[r] = L;
-      }
-    } else if (splits == 1) {
-      uint16_t* out = static_cast<uint16_t*>(p.out) + t * (p.out_stride ? p.out_stride : H * hd) + h * hd;
-      StoreF(out + d, L > 0.f ? acc / L : 0.f);
-    } else {
-      const int64_t w = (t * H + h) * splits + sp;
-      split.acc[w * hd + d] = acc;
-      if (d == 0) {
-        split.m[w] = M;
-        split.l[w] = L;
-      }
-    }
-  }
+  MergeTcWarps<HD, kFused>(p, split, t, g, group, sp, splits, smem, Po, o, m, l);
   if constexpr (kFused) {
     // The cluster's splits merge: split `sp` finishes outputs sp * kThreads + tid, ... reading
     // every split's partial from its shared memory (as CombineKernel merges the workspace's).
@@ -609,26 +463,16 @@ bool DecodeTcSupports(const AttentionParams& p) {
 }
 
 int DecodeTcCtasPerSm(const AttentionParams& p) {
-  const bool fp8 = p.cache.elem == KvElem::kFp8E4M3, hd64 = p.cache.head_dim <= 64;
-  static std::atomic<int> cached[4];  // [hd64][fp8]; 0 until read (the device's SMs are alike)
-  std::atomic<int>& slot = cached[(hd64 ? 2 : 0) + (fp8 ? 1 : 0)];
-  if (const int n = slot.load(std::memory_order_relaxed); n > 0) return n;
-  int n = 0;
-  cudaError_t e;
-  if (hd64) {
-    e = fp8 ? TcOccupancy<64, KvElem::kFp8E4M3>(&n) : TcOccupancy<64, KvElem::kBF16>(&n);
-  } else {
-    e = fp8 ? TcOccupancy<128, KvElem::kFp8E4M3>(&n) : TcOccupancy<128, KvElem::kBF16>(&n);
-  }
-  if (e != cudaSuccess || n <= 0) {
-    cudaGetLastError();
-    return 2;  // a conservative guess; not cached, so the next call asks again
-  }
-  slot.store(n, std::memory_order_relaxed);
-  return n;
+  if (DecodeSplitSupports(p)) return DecodeSplitCtasPerSm(p);  // the kernel LaunchAttentionDecodeTc takes
+  static std::atomic<int> cached[4];
+  return CachedCtasPerSm(cached, p.cache.head_dim <= 64, p.cache.elem == KvElem::kFp8E4M3, [](bool hd64, bool fp8, int* n) {
+    if (hd64) return fp8 ? TcOccupancy<64, KvElem::kFp8E4M3>(n) : TcOccupancy<64, KvElem::kBF16>(n);
+    return fp8 ? TcOccupancy<128, KvElem::kFp8E4M3>(n) : TcOccupancy<128, KvElem::kBF16>(n);
+  });
 }
 
 cudaError_t LaunchAttentionDecodeTc(const AttentionParams& p, int64_t splits, cudaStream_t st) {
+  if (DecodeSplitSupports(p)) return LaunchAttentionDecodeSplit(p, splits, st);  // attention_decode_split.cu
   const int s = static_cast<int>(splits);
   const bool fp8 = p.cache.elem == KvElem::kFp8E4M3;
   if (p.cache.head_dim <= 64) return fp8 ? LaunchTcHd<64, KvElem::kFp8E4M3>(p, s, st) : LaunchTcHd<64, KvElem::kBF16>(p, s, st);

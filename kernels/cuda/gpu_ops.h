@@ -33,6 +33,10 @@ absl::Status QkPrep(const QkPrepParams& p, GpuStream stream);
 bool AttentionDecodeFusedSupports(const AttentionParams& p, const QkPrepParams& prep);
 absl::Status AttentionDecodeFused(const AttentionParams& p, const QkPrepParams& prep, GpuStream stream);
 absl::Status Attention(const AttentionParams& p, GpuStream stream);
+// Which kernel the tensor-core split decode takes for head_dim 64 and 128 on sm_90: 1 the
+// long-context one (attention_decode_split.cu), 0 attention_decode_tc.cu's, -1 (the start) as
+// MOESHARD_ATTN_DECODE_SPLIT says (unset: 1) — so that one process can test both.
+void SetAttentionDecodeSplitKernel(int mode);
 // Bytes of AttentionParams::workspace that let the split-decode kernel cut each of
 // num_tokens tokens' keys into up to max_splits ranges (capped at kAttentionMaxSplits, gpu_params.h). A
 // smaller workspace is fine: the kernel then uses fewer splits (one without any workspace).

@@ -54,6 +54,9 @@ struct KvCacheView {
   float* v_scale = nullptr;
   KvElem elem = KvElem::kF32;
   int64_t block_size = 0, num_kv_heads = 0, head_dim = 0;
+  // Blocks k and v hold (0: not said; the long-context decode kernel, which reads the cache
+  // through tensor maps that need its extent, then leaves the call to another kernel).
+  int64_t num_blocks = 0;
 };
 
 // An FP8 cache's blocks src_blocks[i] (i < num_blocks) dequantized to bf16 block i of k_out /

@@ -49,6 +49,13 @@ cudaError_t LaunchAttentionDecodeAsync(const AttentionParams& p, int64_t splits,
 bool DecodeTcSupports(const AttentionParams& p);
 cudaError_t LaunchAttentionDecodeTc(const AttentionParams& p, int64_t splits, cudaStream_t stream);
 int DecodeTcCtasPerSm(const AttentionParams& p);  // resident CTAs an SM of that kernel (occupancy API)
+// Its long-context form (attention_decode_split.cu: a ring of tensor-map boxes a warp, FP8 K
+// into the mma fragments), which LaunchAttentionDecodeTc takes where it applies: head_dim 64 or
+// 128, blocks of a multiple of 16 tokens, the cache's num_blocks known, sm_90;
+// MOESHARD_ATTN_DECODE_SPLIT=0 (SetAttentionDecodeSplitKernel) turns it off.
+bool DecodeSplitSupports(const AttentionParams& p);
+cudaError_t LaunchAttentionDecodeSplit(const AttentionParams& p, int64_t splits, cudaStream_t stream);
+int DecodeSplitCtasPerSm(const AttentionParams& p);
 int64_t MaxAttentionSplits();
 int64_t MaxSplitDecodeGroup();  // query heads per KV head the split-decode kernel takes
 int64_t MaxRoutingTopK();

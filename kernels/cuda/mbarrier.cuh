@@ -32,6 +32,16 @@ __device__ __forceinline__ void BulkCopyToShared(void* dst, const void* src, uin
                "l"(src), "r"(bytes), "r"(SharedAddr(bar))
                : "memory");
 }
+// A box of a 3-D tensor map (a __grid_constant__ kernel parameter, or global memory written
+// before the launch) into shared memory (128-byte aligned; 1024 with the 128-byte swizzle),
+// counted on `bar`; coordinates in elements, innermost first.
+__device__ __forceinline__ void TensorCopy3dToShared(void* dst, const void* map, int x, int y, int z, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];" ::
+          "r"(SharedAddr(dst)),
+      "l"(map), "r"(x), "r"(y), "r"(z), "r"(SharedAddr(bar))
+      : "memory");
+}
 // Waits until the phase of parity `parity` has completed (a fresh barrier counts parity 1 as
 // completed, so a ring's producer passes its first wait on each empty slot).
 __device__ __forceinline__ void MbarrierWait(uint64_t* bar, uint32_t parity) {

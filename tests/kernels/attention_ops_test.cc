@@ -85,7 +85,7 @@ void ModelOpsTestRunAttention(const AttnCase& c, bool bf16, std::mt19937& rng) {
   const size_t esz = c.elem == gpu::KvElem::kF32 ? 4 : c.elem == gpu::KvElem::kBF16 ? 2 : 1;
   Dev<uint8_t> kc(kref.size() * esz), vc(kref.size() * esz);
   Dev<float> ks(num_blocks * bs * nkv), vs(num_blocks * bs * nkv);
-  gpu::KvCacheView cache{kc.get(), vc.get(), ks.get(), vs.get(), c.elem, bs, nkv, hd};
+  gpu::KvCacheView cache{kc.get(), vc.get(), ks.get(), vs.get(), c.elem, bs, nkv, hd, num_blocks};
   std::vector<float> step_k, step_v;
   auto rnd = [&](size_t n) {
     auto v = Randn(n, rng);
@@ -382,44 +382,52 @@ TEST_P(ModelOpsTest, PagedAttentionBlockSizeNotPowerOfTwo) {
 }
 
 // Decode at long contexts over bf16 and FP8 caches: with bf16 activations the split-decode
-// kernel runs on the tensor cores (attention_decode_tc.cu): GQA 8 (half an m16 tile) and 16
-// (a full tile), head_dim 128 and 64, a sliding window, sequences from 1 to 20,000 keys, and
-// one sequence over one KV head cut into the most splits.
+// kernel runs on the tensor cores — attention_decode_split.cu's per-warp rings, then
+// attention_decode_tc.cu's kernel (SetAttentionDecodeSplitKernel): GQA 8 (half an m16 tile)
+// and 16 (a full tile), head_dim 128 and 64, a sliding window, sequences from 1 to 20,000
+// keys, and one sequence over one KV head cut into the most splits.
 TEST_P(ModelOpsTest, PagedAttentionDecodeLongContextBf16AndFp8) {
-  for (gpu::KvElem elem : {gpu::KvElem::kBF16, gpu::KvElem::kFp8E4M3}) {
-    for (int64_t window : {int64_t{0}, int64_t{300}}) {
-      AttnCase c;
-      c.seqs = {{19999, 1}, {0, 1}, {776, 1}, {4095, 1}};
+  struct Reset {
+    ~Reset() { gpu::SetAttentionDecodeSplitKernel(-1); }
+  } reset;
+  for (int split_kernel : {1, 0}) {
+    SCOPED_TRACE(split_kernel ? "attention_decode_split.cu" : "attention_decode_tc.cu");
+    gpu::SetAttentionDecodeSplitKernel(split_kernel);
+    for (gpu::KvElem elem : {gpu::KvElem::kBF16, gpu::KvElem::kFp8E4M3}) {
+      for (int64_t window : {int64_t{0}, int64_t{300}}) {
+        AttnCase c;
+        c.seqs = {{19999, 1}, {0, 1}, {776, 1}, {4095, 1}};
+        c.nq = 32;
+        c.nkv = 4;
+        c.hd = 128;
+        c.bs = 16;
+        c.window = window;
+        c.elem = elem;
+        c.max_tokens_per_seq = 1;
+        c.algos = {gpu::AttentionAlgo::kSplitDecode, gpu::AttentionAlgo::kAuto};
+        ModelOpsTestRunAttention(c, bf16(), rng_);
+      }
+      AttnCase c;  // group 16, head_dim 64, one split's worth of keys and a long one
+      c.seqs = {{9000, 1}, {40, 1}};
       c.nq = 32;
-      c.nkv = 4;
-      c.hd = 128;
+      c.nkv = 2;
+      c.hd = 64;
       c.bs = 16;
-      c.window = window;
       c.elem = elem;
       c.max_tokens_per_seq = 1;
-      c.algos = {gpu::AttentionAlgo::kSplitDecode, gpu::AttentionAlgo::kAuto};
+      c.algos = {gpu::AttentionAlgo::kSplitDecode};
       ModelOpsTestRunAttention(c, bf16(), rng_);
+      AttnCase one;  // one sequence, one KV head: every one of kAttentionMaxSplits splits holds keys
+      one.seqs = {{20000, 1}};
+      one.nq = 8;
+      one.nkv = 1;
+      one.hd = 128;
+      one.bs = 16;
+      one.elem = elem;
+      one.max_tokens_per_seq = 1;
+      one.algos = {gpu::AttentionAlgo::kSplitDecode, gpu::AttentionAlgo::kAuto};
+      ModelOpsTestRunAttention(one, bf16(), rng_);
     }
-    AttnCase c;  // group 16, head_dim 64, one split's worth of keys and a long one
-    c.seqs = {{9000, 1}, {40, 1}};
-    c.nq = 32;
-    c.nkv = 2;
-    c.hd = 64;
-    c.bs = 16;
-    c.elem = elem;
-    c.max_tokens_per_seq = 1;
-    c.algos = {gpu::AttentionAlgo::kSplitDecode};
-    ModelOpsTestRunAttention(c, bf16(), rng_);
-    AttnCase one;  // one sequence, one KV head: every one of kAttentionMaxSplits splits holds keys
-    one.seqs = {{20000, 1}};
-    one.nq = 8;
-    one.nkv = 1;
-    one.hd = 128;
-    one.bs = 16;
-    one.elem = elem;
-    one.max_tokens_per_seq = 1;
-    one.algos = {gpu::AttentionAlgo::kSplitDecode, gpu::AttentionAlgo::kAuto};
-    ModelOpsTestRunAttention(one, bf16(), rng_);
   }
 }
 

@@ -76,6 +76,7 @@ absl::Status GpuModelRunner::InitBuffers() {
     v.block_size = options_.block_size;
     v.num_kv_heads = nkv_;
     v.head_dim = c.head_dim;
+    v.num_blocks = slots / options_.block_size;
     const size_t bytes = static_cast<size_t>(slots * nkv_ * c.head_dim) * elem;
     ASSIGN_OR_RETURN(v.k, kv_pool_.Alloc(bytes));
     ASSIGN_OR_RETURN(v.v, kv_pool_.Alloc(bytes));
