@@ -19,6 +19,11 @@ absl::StatusOr<RunnerOptions> ParseRunnerFlags(const Args& a, RunnerOptions ro) 
   }
   if (a.Has("kv-dtype")) {
     ASSIGN_OR_RETURN(ro.kv_dtype, ParseKvDType(a.Get("kv-dtype")));
+    // The CPU runner keeps its cache in float32: a narrower one asked for would be ignored.
+    if (ro.device == Device::kCpu && ro.kv_dtype != KvDType::kAuto && ro.kv_dtype != KvDType::kFloat32) {
+      return absl::InvalidArgumentError(
+          "the CPU backend keeps its KV cache in float32 (--kv-dtype auto|float32, or --device cuda)");
+    }
   }
   ASSIGN_OR_RETURN(ro.max_batch_tokens, a.GetInt("max-batch-tokens", ro.max_batch_tokens));
   if (ro.max_batch_tokens <= 0) return absl::InvalidArgumentError("--max-batch-tokens must be positive");

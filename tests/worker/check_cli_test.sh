@@ -27,6 +27,12 @@ run 2 "$td/qwen3moe-tiny" "$td/qwen3moe-tiny/goldens.safetensors" --max-batch-to
 run 1 "$td/qwen3moe-tiny" "$td/qwen3moe-tiny/goldens.safetensors" --tp 3
 run 1 "$td/qwen3moe-tiny" "$td/qwen3moe-tiny/goldens.safetensors" --layer-split 99
 run 2 "$td/qwen3moe-tiny" "$td/qwen3moe-tiny/goldens.safetensors" --dtype bfloat16
+# A narrower KV cache than the CPU's float32 is refused with the reason, not silently ignored.
+for kv in fp8 bfloat16; do
+  run 2 "$td/qwen3moe-tiny" "$td/qwen3moe-tiny/goldens.safetensors" --kv-dtype $kv
+  grep -q "keeps its KV cache in float32" "$check_out" || { echo "FAIL: --kv-dtype $kv on the CPU does not say why"; fail=1; }
+done
+run 0 "$td/qwen3moe-tiny" "$td/qwen3moe-tiny/goldens.safetensors" --kv-dtype float32
 run 2 "$td/qwen3moe-tiny" "$td/qwen3moe-tiny/goldens.safetensors" --device tpu
 if ! command -v nvidia-smi > /dev/null || ! nvidia-smi -L > /dev/null 2>&1; then
   run 1 "$td/qwen3moe-tiny" "$td/qwen3moe-tiny/goldens.safetensors" --device cuda
