@@ -5,10 +5,12 @@
 // sequence's blocks shuffled over the pool.
 //
 //   attention_bench [--cases 1x4096,1x32768,1x131072,4x4096,64x4096,16x32768] [--kv bf16,fp8]
-//                   [--iters 20] [--nq 32] [--nkv 4] [--hd 128]
+//                   [--iters 20] [--back-to-back 1] [--nq 32] [--nkv 4] [--hd 128]
 //
 // Per case (sequences x context) and KV type: median of CUDA-event-timed runs of gpu::Attention
-// (kSplitDecode: the split kernel and its combine), bytes = the K and V rows every sequence
+// (kSplitDecode: the split kernel and its combine) — each run one call (the host's launch
+// latency included: ~20 us at short contexts), or with --back-to-back N the mean of N calls
+// queued together (the GPU's time alone, as in a CUDA graph), bytes = the K and V rows every sequence
 // reads (+ FP8 scales), GB/s and the share of the device-to-device copy rate measured at start.
 // MOESHARD_ATTN_TC_DECODE=0 in the environment times the fp32-FMA kernels instead of the tensor
 // cores (attention_decode_tc.cu), MOESHARD_ATTN_SPLIT_KEYS=N the fewest keys per split (default
@@ -91,7 +93,7 @@ void FillSane(void* dst, size_t bytes, bool fp8, std::mt19937& rng) {
 int Main(int argc, char** argv) {
   std::vector<Case> cases = {{1, 4096}, {1, 32768}, {1, 131072}, {4, 4096}, {64, 4096}, {16, 32768}};
   std::vector<std::string> kvs = {"bf16", "fp8"};
-  int iters = 20;
+  int iters = 20, back_to_back = 1;
   int64_t nq = 32, nkv = 4, hd = 128;
   const int64_t bs = 16;
   for (int i = 1; i < argc; ++i) {
@@ -130,6 +132,10 @@ int Main(int argc, char** argv) {
       int64_t n = 0;
       want_int(n);
       iters = static_cast<int>(n);
+    } else if (a == "--back-to-back") {
+      int64_t n = 0;
+      want_int(n);
+      back_to_back = static_cast<int>(n);
     } else if (a == "--nq") {
       want_int(nq);
     } else if (a == "--nkv") {
@@ -138,8 +144,8 @@ int Main(int argc, char** argv) {
       want_int(hd);
     } else {
       std::fprintf(stderr,
-                   "usage: attention_bench [--cases 1x4096,64x4096] [--kv bf16,fp8] [--iters 20] [--nq 32] [--nkv 4] "
-                   "[--hd 128]\n");
+                   "usage: attention_bench [--cases 1x4096,64x4096] [--kv bf16,fp8] [--iters 20] [--back-to-back 1] "
+                   "[--nq 32] [--nkv 4] [--hd 128]\n");
       return a == "--help" ? 0 : 2;
     }
   }
@@ -153,10 +159,10 @@ int Main(int argc, char** argv) {
   const double copy = CopyRate();
   std::printf(
       "attention_bench: %lld q heads, %lld KV heads, head_dim %lld, block %lld; copy %.0f GB/s; kernels: %s; fewest "
-      "keys a split: %s\n",
+      "keys a split: %s; calls queued together: %d\n",
       static_cast<long long>(nq), static_cast<long long>(nkv), static_cast<long long>(hd), static_cast<long long>(bs),
       copy, tc && tc[0] == '0' ? "fp32 FMA (MOESHARD_ATTN_TC_DECODE=0)" : "default",
-      split_keys ? split_keys : "64 (default)");
+      split_keys ? split_keys : "64 (default)", back_to_back);
   std::printf("| sequences x context | KV | time | KV read | GB/s | of copy BW |\n|---|---|---|---|---|---|\n");
   std::mt19937 rng(7);
   for (const Case& c : cases) {
@@ -222,16 +228,18 @@ int Main(int argc, char** argv) {
       std::vector<float> ms;
       for (int it = 0; it < iters + 3; ++it) {
         CK(cudaEventRecord(e0));
-        const absl::Status st = gpu::Attention(ap, nullptr);
-        if (!st.ok()) {
-          std::fprintf(stderr, "attention_bench: %s\n", st.ToString().c_str());
-          return 1;
+        for (int b = 0; b < back_to_back; ++b) {
+          const absl::Status st = gpu::Attention(ap, nullptr);
+          if (!st.ok()) {
+            std::fprintf(stderr, "attention_bench: %s\n", st.ToString().c_str());
+            return 1;
+          }
         }
         CK(cudaEventRecord(e1));
         CK(cudaEventSynchronize(e1));
         float t = 0;
         CK(cudaEventElapsedTime(&t, e0, e1));
-        if (it >= 3) ms.push_back(t);
+        if (it >= 3) ms.push_back(t / back_to_back);
       }
       std::sort(ms.begin(), ms.end());
       const double sec = ms[ms.size() / 2] * 1e-3;
