@@ -14,6 +14,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/dtype.h"
@@ -407,26 +408,23 @@ TEST_P(ModelOpsTest, PagedAttentionDecodeLongContextBf16AndFp8) {
         c.algos = {gpu::AttentionAlgo::kSplitDecode, gpu::AttentionAlgo::kAuto};
         ModelOpsTestRunAttention(c, bf16(), rng_);
       }
-      AttnCase c;  // group 16, head_dim 64, one split's worth of keys and a long one
-      c.seqs = {{9000, 1}, {40, 1}};
-      c.nq = 32;
-      c.nkv = 2;
-      c.hd = 64;
-      c.bs = 16;
-      c.elem = elem;
-      c.max_tokens_per_seq = 1;
-      c.algos = {gpu::AttentionAlgo::kSplitDecode};
-      ModelOpsTestRunAttention(c, bf16(), rng_);
-      AttnCase one;  // one sequence, one KV head: every one of kAttentionMaxSplits splits holds keys
-      one.seqs = {{20000, 1}};
-      one.nq = 8;
-      one.nkv = 1;
-      one.hd = 128;
-      one.bs = 16;
-      one.elem = elem;
-      one.max_tokens_per_seq = 1;
-      one.algos = {gpu::AttentionAlgo::kSplitDecode, gpu::AttentionAlgo::kAuto};
-      ModelOpsTestRunAttention(one, bf16(), rng_);
+      auto decode = [&](std::vector<AttnSeq> seqs, int64_t nq, int64_t nkv, int64_t hd,
+                        std::vector<gpu::AttentionAlgo> algos) {
+        AttnCase c;
+        c.seqs = std::move(seqs);
+        c.nq = nq;
+        c.nkv = nkv;
+        c.hd = hd;
+        c.bs = 16;
+        c.elem = elem;
+        c.max_tokens_per_seq = 1;
+        c.algos = std::move(algos);
+        ModelOpsTestRunAttention(c, bf16(), rng_);
+      };
+      // Group 16, head_dim 64, one split's worth of keys and a long one.
+      decode({{9000, 1}, {40, 1}}, 32, 2, 64, {gpu::AttentionAlgo::kSplitDecode});
+      // One sequence, one KV head: every one of kAttentionMaxSplits splits holds keys.
+      decode({{20000, 1}}, 8, 1, 128, {gpu::AttentionAlgo::kSplitDecode, gpu::AttentionAlgo::kAuto});
     }
   }
 }
