@@ -1,5 +1,8 @@
 #include "common/metrics/metrics.h"
 
+#include <chrono>
+#include <thread>
+
 #include "absl/strings/str_cat.h"
 #include "common/http/hardened_server.h"
 #include "common/status.h"
@@ -77,6 +80,13 @@ absl::StatusOr<int> MetricsServer::Start(const std::string& host, int port, std:
   }
   if (bound <= 0) return absl::UnavailableError(absl::StrCat("metrics: cannot bind ", host, ":", port));
   thread_ = std::thread([this] { server_->listen_after_bind(); });
+  // httplib's stop() does nothing before the accept loop runs: a process that fails right after
+  // Start (a refused flag, say) and stops its metrics server would otherwise wait on it forever.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!server_->is_running()) {
+    if (std::chrono::steady_clock::now() > deadline) return absl::InternalError("metrics: the server did not start");
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   return bound;
 }
 
