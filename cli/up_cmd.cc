@@ -4,9 +4,11 @@
 // cluster was ready fails `up` with the reason), and stops everything on Ctrl-C or SIGTERM.
 // The same binaries run one per container in deploy/.
 //
-// Pools (--pools FILE): {"pools": [{"name": "32k", "max_model_len": 32768, "replicas": 1,
-//   "workers": 2, "mode": "tensor-parallel", "layer_split": "2,1"}]}; without it one pool
-// "default" of one replica with --workers/--mode/--layer-split.
+// Pools (--pools FILE, cli/up_pools.h): {"pools": [{"name": "32k", "max_model_len": 32768,
+//   "replicas": 1, "workers": 2, "mode": "tensor-parallel", "layer_split": "2,1",
+//   "kv_dtype": "fp8", ...}]}, each pool's own worker and coordinator settings replacing the
+// command line's for it; without it one pool "default" of one replica with
+// --workers/--mode/--layer-split.
 #include <signal.h>
 #include <unistd.h>
 
@@ -23,6 +25,7 @@
 #include "cli/commands.h"
 #include "cli/process.h"
 #include "cli/supervisor.h"
+#include "cli/up_pools.h"
 #include "common/mapped_file.h"
 #include "common/metrics/metrics.h"
 #include "common/status.h"
@@ -35,42 +38,22 @@ namespace {
 std::atomic<bool> g_stop{false};
 void OnSignal(int) { g_stop = true; }
 
-struct PoolSpec {
-  std::string name = "default";
-  int64_t max_model_len = 0;
-  int64_t replicas = 1, workers = 1;
-  std::string mode = "layer-split", layer_split;
-};
-
-absl::StatusOr<std::vector<PoolSpec>> ReadPools(const Args& a) {
-  std::vector<PoolSpec> pools;
+absl::StatusOr<std::vector<UpPool>> ReadPools(const Args& a) {
   if (!a.Has("pools")) {
-    PoolSpec p;
+    UpPool p;
     ASSIGN_OR_RETURN(p.workers, a.GetInt("workers", 1));
     ASSIGN_OR_RETURN(p.max_model_len, a.GetInt("max-model-len", 0));
     p.mode = a.Get("mode", "layer-split");
     p.layer_split = a.Get("layer-split");
-    pools.push_back(p);
-    return pools;
+    return std::vector<UpPool>{p};
   }
   ASSIGN_OR_RETURN(std::string text, ReadFileToString(a.Get("pools")));
-  auto j = nlohmann::json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("pools") || !j["pools"].is_array() || j["pools"].empty()) {
-    return absl::InvalidArgumentError("pools config: needs {\"pools\": [ ... ]}");
-  }
-  for (const auto& e : j["pools"]) {
-    PoolSpec p;
-    if (!e.is_object() || !e.contains("name") || !e["name"].is_string()) return absl::InvalidArgumentError("pools config: each pool needs a name");
-    p.name = e["name"];
-    p.max_model_len = e.value("max_model_len", 0);
-    p.replicas = e.value("replicas", 1);
-    p.workers = e.value("workers", 1);
-    p.mode = e.value("mode", std::string("layer-split"));
-    p.layer_split = e.value("layer_split", std::string());
-    if (p.replicas < 1 || p.workers < 1) return absl::InvalidArgumentError(absl::StrCat("pools config: pool ", p.name, " needs replicas and workers >= 1"));
-    pools.push_back(p);
-  }
-  return pools;
+  return ParseUpPools(text);
+}
+
+// The command line's value of a flag `up` passes on.
+FlagValue CommandLine(const Args& a, const char* flag) {
+  return a.Has(flag) ? FlagValue{true, a.Get(flag)} : FlagValue{};
 }
 
 absl::Status Up(const Args& a) {
@@ -89,7 +72,7 @@ absl::Status Up(const Args& a) {
   Supervisor procs({});
   std::vector<std::string> coord_metrics, worker_metrics, internal_grpc;
   nlohmann::json router_pools = nlohmann::json::array();
-  for (const PoolSpec& p : pools) {
+  for (const UpPool& p : pools) {
     nlohmann::json coords = nlohmann::json::array();
     for (int64_t r = 0; r < p.replicas; ++r) {
       std::string workers;
@@ -97,7 +80,8 @@ absl::Status Up(const Args& a) {
         std::vector<std::string> wargs = {dir + "/moeshard-worker", "--model", model, "--host", internal_host};
         wargs.insert(wargs.end(), internal_tls.begin(), internal_tls.end());
         for (const char* f : {"device", "dtype", "kv-dtype", "max-batch-tokens", "metric-prefix"}) {
-          if (a.Has(f)) wargs.insert(wargs.end(), {absl::StrCat("--", f), a.Get(f)});
+          const FlagValue v = PoolFlag(p.worker_flags, f, CommandLine(a, f));
+          if (v.has) wargs.insert(wargs.end(), {absl::StrCat("--", f), v.value});
         }
         // Workers take the GPUs in turn; several share one when there are more workers than GPUs.
         if (a.Get("device") == "cuda") wargs.insert(wargs.end(), {"--gpu", std::to_string(next_gpu++ % num_gpus)});
@@ -114,7 +98,8 @@ absl::Status Up(const Args& a) {
       if (p.max_model_len > 0) cargs.insert(cargs.end(), {"--max-model-len", std::to_string(p.max_model_len)});
       for (const char* f : {"num-kv-blocks", "num-sliding-kv-blocks", "max-num-seqs", "max-tokens-per-step", "comm-timeout-ms", "metric-prefix",
                             "max-queued-requests", "max-queued-tokens", "max-queue-time-s", "step-deadline-floor-ms"}) {
-        if (a.Has(f)) cargs.insert(cargs.end(), {absl::StrCat("--", f), a.Get(f)});
+        const FlagValue v = PoolFlag(p.coordinator_flags, f, CommandLine(a, f));
+        if (v.has) cargs.insert(cargs.end(), {absl::StrCat("--", f), v.value});
       }
       ASSIGN_OR_RETURN(std::string line, procs.Start(Role::kCoordinator, cargs, 120));
       ASSIGN_OR_RETURN(std::string addr, FieldAfter(line, "grpc"));

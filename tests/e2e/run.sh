@@ -249,14 +249,22 @@ run_config muse-kv4-tp4 "$TESTDATA/muse-spark-kv4" "" - --workers 4 --mode tenso
 # Length pools on one machine: a short (512) and a long (2048) pool of one CPU worker each. The
 # suite's pools group (tests/itest/checks_pools.cc) proves from the router's per-pool counters
 # and each coordinator's own /metrics that a request goes to the smallest pool that holds
-# prompt + max_tokens, and that one no pool holds is a 400 naming the 2048-token limit.
+# prompt + max_tokens, that one no pool holds is a 400 naming the 2048-token limit, and that
+# each pool runs with its own KV settings (num_kv_blocks: its coordinator's kv_blocks gauge;
+# kv_dtype reaches its worker, which refuses what the CPU backend does not keep).
 cat >"$WORK/pools.json" <<'JSON'
-{"pools": [{"name": "short", "max_model_len": 512, "workers": 1},
-           {"name": "long", "max_model_len": 2048, "workers": 1}]}
+{"pools": [{"name": "short", "max_model_len": 512, "workers": 1, "num_kv_blocks": 600},
+           {"name": "long", "max_model_len": 2048, "workers": 1, "num_kv_blocks": 1000, "kv_dtype": "float32"}]}
 JSON
-ITEST_POOLS=short:512,long:2048
+ITEST_POOLS=short:512:kvblocks=600,long:2048:kvblocks=1000
 run_config muse-pools "$MUSE" "" - --pools "$WORK/pools.json"
 ITEST_POOLS=""
+# A pools file with a typo stops `up` before any process starts, naming the pool and the key; a
+# pool whose KV type the CPU backend does not keep stops it with the worker's reason.
+printf '{"pools": [{"name": "short", "max_model_len": 512, "kv-dtype": "fp8"}]}' >"$WORK/pools-typo.json"
+check_refused muse-pools-typo "$MUSE" 'pools config: pool short: unknown key "kv-dtype"' --pools "$WORK/pools-typo.json"
+printf '{"pools": [{"name": "short", "max_model_len": 512}, {"name": "long", "kv_dtype": "fp8"}]}' >"$WORK/pools-fp8.json"
+check_refused muse-pools-cpu-fp8 "$MUSE" "the CPU backend keeps its KV cache in float32" --pools "$WORK/pools-fp8.json"
 check_refused muse-tp4-refused "$MUSE" \
   "tensor parallel over 4 workers does not fit this model" --workers 4 --mode tensor-parallel
 check_refused muse-tp4-refused-sizes "$MUSE" \

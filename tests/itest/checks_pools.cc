@@ -15,6 +15,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "common/status.h"
 #include "tests/itest/suite.h"
@@ -130,6 +131,27 @@ absl::Status RefusedEverywhere(Context& ctx, int64_t prompt_len, std::optional<i
   return absl::OkStatus();
 }
 
+// Each pool's coordinator holds the full-attention KV blocks its pool set (`up --pools`' per-pool
+// num_kv_blocks): used + cached + free of kv_blocks{kind="full"} on its own /metrics.
+absl::Status PoolsKeepTheirOwnKv(const Context& ctx) {
+  ASSIGN_OR_RETURN(MetricsView v, MetricsView::Fetch(ctx.opts.metrics, ctx.opts.api_key));
+  std::vector<const Scrape*> coords;
+  for (const Scrape& s : v.scrapes()) {
+    if (s.coordinator) coords.push_back(&s);
+  }
+  if (coords.size() != ctx.opts.pools.size()) return absl::FailedPreconditionError("one coordinator per pool in --metrics");
+  for (size_t i = 0; i < coords.size(); ++i) {
+    const PoolSpec& p = ctx.opts.pools[i];
+    if (p.kv_blocks == 0) continue;
+    const double total = SumSamples(*coords[i], "kv_blocks", {{"kind", "full"}});
+    if (total != static_cast<double>(p.kv_blocks)) {
+      return absl::InternalError(absl::StrCat("pool ", p.name, "'s coordinator holds ", total,
+                                              " full KV blocks (kv_blocks{kind=\"full\"}), want its own ", p.kv_blocks));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<PoolSpec>> ParsePoolSpecs(const std::string& text) {
@@ -137,8 +159,10 @@ absl::StatusOr<std::vector<PoolSpec>> ParsePoolSpecs(const std::string& text) {
   for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
     std::vector<std::string> parts = absl::StrSplit(item, ':');
     PoolSpec p;
-    if (parts.size() != 2 || parts[0].empty() || !absl::SimpleAtoi(parts[1], &p.max_model_len) || p.max_model_len < 2) {
-      return absl::InvalidArgumentError(absl::StrCat("--pools: '", item, "' is not NAME:MAX_MODEL_LEN"));
+    const bool blocks_ok = parts.size() == 2 || (parts.size() == 3 && absl::StartsWith(parts[2], "kvblocks=") &&
+                                                 absl::SimpleAtoi(parts[2].substr(9), &p.kv_blocks) && p.kv_blocks > 0);
+    if (!blocks_ok || parts[0].empty() || !absl::SimpleAtoi(parts[1], &p.max_model_len) || p.max_model_len < 2) {
+      return absl::InvalidArgumentError(absl::StrCat("--pools: '", item, "' is not NAME:MAX_MODEL_LEN[:kvblocks=N]"));
     }
     p.name = parts[0];
     if (!pools.empty() && p.max_model_len <= pools.back().max_model_len) {
@@ -170,6 +194,12 @@ void RunPoolChecks(Context& ctx, Suite& suite) {
             [&] { return need_metrics([&] { return RefusedEverywhere(ctx, longest - 8, 16); }); });
   suite.Run(absl::StrCat("pools: a prompt of ", longest + 5, " tokens without max_tokens -> 400"),
             [&] { return need_metrics([&] { return RefusedEverywhere(ctx, longest + 5, std::nullopt); }); });
+  bool sized = false;
+  for (const PoolSpec& p : pools) sized |= p.kv_blocks > 0;
+  if (sized) {
+    suite.Run("pools: each pool's coordinator holds the KV blocks of its own settings",
+              [&] { return need_metrics([&] { return PoolsKeepTheirOwnKv(ctx); }); });
+  }
   suite.Run("pools: after the refusals both pools still serve", [&] {
     return need_metrics([&]() -> absl::Status {
       RETURN_IF_ERROR(LandsIn(ctx, 20, 3, 0, 105));

@@ -36,10 +36,11 @@ void Usage(const std::string& why) {
   std::fprintf(stderr,
                "usage: moeshard-itest --url http://HOST:PORT [--grpc HOST:PORT] [--metrics URL,URL,...]\n"
                "       [--model PATH] [--goldens FILE] [--api-key KEY] [--ready-timeout S]\n"
-               "       [--only GROUP,...] [--skip GROUP,...] [--tolerance exact|bf16] [--pools NAME:LEN,NAME:LEN,...]\n"
+               "       [--only GROUP,...] [--skip GROUP,...] [--tolerance exact|bf16] [--pools NAME:LEN[:kvblocks=N],...]\n"
                "groups: api logprobs generation behaviour prefix grpc errors pools disconnect metrics\n"
                "  --pools: the cluster's length pools, shortest first, in the order of their coordinators in\n"
-               "           --metrics (one coordinator each); adds the pools group\n%s\n",
+               "           --metrics (one coordinator each); adds the pools group; kvblocks=N: the pool's own\n"
+               "           num_kv_blocks, checked on its coordinator\n%s\n",
                why.c_str());
 }
 

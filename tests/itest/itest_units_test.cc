@@ -92,7 +92,14 @@ TEST(PoolSpecs, ShortestFirst) {
   EXPECT_EQ((*p)[0].max_model_len, 512);
   EXPECT_EQ((*p)[1].name, "long");
   EXPECT_EQ((*p)[1].max_model_len, 2048);
-  for (const char* bad : {"short:512", "long:2048,short:512", "a:512,b:512", "a:5x,b:9", "a,b:9", ":5,b:9", ""}) {
+  EXPECT_EQ((*p)[0].kv_blocks, 0);
+  auto sized = ParsePoolSpecs("short:512:kvblocks=96,long:2048:kvblocks=1000");
+  ASSERT_TRUE(sized.ok()) << sized.status();
+  EXPECT_EQ((*sized)[0].kv_blocks, 96);
+  EXPECT_EQ((*sized)[1].kv_blocks, 1000);
+  EXPECT_EQ((*sized)[1].max_model_len, 2048);
+  for (const char* bad : {"short:512", "long:2048,short:512", "a:512,b:512", "a:5x,b:9", "a,b:9", ":5,b:9", "",
+                          "a:5:kvblocks=0,b:9", "a:5:blocks=3,b:9", "a:5:kvblocks=x,b:9", "a:5:kvblocks=3:4,b:9"}) {
     EXPECT_FALSE(ParsePoolSpecs(bad).ok()) << bad;
   }
 }

@@ -22,9 +22,12 @@ namespace moeshard::itest {
 struct PoolSpec {
   std::string name;
   int64_t max_model_len = 0;
+  int64_t kv_blocks = 0;  // the full-attention KV blocks its coordinator must hold (0: not checked)
 };
-// "short:512,long:2048": the pools from the shortest up, in the order of their coordinators
-// in --metrics. Errors: a malformed item, fewer than two pools, lengths not increasing.
+// "short:512,long:2048:kvblocks=1000": the pools from the shortest up, in the order of their
+// coordinators in --metrics, each NAME:MAX_MODEL_LEN[:kvblocks=N] (N: the pool's own
+// num_kv_blocks, checked on its coordinator's kv_blocks gauge). Errors: a malformed item, fewer
+// than two pools, lengths not increasing.
 absl::StatusOr<std::vector<PoolSpec>> ParsePoolSpecs(const std::string& text);
 
 struct ItestOptions {
