@@ -189,13 +189,20 @@ int64_t AttentionDecodeSplits(const AttentionParams& p) {
   // Waves of CTAs: `slots` run at once (the tensor-core kernels' occupancy, ~4 an SM for the
   // others). The count of splits s minimizes ceil(s · ctas / slots) / s, each CTA's share of
   // the keys times the waves, trying s up to one full wave's worth (at least 4): 1 × 128K
-  // over 4 KV heads on 132 SMs at 3 CTAs each takes 99 splits (one wave) where 64 filled two
-  // thirds of the slots; 64 × 4K takes 3 (768 CTAs, two full waves). Ties go to fewer splits.
+  // over 4 KV heads on 132 SMs takes 66 splits (two CTAs an SM, below); 64 × 4K at 3 CTAs an SM
+  // takes 3 (768 CTAs, two full waves). Ties go to fewer splits.
   // The kernels leave a split of fewer than 64 keys empty. On an H200, 4 sequences x 4096 keys
   // x 4 KV heads (FMA kernel): 8 splits 117 us, 16: 68, 32: 45, 64: 55.
   const int64_t ctas = std::max<int64_t>(1, p.num_tokens * p.cache.num_kv_heads);
   const bool tc = p.dtype == ActDType::kBF16 && DecodeTcSupports(p);
-  const int64_t slots = static_cast<int64_t>(sms) * (tc ? DecodeTcCtasPerSm(p) : 4);
+  int64_t per_sm = tc ? DecodeTcCtasPerSm(p) : 4;
+  // Few (token, KV head) pairs: fewer, longer splits counted at two CTAs an SM beat more, shorter
+  // ones at the three that the FP8 kernels keep resident (each split's fixed cost, and the
+  // combine's rows). attention_bench --back-to-back 20, FP8, H200 2026-12-03, µs at two against
+  // three: 1 x 4K 17.1 / 18.5, 4 x 4K 17.9 / 21.5, 1 x 128K 59.8 / 61.1; from 16 sequences on
+  // three win: 16 x 32K 170 / 186, 64 x 4K 107 / 121 (at three / at two).
+  if (tc && per_sm > 2 && ctas * 4 <= sms) per_sm = 2;
+  const int64_t slots = static_cast<int64_t>(sms) * per_sm;
   const int64_t limit = std::min<int64_t>(splits, std::max<int64_t>(4, slots / ctas));
   int64_t best = 1;
   for (int64_t s = 2; s <= limit; ++s) {

@@ -17,8 +17,12 @@
 //   - FP8 K goes from shared memory straight into the B fragments: the QKᵀ contraction order
 //     is free, so lane (n, c) takes the 4 bytes c * head_dim / 4 + 4 ks .. of key n's row for
 //     k-step ks (16-byte loads, one conversion instruction per two values) and Q's A fragments
-//     are loaded in the same permuted order; V still goes through fp16 rows (P V needs V
-//     transposed: ldmatrix.trans);
+//     are loaded in the same permuted order; FP8 V too: P V needs V transposed, so ldmatrix.trans
+//     reads the rows as 16-bit pairs of dims — a lane gets (key 2c, dims 2e and 2e + 1) and
+//     (key 2c + 1, the same dims), one byte permutation makes them (keys 2c and 2c + 1, dim 2e)
+//     and (the same keys, dim 2e + 1), the B fragments of an even-dim and an odd-dim n-tile, each
+//     converted by one instruction; O's columns come out in that order and the merge puts them
+//     back (TcDim<true>). No fp16 copy of V: an FP8 CTA takes ~72 KB, three an SM;
 //   - O and l are rescaled only when a row's running max grew (the correction factor is
 //     exactly 1 otherwise).
 // MOESHARD_ATTN_DECODE_SPLIT=0 (or SetAttentionDecodeSplitKernel(0)) runs attention_decode_tc.cu's
@@ -45,7 +49,8 @@ constexpr int kThreads = 128, kWarps = 4, kKeys = 16, kStride = kWarps * kKeys, 
 // A warp's stage: its 16 keys' K rows, then their V rows, each [16][head_dim] as the tensor map's
 // box(es) write them — 128-byte rows (bf16 head_dim 64, FP8 head_dim 128) and bf16 head_dim
 // 128's two 64-dim halves in the 128-byte swizzle (16-byte piece j of row r at j ^ (r % 8));
-// FP8 head_dim 64's 64-byte rows plain — then (FP8) the K and V scales.
+// FP8 head_dim 64's 64-byte rows plain. FP8's K and V scales of the stage sit in a region of
+// their own (so that a stage stays a multiple of 1,024 bytes).
 template <int HD, KvElem E>
 struct Geo {
   static constexpr bool kFp8 = E == KvElem::kFp8E4M3;
@@ -54,19 +59,20 @@ struct Geo {
   static constexpr int kBoxBytes = kSwizzle ? 128 : kRowBytes;  // a box's row
   static constexpr int kBoxes = kRowBytes / kBoxBytes;          // boxes a K or V tile
   static constexpr int kTile = kKeys * kRowBytes;               // K or V, bytes
-  static constexpr int kScales = kFp8 ? 2 * kKeys * 4 : 0;
-  static constexpr int kStage = (2 * kTile + kScales + 1023) / 1024 * 1024;
+  static constexpr int kScales = kFp8 ? 2 * kKeys * 4 : 0;  // a stage's K then V scales
+  static constexpr int kStage = 2 * kTile;
   static constexpr int kStages = kFp8 ? 4 : 3;
-  static constexpr int kLd = HD + 8;  // fp16/bf16 elements a padded row: Q, FP8's V in fp16
+  static constexpr int kLd = HD + 8;  // fp16/bf16 elements a padded row of Q
   static constexpr int kRing = 0;     // from the 1024-aligned base: warp w's ring at w * kStages * kStage
-  static constexpr int kQ = kRing + kWarps * kStages * kStage;
-  static constexpr int kWork = kQ + kRows * kLd * 2;  // FP8: warp w's fp16 V rows
-  static constexpr int kBars = kWork + (kFp8 ? kWarps * kKeys * kLd * 2 : 0);
+  static constexpr int kScl = kRing + kWarps * kStages * kStage;  // warp w's stage s's scales
+  static constexpr int kQ = kScl + kWarps * kStages * kScales;
+  static constexpr int kBars = kQ + kRows * kLd * 2;
   static constexpr int kLoop = kBars + kWarps * kStages * 8;
   static constexpr int kMerge = kWarps * kRows * HD * 4 + 2 * kWarps * kRows * 4;
   static constexpr size_t kSmem = (kLoop > kMerge ? kLoop : kMerge) + 1024;  // + the base's alignment
   static_assert(kTile % 1024 == 0 || !kSwizzle, "swizzled tiles 1024-byte aligned");
-  static_assert(kWork % 16 == 0 && kBars % 8 == 0, "alignment");
+  static_assert(kTile % 1024 == 0, "stages 1024-byte aligned");
+  static_assert(kQ % 16 == 0 && kBars % 8 == 0, "alignment");
 };
 
 // Byte offset of 16-byte piece j (of head_dim * esz / 16) of row r in a K or V tile.
@@ -82,12 +88,6 @@ __device__ __forceinline__ int TileOffset(int r, int j) {
 
 __device__ __forceinline__ void FenceProxyAsync() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
-// 16 e4m3 bytes as 16 fp16 values (two 16-byte words), exact.
-__device__ __forceinline__ void E4m3x16ToF16(uint4 raw, uint4& lo, uint4& hi) {
-  lo = make_uint4(E4m3x2ToF16x2(raw.x), E4m3x2ToF16x2(raw.x >> 16), E4m3x2ToF16x2(raw.y), E4m3x2ToF16x2(raw.y >> 16));
-  hi = make_uint4(E4m3x2ToF16x2(raw.z), E4m3x2ToF16x2(raw.z >> 16), E4m3x2ToF16x2(raw.w), E4m3x2ToF16x2(raw.w >> 16));
-}
-
 __device__ __forceinline__ void LdMatrixX4Addr(uint32_t a, uint32_t (&r)[4], bool trans) {
   if (trans) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
@@ -101,7 +101,7 @@ __device__ __forceinline__ void LdMatrixX4Addr(uint32_t a, uint32_t (&r)[4], boo
 }
 
 template <int HD, KvElem E>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kThreads, E == KvElem::kFp8E4M3 ? 3 : 2)
     DecodeSplitKernel(AttentionParams p, int group, int splits, float* ws, const __grid_constant__ CUtensorMap kmap,
                       const __grid_constant__ CUtensorMap vmap) {
   using G = Geo<HD, E>;
@@ -136,6 +136,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int64_t k0 = (kb & ~int64_t{15}) + kKeys * warp;
   const int nc = k0 < ke ? static_cast<int>((ke - k0 + kStride - 1) / kStride) : 0;
   uint8_t* ring = smem + G::kRing + warp * S * G::kStage;
+  uint8_t* scl = smem + G::kScl + warp * S * G::kScales;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + G::kBars) + warp * S;
   if (lane == 0) {
     // Lane 0's arrival with the boxes' bytes, and (FP8) every lane's on its scale copy.
@@ -166,7 +167,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     if constexpr (F16) {
       slot0 = __shfl_sync(0xffffffffu, slot0, 0);
       const int64_t kp = c0 + r;
-      float* sc = reinterpret_cast<float*>(st + 2 * G::kTile) + (lane >= 16 ? kKeys : 0) + r;
+      float* sc = reinterpret_cast<float*>(scl + slot * G::kScales) + (lane >= 16 ? kKeys : 0) + r;
       CpAsync4(sc, scales + (static_cast<int64_t>(slot0) + r) * nkv + g, kp >= kb && kp < ke);
       MbarrierArriveOnCpAsync(full + slot);
     }
@@ -206,8 +207,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   float o[HD / 8][4];
 #pragma unroll
   for (int i = 0; i < HD / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};                             // rows gq and gq + 8
-  uint16_t* work = reinterpret_cast<uint16_t*>(smem + G::kWork) + warp * kKeys * LD;  // FP8 only
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // rows gq and gq + 8
 
 #pragma unroll 1
   for (int c = 0; c < nc; ++c) {
@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     uint8_t* st = ring + slot * G::kStage;
     const uint8_t* kst = st;
     uint8_t* vst = st + G::kTile;
-    const float* kscale = reinterpret_cast<const float*>(st + 2 * G::kTile);
+    const float* kscale = reinterpret_cast<const float*>(scl + slot * G::kScales);
     const float* vscale = kscale + kKeys;
     const int64_t c0 = k0 + static_cast<int64_t>(c) * kStride;
     const bool edge = c0 < kb || c0 + kKeys > ke;  // keys outside [kb, ke): rows that may hold anything
@@ -276,49 +276,49 @@ __global__ void __launch_bounds__(kThreads, 2)
     ScoresToP<F16>(s, m_use, vscale, lane, sum, pa);  // F16: P times V's scale (the sum is the unscaled one)
     l[0] += sum[0];
     l[1] += sum[1];
-    if constexpr (F16) {
-      // This warp's 16 V rows to fp16 rows of `work`, 16 bytes a piece; a key outside [kb, ke)
-      // gets zeros (its probability is 0, and 0 times a NaN its row may hold would not be).
-#pragma unroll
-      for (int j = 0; j < HD / 32; ++j) {
-        const int i = lane + 32 * j, row = i / (HD / 16), piece = i % (HD / 16);
-        uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
-        if (!edge || (c0 + row >= kb && c0 + row < ke)) {
-          E4m3x16ToF16(*reinterpret_cast<const uint4*>(vst + TileOffset<HD, E>(row, piece)), lo, hi);
+    if (edge) {  // zero the V rows of keys outside [kb, ke) (see above)
+      for (int i = lane; i < kKeys * (G::kRowBytes / 16); i += 32) {
+        const int row = i / (G::kRowBytes / 16), piece = i % (G::kRowBytes / 16);
+        if (c0 + row < kb || c0 + row >= ke) {
+          *reinterpret_cast<uint4*>(vst + TileOffset<HD, E>(row, piece)) = make_uint4(0, 0, 0, 0);
         }
-        *reinterpret_cast<uint4*>(work + row * LD + piece * 16) = lo;
-        *reinterpret_cast<uint4*>(work + row * LD + piece * 16 + 8) = hi;
       }
       __syncwarp();
-      PvMma<HD, true>(o, pa, work, LD, lane);
-    } else {
-      if (edge) {  // zero the V rows of keys outside [kb, ke) (see above)
-        for (int i = lane; i < kKeys * (HD / 8); i += 32) {
-          const int row = i / (HD / 8), piece = i % (HD / 8);
-          if (c0 + row < kb || c0 + row >= ke) {
-            *reinterpret_cast<uint4*>(vst + TileOffset<HD, E>(row, piece)) = make_uint4(0, 0, 0, 0);
-          }
+    }
+    const uint32_t vbase = SharedAddr(vst);
+    const int vrow = lane % 8 + ((lane / 8) % 2) * 8;
+    if constexpr (F16) {
+      // 32 dims (16 pairs) at a time: b[0] (keys 2c, 2c + 1 of 0-7), b[1] (of 8-15) for pairs
+      // 16 q + g, b[2] and b[3] for pairs 16 q + 8 + g; each word's bytes (k, d) (k, d+1)
+      // (k+1, d) (k+1, d+1) permuted to (k, d) (k+1, d) (k, d+1) (k+1, d+1).
+#pragma unroll
+      for (int q = 0; q < HD / 32; ++q) {
+        uint32_t b[4];
+        LdMatrixX4Addr(vbase + TileOffset<HD, E>(vrow, 2 * q + lane / 16), b, true);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t x0 = __byte_perm(b[2 * h], 0, 0x3120), x1 = __byte_perm(b[2 * h + 1], 0, 0x3120);
+          Mma<true>(o[4 * q + 2 * h], pa, E4m3x2ToF16x2(x0), E4m3x2ToF16x2(x1));
+          Mma<true>(o[4 * q + 2 * h + 1], pa, E4m3x2ToF16x2(x0 >> 16), E4m3x2ToF16x2(x1 >> 16));
         }
-        __syncwarp();
       }
-      const uint32_t vbase = SharedAddr(vst);
-      const int row = lane % 8 + ((lane / 8) % 2) * 8;
+    } else {
 #pragma unroll
       for (int d = 0; d < HD / 16; ++d) {
         uint32_t b[4];
-        LdMatrixX4Addr(vbase + TileOffset<HD, E>(row, 2 * d + lane / 16), b, true);
+        LdMatrixX4Addr(vbase + TileOffset<HD, E>(vrow, 2 * d + lane / 16), b, true);
         Mma<false>(o[2 * d], pa, b[0], b[1]);
         Mma<false>(o[2 * d + 1], pa, b[2], b[3]);
       }
     }
-    __syncwarp();  // every lane is done with the slot (and `work`)
+    __syncwarp();  // every lane is done with the slot
     if (c + S < nc) {
       FenceProxyAsync();  // this warp's accesses to the slot before the copies that overwrite it
       issue(c + S, slot);
     }
   }
   __syncthreads();  // the rings are reused for the merge
-  MergeTcWarps<HD, false>(p, split, t, g, group, sp, splits, smem, nullptr, o, m, l);
+  MergeTcWarps<HD, false, F16>(p, split, t, g, group, sp, splits, smem, nullptr, o, m, l);
 }
 
 std::atomic<int> split_mode{-1};  // SetAttentionDecodeSplitKernel

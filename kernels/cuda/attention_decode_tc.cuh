@@ -147,12 +147,25 @@ __device__ __forceinline__ void PvMma(float (&o)[HD / 8][4], const uint32_t (&pa
   }
 }
 
-// The four warps' partials (o, m, l: rows lane / 4 and lane / 4 + 8 of the m16 tile) merged
+// The head dim of column n of O's n8 tile i: i * 8 + n, or — kVPairs, the FP8 split kernel's P V,
+// whose B fragments come as even and odd dims of 16 at a time (attention_decode_split.cu) — tile
+// 4 q + 2 h + odd holds dims 32 q + 16 h + 2 n + odd.
+template <bool kVPairs>
+__device__ __forceinline__ int TcDim(int i, int n) {
+  if constexpr (kVPairs) {
+    return (i / 4) * 32 + ((i / 2) % 2) * 16 + 2 * n + (i % 2);
+  } else {
+    return i * 8 + n;
+  }
+}
+
+// The four warps' partials (o, m, l: rows lane / 4 and lane / 4 + 8 of the m16 tile; O's columns
+// as TcDim<kVPairs> maps them) merged
 // row by row through shared memory at `smem` (4 * 16 * HD + 2 * 4 * 16 floats; every thread
 // calls it after a barrier that frees that memory), then each (row, dim) element stored: kToSmem
 // to Po [16][HD] with m and l after it (a cluster's partial), else as StoreDecodeHead does (one
 // split: the normalized output; more: the split's workspace partial).
-template <int HD, bool kToSmem>
+template <int HD, bool kToSmem, bool kVPairs = false>
 __device__ __forceinline__ void MergeTcWarps(const AttentionParams& p, const DecodeSplit& split, int64_t t, int64_t g,
                                              int group, int64_t sp, int splits, uint8_t* smem, float* Po,
                                              const float (&o)[HD / 8][4], const float (&m)[2], const float (&l)[2]) {
@@ -165,9 +178,16 @@ __device__ __forceinline__ void MergeTcWarps(const AttentionParams& p, const Dec
   const int ra = lane / 4, rb = ra + 8;
 #pragma unroll
   for (int i = 0; i < HD / 8; ++i) {
-    const int d = i * 8 + 2 * (lane % 4);
-    *reinterpret_cast<float2*>(Ow + (warp * kRows + ra) * HD + d) = make_float2(o[i][0], o[i][1]);
-    *reinterpret_cast<float2*>(Ow + (warp * kRows + rb) * HD + d) = make_float2(o[i][2], o[i][3]);
+    const int d0 = TcDim<kVPairs>(i, 2 * (lane % 4)), d1 = TcDim<kVPairs>(i, 2 * (lane % 4) + 1);
+    if constexpr (kVPairs) {
+      Ow[(warp * kRows + ra) * HD + d0] = o[i][0];
+      Ow[(warp * kRows + ra) * HD + d1] = o[i][1];
+      Ow[(warp * kRows + rb) * HD + d0] = o[i][2];
+      Ow[(warp * kRows + rb) * HD + d1] = o[i][3];
+    } else {
+      *reinterpret_cast<float2*>(Ow + (warp * kRows + ra) * HD + d0) = make_float2(o[i][0], o[i][1]);
+      *reinterpret_cast<float2*>(Ow + (warp * kRows + rb) * HD + d0) = make_float2(o[i][2], o[i][3]);
+    }
   }
   const float la = QuadSum(l[0]), lb = QuadSum(l[1]);
   if (lane % 4 == 0) {
