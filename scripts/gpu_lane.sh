@@ -15,7 +15,8 @@
 #         3. scripts/gpu_repack_check.sh: the NVFP4 repack against the CPU;
 #         3b. scripts/gpu_long_check.sh: the long goldens (qwen3moe-tiny at 131,072 tokens, written
 #            by tests/testdata/make_long_goldens.py into $MOESHARD_LONG_GOLDENS when it lacks them,
-#            and the committed 16K ones) in float32 and bf16, one worker, TP 2, layer split 2
+#            and the committed 16K ones) in float32, bf16 and bf16 with FP8 KV, one worker, TP 2,
+#            layer split 2
 #            (MOESHARD_LANE_LONG=0 leaves it out);
 #         4. tests/e2e/run.sh with every cluster's workers on the GPU in bfloat16, the suite
 #            comparing with the bf16 tolerance (`itest --tolerance bf16`: tokens equal up to a
