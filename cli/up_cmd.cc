@@ -183,7 +183,10 @@ int UpCommand(const std::vector<std::string>& argv) {
                  "       [--cluster-token-file FILE] [--internal-tls-cert PEM --internal-tls-key PEM --internal-tls-ca PEM]\n"
                  "       [--device cpu|cuda] [--gpus N] [--dtype bfloat16|float32] [--kv-dtype auto|float32|bfloat16|fp8]\n"
                  "       [--metric-prefix moeshard_|moeshard:] [--max-queued-requests N] [--max-queued-tokens N]\n"
-                 "       [--max-queue-time-s S] [--step-deadline-floor-ms MS]\n%s\n",
+                 "       [--max-queue-time-s S] [--step-deadline-floor-ms MS]\n"
+                 "  --pools FILE: {\"pools\": [{\"name\": \"long\", \"max_model_len\": 131072, \"workers\": 2, ...}]}; a pool\n"
+                 "  may set replicas, workers, mode, layer_split, kv_dtype, dtype, max_batch_tokens, num_kv_blocks,\n"
+                 "  num_sliding_kv_blocks, max_num_seqs and max_tokens_per_step for itself\n%s\n",
                  a.ok() ? "" : std::string(a.status().message()).c_str());
     return (a.ok() && a->Flag("help")) ? 0 : 2;
   }

@@ -276,7 +276,9 @@ __global__ void __launch_bounds__(kThreads, E == KvElem::kFp8E4M3 ? 3 : 2)
     ScoresToP<F16>(s, m_use, vscale, lane, sum, pa);  // F16: P times V's scale (the sum is the unscaled one)
     l[0] += sum[0];
     l[1] += sum[1];
-    if (edge) {  // zero the V rows of keys outside [kb, ke) (see above)
+    // Keys outside [kb, ke): their V rows zeroed (P is 0 there, and 0 times a NaN such a row may
+    // hold would not be).
+    if (edge) {
       for (int i = lane; i < kKeys * (G::kRowBytes / 16); i += 32) {
         const int row = i / (G::kRowBytes / 16), piece = i % (G::kRowBytes / 16);
         if (c0 + row < kb || c0 + row >= ke) {
