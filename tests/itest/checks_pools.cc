@@ -33,22 +33,27 @@ struct Counts {
   double context_refusals = 0;    // router_rejected_total{pool="none", reason="context_length"}
 };
 
-absl::StatusOr<Counts> CountPools(const Context& ctx) {
-  ASSIGN_OR_RETURN(MetricsView v, MetricsView::Fetch(ctx.opts.metrics, ctx.opts.api_key));
-  const Scrape* router = nullptr;
+// The coordinators' scrapes in the order of --metrics, one a pool.
+absl::StatusOr<std::vector<const Scrape*>> PoolCoordinators(const Context& ctx, const MetricsView& v) {
   std::vector<const Scrape*> coords;
   for (const Scrape& s : v.scrapes()) {
-    if (s.coordinator) {
-      coords.push_back(&s);
-    } else if (router == nullptr && s.text.find("router_requests_total") != std::string::npos) {
-      router = &s;
-    }
+    if (s.coordinator) coords.push_back(&s);
   }
-  if (router == nullptr) return absl::FailedPreconditionError("no router among the --metrics URLs");
   if (coords.size() != ctx.opts.pools.size()) {
     return absl::FailedPreconditionError(absl::StrCat("--metrics lists ", coords.size(), " coordinators for ",
                                                       ctx.opts.pools.size(), " pools (one coordinator per pool)"));
   }
+  return coords;
+}
+
+absl::StatusOr<Counts> CountPools(const Context& ctx) {
+  ASSIGN_OR_RETURN(MetricsView v, MetricsView::Fetch(ctx.opts.metrics, ctx.opts.api_key));
+  const Scrape* router = nullptr;
+  for (const Scrape& s : v.scrapes()) {
+    if (!s.coordinator && router == nullptr && s.text.find("router_requests_total") != std::string::npos) router = &s;
+  }
+  if (router == nullptr) return absl::FailedPreconditionError("no router among the --metrics URLs");
+  ASSIGN_OR_RETURN(std::vector<const Scrape*> coords, PoolCoordinators(ctx, v));
   Counts out;
   out.context_refusals = SumSamples(*router, "router_rejected_total", {{"pool", "none"}, {"reason", "context_length"}});
   out.pools.resize(coords.size());
@@ -135,11 +140,7 @@ absl::Status RefusedEverywhere(Context& ctx, int64_t prompt_len, std::optional<i
 // num_kv_blocks): used + cached + free of kv_blocks{kind="full"} on its own /metrics.
 absl::Status PoolsKeepTheirOwnKv(const Context& ctx) {
   ASSIGN_OR_RETURN(MetricsView v, MetricsView::Fetch(ctx.opts.metrics, ctx.opts.api_key));
-  std::vector<const Scrape*> coords;
-  for (const Scrape& s : v.scrapes()) {
-    if (s.coordinator) coords.push_back(&s);
-  }
-  if (coords.size() != ctx.opts.pools.size()) return absl::FailedPreconditionError("one coordinator per pool in --metrics");
+  ASSIGN_OR_RETURN(std::vector<const Scrape*> coords, PoolCoordinators(ctx, v));
   for (size_t i = 0; i < coords.size(); ++i) {
     const PoolSpec& p = ctx.opts.pools[i];
     if (p.kv_blocks == 0) continue;
