@@ -18,7 +18,8 @@
 // --shape qwen30b: E_local = 128 of 128 experts, top-8, L = 2048, I = 768 (Qwen3-30B-A3B on
 // one GPU); T defaults to 1, 4, 8, 64, 4096. --format picks the experts' weight format (the
 // random bytes are made sane: see bench::SaneWeights). The step gets the caller's format hint
-// (MoeExpertParams::expert_formats) unless --no-hint. NVFP4 weights are repacked at load
+// (MoeExpertParams::expert_formats) unless --no-hint; with it, the workspace has room for the
+// wgmma path's expanded weights (MOESHARD_MOE_WGMMA=0 keeps the GEMV/mma kernels). NVFP4 weights are repacked at load
 // (MoeRepackNvfp4: the streaming kernels) unless --no-repack or --no-hint; the reference
 // check reads the original weights.
 #include <cublas_v2.h>
@@ -443,7 +444,8 @@ int main(int argc, char** argv) {
   CK(cudaDeviceSynchronize());
 
   const int64_t t_max = *std::max_element(Ts.begin(), Ts.end());
-  const size_t work_bytes = gpu::MoeExpertWorkspaceBytes(kE, kL, kI, t_max, kTopK);
+  // With the format hint, room for the wgmma path's expanded weights (prefill sizes on Hopper).
+  const size_t work_bytes = gpu::MoeExpertWorkspaceBytes(kE, kL, kI, t_max, kTopK, kUseHint ? sets[0].hint : 0);
   void* work = DevAlloc(work_bytes);
   float* out = DevAlloc<float>(t_max * kL * 4);
   uint16_t* b_xg = DevAlloc<uint16_t>(t_max * kTopK * kL * 2);

@@ -25,13 +25,14 @@
 #   folder with llama-server and llama-bench already built (skips the build).
 # --out: the table (table.txt), summary.json and each run's JSON (default WORK/out).
 # --cpu-smoke: the plumbing on a CPU: a tiny synthetic model, moeshard only, short runs.
-# --step-tokens: moeshard's --max-tokens-per-step for the serve runs (default: the coordinator's).
+# --step-tokens: moeshard's --max-tokens-per-step for the serve runs (default: `up`'s, 4096 on a GPU).
 # --no-serve: skip the concurrency and 4096-prefill runs (e.g. for a call that only runs --long).
 # --no-bench-model: skip the engine-to-engine decode (bench-model and llama-batched-bench).
 # --long LENS: long prompts (issue 19): for each engine a server with one sequence and room for the
 #   longest length, one request per length (prompt L, --long-output greedy tokens): TTFT, prefill
 #   tok/s and decode speed at L. moeshard once per --long-kv KV dtype (bf16, fp8; auto = bf16 on
-#   the GPU) with --max-tokens-per-step --long-step-tokens; llama-server once per --long-llama-kv
+#   the GPU) with --max-tokens-per-step --long-step-tokens (and the workers' --max-batch-tokens
+#   raised to it above 8192); llama-server once per --long-llama-kv
 #   cache type (f16 is its default; q8_0 = -ctk q8_0 -ctv q8_0).
 # Phases can be split over calls: --build-only, then --variants mxfp4 --skip-build, ...
 # Each run's results are kept in OUT, so a later call adds to the table.
@@ -72,7 +73,7 @@ while [ $# -gt 0 ]; do
     --long-kv) long_kv=$2; shift ;;
     --long-llama-kv) long_llama_kv=$2; shift ;;
     --long-step-tokens) long_step=$2; shift ;;
-    -h|--help) sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (--help)" ;;
   esac
   [ $# -gt 0 ] && shift
@@ -253,7 +254,8 @@ long_runs() {
       tag=moeshard; [ "$k" = bf16 ] || tag=moeshard_$k
       serve "$tag" "$v" "" /ready "$out/up-long-$k-$v.log" bench_long \
         "$moeshard" up --model "$model" --device "$device" --workers 1 --max-model-len "$long_ctx" --max-num-seqs 1 \
-        --num-kv-blocks $(( long_ctx / 16 + 16 )) --max-tokens-per-step "$long_step" --kv-dtype "$k" || rc=1
+        --num-kv-blocks $(( long_ctx / 16 + 16 )) --max-tokens-per-step "$long_step" \
+        --max-batch-tokens $(( long_step > 8192 ? long_step : 8192 )) --kv-dtype "$k" || rc=1
     done
   fi
   if has "$engines" llamacpp; then

@@ -68,11 +68,21 @@ absl::Status Up(const Args& a) {
   // Checked here so that a typo stops before any process starts.
   if (a.Has("metric-prefix")) RETURN_IF_ERROR(SetMetricPrefix(a.Get("metric-prefix")));
   if (num_gpus < 1) return absl::InvalidArgumentError("--gpus must be >= 1");
+  // Each pool's step budget, checked before any process starts.
+  std::vector<FlagValue> step_tokens;
+  for (const UpPool& p : pools) {
+    ASSIGN_OR_RETURN(FlagValue st,
+                     StepTokensFlag(p.name, a.Get("device") == "cuda",
+                                    PoolFlag(p.coordinator_flags, "max-tokens-per-step", CommandLine(a, "max-tokens-per-step")),
+                                    PoolFlag(p.worker_flags, "max-batch-tokens", CommandLine(a, "max-batch-tokens"))));
+    step_tokens.push_back(st);
+  }
   int64_t next_gpu = 0;
   Supervisor procs({});
   std::vector<std::string> coord_metrics, worker_metrics, internal_grpc;
   nlohmann::json router_pools = nlohmann::json::array();
-  for (const UpPool& p : pools) {
+  for (size_t pi = 0; pi < pools.size(); ++pi) {
+    const UpPool& p = pools[pi];
     nlohmann::json coords = nlohmann::json::array();
     for (int64_t r = 0; r < p.replicas; ++r) {
       std::string workers;
@@ -96,7 +106,8 @@ absl::Status Up(const Args& a) {
       cargs.insert(cargs.end(), internal_tls.begin(), internal_tls.end());
       if (!p.layer_split.empty()) cargs.insert(cargs.end(), {"--layer-split", p.layer_split});
       if (p.max_model_len > 0) cargs.insert(cargs.end(), {"--max-model-len", std::to_string(p.max_model_len)});
-      for (const char* f : {"num-kv-blocks", "num-sliding-kv-blocks", "max-num-seqs", "max-tokens-per-step", "comm-timeout-ms", "metric-prefix",
+      if (step_tokens[pi].has) cargs.insert(cargs.end(), {"--max-tokens-per-step", step_tokens[pi].value});
+      for (const char* f : {"num-kv-blocks", "num-sliding-kv-blocks", "max-num-seqs", "comm-timeout-ms", "metric-prefix",
                             "max-queued-requests", "max-queued-tokens", "max-queue-time-s", "step-deadline-floor-ms"}) {
         const FlagValue v = PoolFlag(p.coordinator_flags, f, CommandLine(a, f));
         if (v.has) cargs.insert(cargs.end(), {absl::StrCat("--", f), v.value});
@@ -184,6 +195,9 @@ int UpCommand(const std::vector<std::string>& argv) {
                  "       [--device cpu|cuda] [--gpus N] [--dtype bfloat16|float32] [--kv-dtype auto|float32|bfloat16|fp8]\n"
                  "       [--metric-prefix moeshard_|moeshard:] [--max-queued-requests N] [--max-queued-tokens N]\n"
                  "       [--max-queue-time-s S] [--step-deadline-floor-ms MS]\n"
+                 "       [--max-tokens-per-step N] [--max-batch-tokens N] [--num-kv-blocks N] [--max-num-seqs N]\n"
+                 "  --max-tokens-per-step: a coordinator's step budget (chunked prefill); default 512 on CPUs and\n"
+                 "  4096 with --device cuda, never above the GPU workers' --max-batch-tokens (default 8192)\n"
                  "  --pools FILE: {\"pools\": [{\"name\": \"long\", \"max_model_len\": 131072, \"workers\": 2, ...}]}; a pool\n"
                  "  may set replicas, workers, mode, layer_split, kv_dtype, dtype, max_batch_tokens, num_kv_blocks,\n"
                  "  num_sliding_kv_blocks, max_num_seqs and max_tokens_per_step for itself\n%s\n",

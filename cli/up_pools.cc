@@ -1,7 +1,9 @@
 #include "cli/up_pools.h"
 
+#include <algorithm>
 #include <set>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
@@ -133,6 +135,28 @@ FlagValue PoolFlag(const std::vector<std::pair<std::string, std::string>>& pool_
     if (f == flag) return {true, v};
   }
   return fallback;
+}
+
+absl::StatusOr<FlagValue> StepTokensFlag(std::string_view pool, bool gpu, const FlagValue& step,
+                                         const FlagValue& batch) {
+  if (!gpu) return step;
+  int64_t most = kGpuMaxBatchTokens;
+  if (batch.has && (!absl::SimpleAtoi(batch.value, &most) || most < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pool ", std::string(pool), ": --max-batch-tokens must be a positive count (got \"", batch.value, "\")"));
+  }
+  if (!step.has) return FlagValue{true, std::to_string(std::min(kGpuStepTokens, most))};
+  int64_t n = 0;
+  if (!absl::SimpleAtoi(step.value, &n) || n < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pool ", std::string(pool), ": --max-tokens-per-step must be a positive count (got \"", step.value, "\")"));
+  }
+  if (n > most) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pool ", std::string(pool), ": --max-tokens-per-step ", n, " exceeds the GPU workers' --max-batch-tokens ", most,
+        " (a GPU worker refuses a larger step): raise --max-batch-tokens or lower --max-tokens-per-step"));
+  }
+  return step;
 }
 
 }  // namespace moeshard

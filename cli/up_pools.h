@@ -43,4 +43,15 @@ struct FlagValue {
 FlagValue PoolFlag(const std::vector<std::pair<std::string, std::string>>& pool_flags, std::string_view flag,
                    FlagValue fallback);
 
+// The coordinator's --max-tokens-per-step for a pool (`step`: the pool's or the command line's,
+// PoolFlag) given its workers' --max-batch-tokens (`batch`, likewise). CPU workers: `step` as it
+// is. GPU workers: unset, kGpuStepTokens (at most the workers' batch: a 4,096-token prompt is one
+// step, which the expert GEMMs of a prefill want; the coordinator's own default, 512, is a
+// CPU's); set above the workers' batch, an error naming the pool, before any process starts (a
+// GPU worker would refuse every such step).
+constexpr int64_t kGpuStepTokens = 4096;
+constexpr int64_t kGpuMaxBatchTokens = 8192;  // worker/model_runner.h RunnerOptions' default
+absl::StatusOr<FlagValue> StepTokensFlag(std::string_view pool, bool gpu, const FlagValue& step,
+                                         const FlagValue& batch);
+
 }  // namespace moeshard

@@ -39,6 +39,7 @@
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/gpu_ops.h"
 #include "kernels/cuda/mbarrier.cuh"
+#include "kernels/cuda/tensor_map.cuh"
 #include "kernels/cuda/pdl.cuh"
 
 namespace moeshard::gpu {
@@ -337,20 +338,6 @@ bool SplitOn() {
 template <int HD, KvElem E>
 cudaError_t Prepare(std::atomic<uint64_t>& smem_set) {
   return EnsureDynamicSmem(&DecodeSplitKernel<HD, E>, Geo<HD, E>::kSmem, smem_set);
-}
-
-PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();
-      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
 }
 
 // The K or V cache as a 3-D tensor [slots][KV heads][head_dim]; a box is 16 consecutive slots of

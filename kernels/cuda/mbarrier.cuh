@@ -42,6 +42,16 @@ __device__ __forceinline__ void TensorCopy3dToShared(void* dst, const void* map,
       "l"(map), "r"(x), "r"(y), "r"(z), "r"(SharedAddr(bar))
       : "memory");
 }
+// A box of a 2-D tensor map into shared memory, as TensorCopy3dToShared.
+__device__ __forceinline__ void TensorCopy2dToShared(void* dst, const void* map, int x, int y, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+          SharedAddr(dst)),
+      "l"(map), "r"(x), "r"(y), "r"(SharedAddr(bar))
+      : "memory");
+}
+// Makes this thread's mbarrier inits visible to the copy engine (before a CTA barrier).
+__device__ __forceinline__ void FenceMbarrierInit() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
 // Waits until the phase of parity `parity` has completed (a fresh barrier counts parity 1 as
 // completed, so a ring's producer passes its first wait on each empty slot).
 __device__ __forceinline__ void MbarrierWait(uint64_t* bar, uint32_t parity) {

@@ -9,6 +9,8 @@
 //   3. generic gate/up (moe_generic.cu) for all other experts (its blocks of taken experts
 //      return at once).
 //   4. the same three for down.
+//   With MoeWork::wgmma (prefill sizes on Hopper, see WgmmaShape), the GEMV/mma path's
+//   experts take moe_wgmma.cu instead of moe_gemv.cu (gather, weight expansion, two GEMMs).
 //   5. combine (moe_route.cu): per token, in slot order, norm and weighted sum into out.
 // MoeExpertParams::expert_formats (when the caller sets it) drops the launches that no
 // expert needs; when it says every expert takes the GEMV/mma path, decode-sized steps (at most
@@ -20,6 +22,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -36,7 +39,8 @@ size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 // Byte offsets of the workspace's buffers; `end` is the total.
 struct Layout {
-  size_t offsets, tile_base, gemv_base, fast, rows, pos, xg, h, y, fix_count, fix_part, end;
+  size_t offsets, tile_base, gemv_base, fast, rows, pos, xg, h, y, fix_count, fix_part, wexp, end;
+  size_t end_with_wexp;  // end plus the wgmma path's expanded weights (MoeWork::wexp)
 };
 
 Layout MakeLayout(int E, int64_t L, int64_t I, int64_t T, int top_k) {
@@ -55,7 +59,27 @@ Layout MakeLayout(int E, int64_t L, int64_t I, int64_t T, int top_k) {
   l.fix_count = o, o = AlignUp(o + sizeof(uint32_t) * kMoeFixBlocks);
   l.fix_part = o, o = AlignUp(o + sizeof(float) * size_t{kMoeFixBlocks} * 2 * kMoeFixSlotFloats);
   l.end = o;
+  l.wexp = o;
+  l.end_with_wexp = AlignUp(o + sizeof(uint16_t) * 3 * static_cast<size_t>(E) * L * I);
   return l;
+}
+
+// The wgmma path (moe_wgmma.cu, MOESHARD_MOE_WGMMA=0 off): from this many grouped rows up
+// (MOESHARD_MOE_WGMMA_MIN_ROWS, default 64 a local expert on average: on the H200 at the
+// Qwen3-30B shape, MXFP4, the GEMV/mma kernels win at 32 (636 against 1,048 us), the two are
+// level at 64 (1,103 against 1,086) and the wgmma path leads from there: 3,877 against 1,627 us
+// at 256), when the sizes fit its tiles (L a multiple of 128, I of 64).
+bool WgmmaShape(int E, int64_t L, int64_t I, int64_t rows) {
+  static const int64_t min_rows = [] {
+    const char* v = std::getenv("MOESHARD_MOE_WGMMA_MIN_ROWS");
+    return v && *v ? std::atoll(v) : int64_t{-1};
+  }();
+  static const bool on = [] {
+    const char* v = std::getenv("MOESHARD_MOE_WGMMA");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  const int64_t need = min_rows >= 0 ? min_rows : int64_t{64} * E;
+  return on && E <= kMoeWgmmaMaxExperts && L % 128 == 0 && I % 64 == 0 && rows >= std::max<int64_t>(need, 1);
 }
 
 absl::Status Validate(const MoeExpertParams& p) {
@@ -137,8 +161,14 @@ uint32_t MoeExpertFormats(const MoeExpertWeights* experts, int num_local_experts
   return bits;
 }
 
-size_t MoeExpertWorkspaceBytes(int num_local_experts, int64_t width, int64_t inter, int64_t num_tokens, int top_k) {
-  return MakeLayout(num_local_experts, width, inter, num_tokens, top_k).end;
+size_t MoeExpertWorkspaceBytes(int num_local_experts, int64_t width, int64_t inter, int64_t num_tokens, int top_k,
+                               uint32_t expert_formats) {
+  const Layout l = MakeLayout(num_local_experts, width, inter, num_tokens, top_k);
+  const uint32_t gemv_bits =
+      MoeFormatBit(WeightFormat::kQ8_0) | MoeFormatBit(WeightFormat::kMXFP4) | MoeFormatBit(WeightFormat::kBF16);
+  const bool wgmma = (expert_formats & gemv_bits) && MoeWgmmaSupported() &&
+                     WgmmaShape(num_local_experts, width, inter, num_tokens * top_k);
+  return wgmma ? l.end_with_wexp : l.end;
 }
 
 cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStream_t stream) {
@@ -166,6 +196,7 @@ cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStr
   w.y = reinterpret_cast<float*>(ws + l.y);
   w.fix_count = reinterpret_cast<uint32_t*>(ws + l.fix_count);
   w.fix_part = reinterpret_cast<float*>(ws + l.fix_part);
+  w.wexp = reinterpret_cast<uint16_t*>(ws + l.wexp);
   w.num_sms = num_sms;
   const bool bf16 = p.act_dtype == ActDType::kBF16 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
   const uint32_t fmts = p.expert_formats;  // 0: unknown
@@ -191,6 +222,11 @@ cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStr
              p.num_tokens * p.top_k <= kMoeDirectMaxPairs;
   w.direct_v2 = w.direct && DirectV2Enabled() && (fmts & MoeFormatBit(WeightFormat::kBF16)) == 0 &&
                 ((fmts & MoeFormatBit(WeightFormat::kQ8_0)) == 0 || DirectV2Q8Enabled());
+  // Prefill sizes on Hopper: the GEMV/mma path's experts through the wgmma GEMMs, when the
+  // caller's workspace has room for the expanded weights (MoeExpertWorkspaceBytes with the
+  // formats). Chosen from sizes alone, so the format hint never changes a result.
+  w.wgmma = w.gemv_allowed && !w.direct && p.workspace_bytes >= l.end_with_wexp && MoeWgmmaSupported() &&
+            WgmmaShape(p.num_local_experts, p.width, p.inter, w.capacity);
   // Repacked NVFP4 weights: the streaming kernels read x and h as they are (no gather).
   const bool repacked = known && (fmts & kMoeNvfp4Repacked);
   using Launch = cudaError_t (*)(const MoeExpertParams&, const MoeWork&, cudaStream_t);
@@ -203,10 +239,10 @@ cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStr
       {kMoeStageRoute, kAlways, LaunchMoeRoute},
       {kMoeStageGather, kFastOld, LaunchMoeGatherX},
       {kMoeStageFastGateUp, kFast, repacked ? LaunchMoeStreamGateUp : LaunchMoeFastGateUp},
-      {kMoeStageGemvGateUp, kGemv, LaunchMoeGemvGateUp},
+      {kMoeStageGemvGateUp, kGemv, w.wgmma ? LaunchMoeWgmmaGateUp : LaunchMoeGemvGateUp},
       {kMoeStageGenericGateUp, kGeneric, LaunchMoeGenericGateUp},
       {kMoeStageFastDown, kFast, repacked ? LaunchMoeStreamDown : LaunchMoeFastDown},
-      {kMoeStageGemvDown, kGemv, LaunchMoeGemvDown},
+      {kMoeStageGemvDown, kGemv, w.wgmma ? LaunchMoeWgmmaDown : LaunchMoeGemvDown},
       {kMoeStageGenericDown, kGeneric, LaunchMoeGenericDown},
       {kMoeStageCombine, kAlways, LaunchMoeCombine},
   };

@@ -16,13 +16,17 @@
 // Q8_0, MXFP4 and BF16 experts with bf16 activations take the GEMV/mma path (moe_gemv.cu)
 // when L and I are multiples of 32, gate and up share a format, and the views sit on the
 // 32-column block grid (BF16: 16-byte aligned rows); the block scales are applied in fp32
-// to each block's partial sums, BF16 weights feed the tensor cores unchanged.
+// to each block's partial sums, BF16 weights feed the tensor cores unchanged. At prefill sizes
+// on Hopper (64 rows a local expert on average and more, L % 128 == 0, I % 64 == 0, and a workspace
+// sized with the formats) these experts take warpgroup-MMA GEMMs over weights expanded to bf16
+// instead (moe_wgmma.cu): there a Q8_0 weight d·q is rounded to bf16 before the product.
 // Every other case takes a generic path that honours the WeightRef fully (strides, column
 // windows), with fp32 weights on CUDA cores.
 //
 // Workspace: worst case over routings, T · top_k rows of x (bf16), h (fp32) and the expert
 // outputs (fp32): about 2.7 GB for T = 8192, top_k = 8, L = I = 4096; plus 32 MB at any T
-// for the streaming kernels' split work items (partial sums).
+// for the streaming kernels' split work items (partial sums); plus, for the wgmma path, the
+// local experts' weights in bf16 (MoeExpertWorkspaceBytes).
 //
 // Ownership: nothing is kept; every pointer in the params (the device expert array too)
 // must stay valid until the stream has run the step. Thread-safety: none beyond the
@@ -39,8 +43,12 @@
 
 namespace moeshard::gpu {
 
-// Device scratch that MoeExpertStep needs for these sizes (worst case over routings).
-size_t MoeExpertWorkspaceBytes(int num_local_experts, int64_t width, int64_t inter, int64_t num_tokens, int top_k);
+// Device scratch that MoeExpertStep needs for these sizes (worst case over routings). With the
+// experts' formats (MoeExpertFormats) it includes, for prefill-sized steps of Q8_0, MXFP4 or
+// BF16 experts on Hopper, room for their weights expanded to bf16 (3 · E · L · I · 2 bytes),
+// which the step's wgmma GEMMs need; a smaller workspace keeps the GEMV/mma kernels.
+size_t MoeExpertWorkspaceBytes(int num_local_experts, int64_t width, int64_t inter, int64_t num_tokens, int top_k,
+                               uint32_t expert_formats = 0);
 
 // MoeExpertParams::expert_formats for these experts, computed once at load. `experts` is a
 // HOST array of the same MoeExpertWeights that the device array holds: only formats, sizes,

@@ -12,6 +12,7 @@
 namespace moeshard {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Pair;
@@ -89,6 +90,43 @@ TEST(UpPoolsTest, RefusesMalformedFilesWithTheReason) {
   ExpectError(R"({"pools": [{"name": "a", "mode": "pipeline"}]})",
               "mode \"pipeline\" is not one of layer-split, tensor-parallel");
   ExpectError(R"({"pools": [{"name": "a", "num_kv_blocks": 0}]})", "num_kv_blocks must be >= 1");
+}
+
+// The step budget a pool's coordinator gets (cli/up_pools.h StepTokensFlag).
+TEST(UpPoolsTest, GpuPoolsStepAtMostTheWorkersBatch) {
+  // CPU workers: whatever was asked, or nothing (the coordinator's own default).
+  auto v = StepTokensFlag("a", false, {}, {});
+  ASSERT_TRUE(v.ok());
+  EXPECT_FALSE(v->has);
+  v = StepTokensFlag("a", false, {true, "16384"}, {true, "1024"});
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(v->value, "16384");
+  // GPU workers: 4096 by default, fewer when the workers take fewer tokens a step.
+  v = StepTokensFlag("a", true, {}, {});
+  ASSERT_TRUE(v.ok());
+  EXPECT_TRUE(v->has);
+  EXPECT_EQ(v->value, "4096");
+  v = StepTokensFlag("a", true, {}, {true, "2048"});
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(v->value, "2048");
+  v = StepTokensFlag("a", true, {true, "8192"}, {});
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(v->value, "8192");
+  v = StepTokensFlag("a", true, {true, "16384"}, {true, "16384"});
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(v->value, "16384");
+  // More than a GPU worker takes: refused before anything starts, naming the pool and both flags.
+  v = StepTokensFlag("long", true, {true, "16384"}, {});
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(v.status().message()),
+              AllOf(HasSubstr("pool long"), HasSubstr("--max-tokens-per-step 16384"), HasSubstr("--max-batch-tokens 8192")));
+  v = StepTokensFlag("a", true, {true, "many"}, {});
+  ASSERT_FALSE(v.ok());
+  EXPECT_THAT(std::string(v.status().message()), HasSubstr("positive count"));
+  v = StepTokensFlag("a", true, {}, {true, "0"});
+  ASSERT_FALSE(v.ok());
+  EXPECT_THAT(std::string(v.status().message()), HasSubstr("--max-batch-tokens must be a positive count"));
 }
 
 }  // namespace

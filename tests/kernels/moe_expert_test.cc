@@ -4,7 +4,8 @@
 // that take the generic one (odd sizes, column windows off the 32-column grid), with slots
 // on other GPUs (-1), experts with no tokens, tokens with no local expert, and experts with
 // more than one 64-token tile; the GEMV/mma path (Q8_0, MXFP4, BF16 experts, bf16
-// activations) at decode and prefill group sizes, and the MoeExpertParams::expert_formats
+// activations) at decode and prefill group sizes (on Hopper, prefill sizes take the wgmma GEMMs
+// of moe_wgmma.cu when the workspace is sized with the formats, as here), and the MoeExpertParams::expert_formats
 // hint, which must leave every result unchanged bit for bit (with it, decode-sized steps of GEMV-path
 // experts skip the route: moe_launch.h MoeWork::direct); and for NVFP4 with bf16
 // activations, the same step on weights repacked by MoeRepackNvfp4 (the streaming kernels,
@@ -147,6 +148,11 @@ constexpr Shape kShapes[] = {
     {"gemv decode aligned", 3, 8, 12, 16, 512, 384, 128, -1, true},
     {"gemv mid", 40, 3, 6, 6, 256, 96, 0, -1},
     {"gemv prefill", 300, 4, 8, 8, 256, 96, 0, -1},
+    // Prefill sizes on Hopper: the wgmma GEMMs over expanded weights (moe_wgmma.cu), several
+    // 128-row tiles an expert with tails; then a column window, an expert without tokens and
+    // slots on other GPUs.
+    {"wgmma prefill", 700, 4, 8, 8, 256, 128, 0, -1},
+    {"wgmma window", 600, 4, 6, 12, 256, 192, 32, 5},
 };
 
 void RunCase(const Shape& s, WeightFormat f, ActDType act, bool norm, std::mt19937& rng) {
@@ -190,7 +196,10 @@ void RunCase(const Shape& s, WeightFormat f, ActDType act, bool norm, std::mt199
       std::memcpy(xdev.data() + i * 2, &b, 2);
     }
   }
-  const size_t ws_bytes = gpu::MoeExpertWorkspaceBytes(s.E, L, I, T, s.top_k);
+  // Sized with the experts' formats: room for the wgmma path's expanded weights where it applies.
+  const uint32_t hint = gpu::MoeExpertFormats(dev.data(), s.E, L, I);
+  const size_t ws_bytes = gpu::MoeExpertWorkspaceBytes(s.E, L, I, T, s.top_k, hint);
+  const bool wgmma_room = ws_bytes > gpu::MoeExpertWorkspaceBytes(s.E, L, I, T, s.top_k);
   DeviceMem d_experts(sizeof(gpu::MoeExpertWeights) * s.E), d_ids(ids.size() * 4), d_w(wts.size() * 4),
       d_x(xdev.size()), d_out(T * L * 4), d_ws(ws_bytes);
   CUDA_OK(cudaMemcpy(d_experts.ptr, dev.data(), sizeof(gpu::MoeExpertWeights) * s.E, cudaMemcpyHostToDevice));
@@ -224,7 +233,6 @@ void RunCase(const Shape& s, WeightFormat f, ActDType act, bool norm, std::mt199
   EXPECT_EQ(std::memcmp(got.data(), again.data(), T * L * 4), 0) << "two runs differ";
   // With the caller's format hint: the launches no expert needs are left out (the generic
   // ones too, when every expert is fast-eligible), and the result must not change a bit.
-  const uint32_t hint = gpu::MoeExpertFormats(dev.data(), s.E, L, I);
   const bool all_fast = (hint & gpu::kMoeAllViewsFast) != 0;
   {
     gpu::MoeExpertParams ph = p;
@@ -304,9 +312,9 @@ void RunCase(const Shape& s, WeightFormat f, ActDType act, bool norm, std::mt199
   }
   EXPECT_EQ(bad, 0);
   const int repacked = results.size() > 1;
-  std::printf("  %-16s %-5s act=%-4s norm=%d all_fast=%d repacked=%d  worst row error %.3g\n", s.name,
+  std::printf("  %-16s %-5s act=%-4s norm=%d all_fast=%d repacked=%d wgmma=%d  worst row error %.3g\n", s.name,
               WeightFormatName(f), act == ActDType::kF32 ? "f32" : "bf16", int(norm), int(all_fast), int(repacked),
-              worst);
+              int(wgmma_room && act == ActDType::kBF16), worst);
 }
 
 class MoeExpertTest : public ::testing::Test {

@@ -356,7 +356,7 @@ absl::Status GpuModelRunner::Route(int64_t li, const RouteOpts& opts) {
   mix_ = opts.latent ? F32(T * Lw) : f_;
   z_ = opts.latent ? Act(T * Lw) : xn_;
   moe_ws_bytes_ = MoeExpertWorkspaceBytes(static_cast<int>(host_w_->num_local_experts), Lw, c.expert_intermediate, T,
-                                          static_cast<int>(K));
+                                          static_cast<int>(K), w_->layers[li].expert_formats);
   moe_ws_ = Take(static_cast<int64_t>(moe_ws_bytes_));
   RETURN_IF_ERROR(arena_error_);
   const gpu::GemvResidualIn res = router_res_;  // the attention block's folded update (FoldsAttentionResidual)

@@ -104,8 +104,10 @@ absl::Status GpuModelRunner::InitBuffers() {
   int64_t mlp = T * (act_bytes_ * H + 8 * H);
   if (host_w_->num_local_experts > 0) {
     mlp += T * (4 * E + 8 * K + 4 * Lw + 2 * act_bytes_ * Lw);
+    uint32_t formats = 0;  // every layer's: the expert step's workspace fits the largest
+    for (const auto& l : w_->layers) formats |= l.expert_formats;
     mlp += static_cast<int64_t>(MoeExpertWorkspaceBytes(static_cast<int>(host_w_->num_local_experts), Lw,
-                                                        c.expert_intermediate, T, static_cast<int>(K)));
+                                                        c.expert_intermediate, T, static_cast<int>(K), formats));
   }
   mlp = std::max(mlp, T * (act_bytes_ * H + 8 * H + 2 * act_bytes_ * host_w_->local_dense_intermediate));
   const int64_t head = logit_rows_ * (act_bytes_ * H + 4 * c.vocab_size);
