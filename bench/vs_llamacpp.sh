@@ -15,7 +15,7 @@
 #       [--prefill-len 4096] [--requests N] [--llama-dir DIR] [--skip-build] [--build-only]
 #       [--no-llama-bench] [--no-bench-model] [--keep-models] [--jobs N] [--cpu-smoke]
 #       [--step-tokens N] [--no-serve] [--long 32768,131072] [--long-output 32] [--long-kv bf16,fp8]
-#       [--long-llama-kv f16,q8_0] [--long-step-tokens 8192]
+#       [--long-llama-kv f16,q8_0] [--long-step-tokens 16384]
 #
 # --bin: the folder with moeshard, moeshard-worker, -coordinator, -router (default: where
 #   `moeshard` is on PATH, else build/). On the GPU machine: build here, pack with
@@ -31,8 +31,8 @@
 # --long LENS: long prompts (issue 19): for each engine a server with one sequence and room for the
 #   longest length, one request per length (prompt L, --long-output greedy tokens): TTFT, prefill
 #   tok/s and decode speed at L. moeshard once per --long-kv KV dtype (bf16, fp8; auto = bf16 on
-#   the GPU) with --max-tokens-per-step --long-step-tokens (and the workers' --max-batch-tokens
-#   raised to it above 8192); llama-server once per --long-llama-kv
+#   the GPU) with --max-tokens-per-step --long-step-tokens (default 16384: fewer, fuller steps for
+#   the expert GEMMs; the workers' --max-batch-tokens raised to it above 8192); llama-server once per --long-llama-kv
 #   cache type (f16 is its default; q8_0 = -ctk q8_0 -ctv q8_0).
 # Phases can be split over calls: --build-only, then --variants mxfp4 --skip-build, ...
 # Each run's results are kept in OUT, so a later call adds to the table.
@@ -44,7 +44,7 @@ shared=$repo/../shared; [ -d "$shared" ] || shared=$repo/shared
 bin="" work=/tmp/vs-llamacpp out="" variants=mxfp4,q8_0 engines=moeshard,llamacpp conc=1,4,16,64
 prompt=512 output=128 prefill=4096 requests="" llama_dir="" skip_build=0 build_only=0 llama_bench=1
 bench_model=1 keep=0 jobs=$(nproc) smoke=0 step_tokens="" do_serve=1 long="" long_out=32 long_kv=bf16
-long_llama_kv=f16 long_step=8192
+long_llama_kv=f16 long_step=16384
 die() { echo "vs_llamacpp: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
