@@ -10,6 +10,11 @@
 //      of 64; the epilogue forms h = bf16(silu(bf16(g)) · bf16(u)) (as moe_gemv.cu) for the
 //      tile's 64 intermediate columns;
 //   4. down GEMM: the same tiles over h, y rows fp32.
+// MOESHARD_MOE_WGMMA_DECODE=1 (not yet run on a GPU, off by default) replaces 2 and the weight
+// copies of 3 and 4 with a decoding producer: warpgroups 0 and 1 read the stored blocks (each
+// thread one 32-column block of one weight row a step, its raw bytes three steps ahead by
+// cp.async into a ring of its own), decode them to bf16 and store them into the weight slot in
+// the swizzled layout, so no expansion pass and no bf16 copy of the weights.
 // The GEMM is persistent (one CTA an SM, tiles strided over the grid, the weight tile fastest so
 // that CTAs running together share an expert's weights in L2) and warp-specialized: one thread
 // of warpgroup 0 feeds a four-slot ring with two tensor-map copies a slot (128 rows x 64
@@ -22,7 +27,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 
+#include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/mbarrier.cuh"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/tensor_map.cuh"
@@ -40,9 +47,25 @@ namespace {
 constexpr int kTM = 128, kTN = 128, kTK = 64, kStages = 4, kThreads = 384;
 constexpr uint32_t kTileBytes = kTM * kTK * 2;  // an activation tile and a weight tile alike
 
-size_t GemmSmemBytes(int E) { return 1024 + 2 * size_t{kStages} * kTileBytes + sizeof(int32_t) * (E + 1); }
+// The ring's activation and weight slots, the decoding producer's raw-byte ring, the m-tile prefix.
+size_t GemmSmemBytes(int E, bool decode) {
+  return 1024 + 2 * size_t{kStages} * kTileBytes + (decode ? size_t{kStages} * 256 * 64 : 0) +
+         sizeof(int32_t) * (E + 1);
+}
+
+// MOESHARD_MOE_WGMMA_DECODE=1: the decoding producer instead of the expansion pass and
+// tensor-map weight tiles. Written and compiled (2026-12-03, seventh session), not yet run on a
+// GPU: off until moe_expert_test passes with it and moe_expert_bench shows it faster.
+bool ExpandPass() {
+  static const bool expand = [] {
+    const char* v = std::getenv("MOESHARD_MOE_WGMMA_DECODE");
+    return !(v && v[0] == '1');
+  }();
+  return expand;
+}
 
 struct WgGemmArgs {
+  const MoeExpertWeights* experts;  // the decoding GEMM's weights (device array)
   const int32_t* offsets;
   const uint8_t* fast;
   int E;
@@ -74,8 +97,200 @@ __device__ __forceinline__ void TileAt(const int32_t* mt_base, int E, int n_tile
 }
 #endif
 
+#ifdef MOESHARD_MOE_WGMMA_DEVICE
+// Warp 0: m-tiles per expert (GEMV-path experts only), as an exclusive prefix into mt_base[E + 1].
+__device__ __forceinline__ void TilePrefix(const WgGemmArgs& a, int32_t* mt_base, int lane) {
+  int run = 0;
+  for (int e0 = 0; e0 < a.E; e0 += 32) {
+    const int e = e0 + lane;
+    int v = 0;
+    if (e < a.E && a.fast[e] == kMoePathGemv) v = (__ldcg(a.offsets + e + 1) - __ldcg(a.offsets + e) + kTM - 1) / kTM;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int u = __shfl_up_sync(~0u, v, o);
+      if (lane >= o) v += u;
+    }
+    if (e < a.E) mt_base[e + 1] = run + v;
+    run += __shfl_sync(~0u, v, 31);
+  }
+  if (lane == 0) mt_base[0] = 0;
+}
+
+// A consumer warpgroup (cw 0 or 1: the tile's rows 64·cw..): every tile of this CTA through the
+// ring, then its epilogue.
 template <bool kGateUp>
-__global__ void __launch_bounds__(kThreads, 1)
+__device__ __forceinline__ void ConsumeTiles(const WgGemmArgs& a, const int32_t* mt_base, int total, int nk,
+                                             uint8_t* a_tiles, uint8_t* b_tiles, uint64_t* full, uint64_t* empty,
+                                             int cw, int warp, int lane) {
+  const int wr = (warp % 4) * 16 + lane / 4, tq = lane % 4;
+  uint32_t cnt = 0;
+  for (int t = blockIdx.x; t < total; t += gridDim.x) {
+    int e, m0, n0;
+    TileAt(mt_base, a.E, a.n_tiles, t, e, m0, n0);
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+    for (int k = 0; k < nk; ++k, ++cnt) {
+      const int s = cnt % kStages;
+      MbarrierWait(&full[s], (cnt / kStages) & 1);
+      const uint32_t a_addr = SharedAddr(a_tiles + s * kTileBytes) + cw * 64 * 128;
+      const uint32_t b_addr = SharedAddr(b_tiles + s * kTileBytes);
+      WgmmaFence();
+#pragma unroll
+      for (int ks = 0; ks < kTK / 16; ++ks) {
+        WgmmaSS128(acc, WgmmaDesc(a_addr + ks * 32, 16, 1024), WgmmaDesc(b_addr + ks * 32, 16, 1024), 1);
+      }
+      WgmmaCommit();
+      WgmmaWait<1>();
+      if (k > 0) MbarrierArrive(&empty[(cnt - 1) % kStages]);
+    }
+    WgmmaWait<0>();
+    WgmmaPin(acc);
+    MbarrierArrive(&empty[(cnt - 1) % kStages]);
+    const int count = __ldcg(a.offsets + e + 1) - __ldcg(a.offsets + e);
+    const int64_t row_base = __ldcg(a.offsets + e);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = m0 + cw * 64 + wr + 8 * half;
+      if (r >= count) continue;
+      const int64_t row = row_base + r;
+      if constexpr (kGateUp) {
+        uint32_t* hrow = reinterpret_cast<uint32_t*>(a.h + row * a.inter + n0 / 2 + 2 * tq);
+#pragma unroll
+        for (int i = 0; i < 16; i += 2) {
+          float hv[2];
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const float g = RoundBf16(acc[4 * i + 2 * half + j]), u = RoundBf16(acc[4 * (i + 1) + 2 * half + j]);
+            hv[j] = Silu(g) * u;
+          }
+          hrow[(i / 2) * 4] = uint32_t{DevF32ToBf16(hv[0])} | (uint32_t{DevF32ToBf16(hv[1])} << 16);
+        }
+      } else {
+        float* yrow = a.y + row * a.width + n0 + 2 * tq;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          *reinterpret_cast<float2*>(yrow + 8 * i) = make_float2(acc[4 * i + 2 * half], acc[4 * i + 2 * half + 1]);
+        }
+      }
+    }
+  }
+}
+
+// The decoding producer's view of one (tile, k-step): thread pt (0..255) owns weight row pt / 2
+// of the tile (the interleaved gate/up order, or down's) and its 32-column block pt % 2 of the step.
+struct DecodeCursor {
+  int t = 0, k = 0, tile = -1;
+  const uint8_t* row = nullptr;  // the thread's stored row
+  int64_t col0 = 0;              // the view's first stored column
+  WeightFormat fmt = WeightFormat::kBF16;
+};
+
+template <bool kGateUp>
+__device__ __forceinline__ void CursorLoad(DecodeCursor& c, const WgGemmArgs& a, const int32_t* mt_base, int pt) {
+  if (c.tile == c.t) return;
+  c.tile = c.t;
+  int e, m0, n0;
+  TileAt(mt_base, a.E, a.n_tiles, c.t, e, m0, n0);
+  const int q = n0 + pt / 2;
+  const MoeExpertWeights& ex = a.experts[e];
+  const WeightRef& v = kGateUp ? ((q & 15) < 8 ? ex.gate : ex.up) : ex.down;
+  const int64_t src = kGateUp ? (q >> 4) * 8 + (q & 7) : q;
+  c.row = v.data + src * v.row_stride_bytes;
+  c.col0 = v.col_offset;
+  c.fmt = v.format;
+}
+
+// The step's block address of this thread (16-byte aligned for BF16, any byte for the others).
+__device__ __forceinline__ const uint8_t* BlockAddr(const DecodeCursor& c, int pt) {
+  const int64_t gb = 2 * c.k + (pt & 1);
+  switch (c.fmt) {
+    case WeightFormat::kQ8_0:
+      return c.row + (c.col0 / 32 + gb) * 34;
+    case WeightFormat::kMXFP4:
+      return c.row + (c.col0 / 32 + gb) * 17;
+    default:
+      return c.row + 2 * (c.col0 + 32 * gb);
+  }
+}
+
+// The raw bytes of the cursor's block into this thread's 64-byte slot (one cp.async group).
+__device__ __forceinline__ void IssueRaw(const DecodeCursor& c, int pt, uint8_t* slot) {
+  const uint8_t* p = BlockAddr(c, pt);
+  if (c.fmt == WeightFormat::kBF16) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) CpAsync16(slot + 16 * i, p + 16 * i, true);
+  } else {
+    const uint8_t* a0 = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t{3});
+    const int words = c.fmt == WeightFormat::kQ8_0 ? 10 : 5;
+    for (int i = 0; i < words; ++i) CpAsync4(slot + 4 * i, a0 + 4 * i, true);
+  }
+}
+
+// 32-bit window starting `b` bytes (0..7) into the words w (little-endian).
+__device__ __forceinline__ uint32_t Window(const uint32_t* w, int j, int b) {
+  return b >= 4 ? (b == 4 ? w[j + 1] : __funnelshift_r(w[j + 1], w[j + 2], 8 * (b - 4)))
+                : (b == 0 ? w[j] : __funnelshift_r(w[j], w[j + 1], 8 * b));
+}
+
+// The thread's 32 weights of the step as bf16, natural order, into out[16].
+__device__ __forceinline__ void DecodeRaw(const DecodeCursor& c, int pt, const uint8_t* slot, uint32_t out[16]) {
+  if (c.fmt == WeightFormat::kBF16) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint4 v = reinterpret_cast<const uint4*>(slot)[i];
+      out[4 * i] = v.x, out[4 * i + 1] = v.y, out[4 * i + 2] = v.z, out[4 * i + 3] = v.w;
+    }
+    return;
+  }
+  const int off = static_cast<int>(reinterpret_cast<uintptr_t>(BlockAddr(c, pt)) & 3);
+  uint32_t w[11];
+#pragma unroll
+  for (int i = 0; i < 10; ++i) w[i] = reinterpret_cast<const uint32_t*>(slot)[i];
+  w[10] = 0;
+  if (c.fmt == WeightFormat::kQ8_0) {  // d (f16), then 32 int8: d·q rounded to bf16
+    const float d = DevF16ToF32(static_cast<uint16_t>(Window(w, 0, off) & 0xffff));
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const uint32_t q = Window(w, j, off + 2);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float v0 = __fmul_rn(d, static_cast<float>(static_cast<int8_t>(q >> (16 * h))));
+        const float v1 = __fmul_rn(d, static_cast<float>(static_cast<int8_t>(q >> (16 * h + 8))));
+        out[2 * j + h] = uint32_t{DevF32ToBf16(v0)} | (uint32_t{DevF32ToBf16(v1)} << 16);
+      }
+    }
+  } else {  // MXFP4: e8m0 scale, then byte j = columns j (low nibble) and j + 16 (high)
+    const uint32_t s = (w[0] >> (8 * off)) & 0xff;
+    const uint32_t sb = s == 0 ? 0x0040u : s == 255 ? 0x7fc0u : s << 7;  // 2^(s-127) as bf16
+    const uint32_t sc = sb | (sb << 16);
+    constexpr uint32_t k2p126 = 0x7E807E80u, kMag = 0x01C001C0u, kSign = 0x80008000u;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t cw = Window(w, j, off + 1);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t x = __byte_perm(cw, 0, h == 0 ? 0x4140 : 0x4342);
+        const uint32_t lo = ((x << 6) & kMag) | ((x << 12) & kSign), hi = ((x << 2) & kMag) | ((x << 8) & kSign);
+        out[2 * j + h] = MulBf16x2(MulBf16x2(lo, k2p126), sc);
+        out[8 + 2 * j + h] = MulBf16x2(MulBf16x2(hi, k2p126), sc);
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ void CursorNext(DecodeCursor& c, int nk) {
+  if (++c.k == nk) c.k = 0, c.t += gridDim.x;
+}
+#endif
+
+// kDecode false: 384 threads, warpgroup 0's thread 0 copies activation and (expanded) weight tiles
+// by tensor map. kDecode true: 512 threads, warpgroups 0 and 1 decode the stored weights (each
+// thread one 32-column block of one row a step, its raw bytes three steps ahead by cp.async into
+// a ring of its own) straight into the swizzled weight slot, thread 0 copies the activations by
+// tensor map; no expansion pass.
+template <bool kGateUp, bool kDecode>
+__global__ void __launch_bounds__(kDecode ? 512 : kThreads, 1)
     WgmmaGemmKernel(WgGemmArgs a, const __grid_constant__ CUtensorMap amap, const __grid_constant__ CUtensorMap bmap) {
 #ifdef MOESHARD_MOE_WGMMA_DEVICE
   extern __shared__ uint8_t smem_raw[];
@@ -83,30 +298,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* sm = smem_raw + (((raw + 1023u) & ~1023u) - raw);
   uint8_t* a_tiles = sm;
   uint8_t* b_tiles = sm + kStages * kTileBytes;
-  int32_t* mt_base = reinterpret_cast<int32_t*>(b_tiles + kStages * kTileBytes);  // [E + 1]
+  uint8_t* raw_ring = b_tiles + kStages * kTileBytes;  // kDecode: [kStages][256 threads][64 bytes]
+  int32_t* mt_base = reinterpret_cast<int32_t*>(raw_ring + (kDecode ? kStages * 256 * 64 : 0));  // [E + 1]
   __shared__ alignas(8) uint64_t full[kStages], empty[kStages];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wg = warp / 4;
   PdlWait();
   PdlTrigger();
-  if (warp == 0) {  // m-tiles per expert (GEMV-path experts only), as an exclusive prefix
-    int run = 0;
-    for (int e0 = 0; e0 < a.E; e0 += 32) {
-      const int e = e0 + lane;
-      int v = 0;
-      if (e < a.E && a.fast[e] == kMoePathGemv) v = (__ldcg(a.offsets + e + 1) - __ldcg(a.offsets + e) + kTM - 1) / kTM;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int u = __shfl_up_sync(~0u, v, o);
-        if (lane >= o) v += u;
-      }
-      if (e < a.E) mt_base[e + 1] = run + v;
-      run += __shfl_sync(~0u, v, 31);
-    }
-    if (lane == 0) mt_base[0] = 0;
-  }
+  if (warp == 0) TilePrefix(a, mt_base, lane);
   if (tid == 0) {
     for (int i = 0; i < kStages; ++i) {
-      MbarrierInit(&full[i], 1);
+      MbarrierInit(&full[i], kDecode ? 257 : 1);
       MbarrierInit(&empty[i], 256);
     }
     FenceMbarrierInit();
@@ -114,77 +315,77 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   const int total = mt_base[a.E] * a.n_tiles;
   const int nk = a.K / kTK;
-  if (wg == 0) {
-    RegsDecrease<40>();
-    if (tid == 0) {
-      uint32_t cnt = 0;
-      for (int t = blockIdx.x; t < total; t += gridDim.x) {
-        int e, m0, n0;
-        TileAt(mt_base, a.E, a.n_tiles, t, e, m0, n0);
-        const int arow = __ldcg(a.offsets + e) + m0, brow = e * a.n_tiles * kTN + n0;
-        for (int k = 0; k < nk; ++k, ++cnt) {
-          const int s = cnt % kStages;
-          MbarrierWait(&empty[s], ((cnt / kStages) & 1) ^ 1);
-          MbarrierArriveExpectTx(&full[s], 2 * kTileBytes);
-          TensorCopy2dToShared(a_tiles + s * kTileBytes, &amap, k * kTK, arow, &full[s]);
-          TensorCopy2dToShared(b_tiles + s * kTileBytes, &bmap, k * kTK, brow, &full[s]);
+  if constexpr (!kDecode) {
+    if (wg == 0) {
+      RegsDecrease<40>();
+      if (tid == 0) {
+        uint32_t cnt = 0;
+        for (int t = blockIdx.x; t < total; t += gridDim.x) {
+          int e, m0, n0;
+          TileAt(mt_base, a.E, a.n_tiles, t, e, m0, n0);
+          const int arow = __ldcg(a.offsets + e) + m0, brow = e * a.n_tiles * kTN + n0;
+          for (int k = 0; k < nk; ++k, ++cnt) {
+            const int s = cnt % kStages;
+            MbarrierWait(&empty[s], ((cnt / kStages) & 1) ^ 1);
+            MbarrierArriveExpectTx(&full[s], 2 * kTileBytes);
+            TensorCopy2dToShared(a_tiles + s * kTileBytes, &amap, k * kTK, arow, &full[s]);
+            TensorCopy2dToShared(b_tiles + s * kTileBytes, &bmap, k * kTK, brow, &full[s]);
+          }
         }
       }
+    } else {
+      RegsIncrease<232>();
+      ConsumeTiles<kGateUp>(a, mt_base, total, nk, a_tiles, b_tiles, full, empty, wg - 1, warp, lane);
     }
   } else {
-    RegsIncrease<232>();
-    const int cw = wg - 1, wr = (warp % 4) * 16 + lane / 4, tq = lane % 4;
-    uint32_t cnt = 0;
-    for (int t = blockIdx.x; t < total; t += gridDim.x) {
-      int e, m0, n0;
-      TileAt(mt_base, a.E, a.n_tiles, t, e, m0, n0);
-      float acc[64];
-#pragma unroll
-      for (int i = 0; i < 64; ++i) acc[i] = 0.f;
-      for (int k = 0; k < nk; ++k, ++cnt) {
+    if (wg < 2) {
+      const int pt = tid;  // 0..255
+      const int r = pt / 2, cb = (pt & 1) * 4;
+      uint8_t* my_raw = raw_ring + pt * 64;
+      DecodeCursor is, ds;  // the copies' cursor (three steps ahead) and the decode's
+      is.t = ds.t = blockIdx.x;
+      const uint32_t stages = total > static_cast<int>(blockIdx.x)
+                                  ? static_cast<uint32_t>(((total - 1 - blockIdx.x) / gridDim.x + 1) * nk)
+                                  : 0u;
+      for (int i = 0; i < kStages - 1; ++i) {
+        if (static_cast<uint32_t>(i) < stages) {
+          CursorLoad<kGateUp>(is, a, mt_base, pt);
+          IssueRaw(is, pt, my_raw + i * 256 * 64);
+          CursorNext(is, nk);
+        }
+        CpCommit();
+      }
+      for (uint32_t cnt = 0; cnt < stages; ++cnt) {
         const int s = cnt % kStages;
-        MbarrierWait(&full[s], (cnt / kStages) & 1);
-        const uint32_t a_addr = SharedAddr(a_tiles + s * kTileBytes) + cw * 64 * 128;
-        const uint32_t b_addr = SharedAddr(b_tiles + s * kTileBytes);
-        WgmmaFence();
-#pragma unroll
-        for (int ks = 0; ks < kTK / 16; ++ks) {
-          WgmmaSS128(acc, WgmmaDesc(a_addr + ks * 32, 16, 1024), WgmmaDesc(b_addr + ks * 32, 16, 1024), 1);
+        if (cnt + kStages - 1 < stages) {
+          CursorLoad<kGateUp>(is, a, mt_base, pt);
+          IssueRaw(is, pt, my_raw + ((cnt + kStages - 1) % kStages) * 256 * 64);
+          CursorNext(is, nk);
         }
-        WgmmaCommit();
-        WgmmaWait<1>();
-        if (k > 0) MbarrierArrive(&empty[(cnt - 1) % kStages]);
-      }
-      WgmmaWait<0>();
-      WgmmaPin(acc);
-      MbarrierArrive(&empty[(cnt - 1) % kStages]);
-      const int count = __ldcg(a.offsets + e + 1) - __ldcg(a.offsets + e);
-      const int64_t row_base = __ldcg(a.offsets + e);
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int r = m0 + cw * 64 + wr + 8 * half;
-        if (r >= count) continue;
-        const int64_t row = row_base + r;
-        if constexpr (kGateUp) {
-          uint32_t* hrow = reinterpret_cast<uint32_t*>(a.h + row * a.inter + n0 / 2 + 2 * tq);
-#pragma unroll
-          for (int i = 0; i < 16; i += 2) {
-            float hv[2];
-#pragma unroll
-            for (int j = 0; j < 2; ++j) {
-              const float g = RoundBf16(acc[4 * i + 2 * half + j]), u = RoundBf16(acc[4 * (i + 1) + 2 * half + j]);
-              hv[j] = Silu(g) * u;
-            }
-            hrow[(i / 2) * 4] = uint32_t{DevF32ToBf16(hv[0])} | (uint32_t{DevF32ToBf16(hv[1])} << 16);
-          }
-        } else {
-          float* yrow = a.y + row * a.width + n0 + 2 * tq;
-#pragma unroll
-          for (int i = 0; i < 16; ++i) {
-            *reinterpret_cast<float2*>(yrow + 8 * i) = make_float2(acc[4 * i + 2 * half], acc[4 * i + 2 * half + 1]);
-          }
+        CpCommit();
+        CpWait<kStages - 1>();
+        CursorLoad<kGateUp>(ds, a, mt_base, pt);
+        MbarrierWait(&empty[s], ((cnt / kStages) & 1) ^ 1);
+        if (pt == 0) {
+          int e, m0, n0;
+          TileAt(mt_base, a.E, a.n_tiles, ds.t, e, m0, n0);
+          MbarrierArriveExpectTx(&full[s], kTileBytes);
+          TensorCopy2dToShared(a_tiles + s * kTileBytes, &amap, ds.k * kTK, __ldcg(a.offsets + e) + m0, &full[s]);
         }
+        uint32_t out[16];
+        DecodeRaw(ds, pt, my_raw + s * 256 * 64, out);
+        uint8_t* slot = b_tiles + s * kTileBytes + r * 128;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          *reinterpret_cast<uint4*>(slot + (((cb + i) ^ (r & 7)) << 4)) =
+              make_uint4(out[4 * i], out[4 * i + 1], out[4 * i + 2], out[4 * i + 3]);
+        }
+        FenceProxyAsyncShared();
+        MbarrierArrive(&full[s]);
+        CursorNext(ds, nk);
       }
+    } else {
+      ConsumeTiles<kGateUp>(a, mt_base, total, nk, a_tiles, b_tiles, full, empty, wg - 2, warp, lane);
     }
   }
 #else
@@ -285,23 +486,27 @@ cudaError_t EncodeMap(const void* base, int64_t rows, int64_t cols, CUtensorMap*
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-template <bool kGateUp>
-cudaError_t LaunchGemm(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
+template <bool kGateUp, bool kDecode>
+cudaError_t LaunchGemmAs(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
   const int E = p.num_local_experts;
   const int64_t L = p.width, I = p.inter, K = kGateUp ? L : I, n_rows = kGateUp ? 2 * I : L;
   CUtensorMap amap, bmap;
   const void* act = kGateUp ? static_cast<const void*>(w.y) : w.h;  // gate/up: the gathered x in y
-  const uint16_t* wts = kGateUp ? w.wexp : w.wexp + static_cast<int64_t>(E) * 2 * I * L;
   if (cudaError_t err = EncodeMap(act, w.capacity, K, &amap); err != cudaSuccess) return err;
-  if (cudaError_t err = EncodeMap(wts, E * n_rows, K, &bmap); err != cudaSuccess) return err;
-  WgGemmArgs a{w.offsets, w.fast, E, static_cast<int>(K), static_cast<int>(n_rows / kTN), static_cast<uint16_t*>(w.h),
-               I,         w.y,    L};
-  const size_t smem = GemmSmemBytes(E);
+  bmap = amap;  // the decoding producer reads the stored weights itself
+  if (!kDecode) {
+    const uint16_t* wts = kGateUp ? w.wexp : w.wexp + static_cast<int64_t>(E) * 2 * I * L;
+    if (cudaError_t err = EncodeMap(wts, E * n_rows, K, &bmap); err != cudaSuccess) return err;
+  }
+  WgGemmArgs a{
+      p.experts, w.offsets, w.fast, E, static_cast<int>(K), static_cast<int>(n_rows / kTN), static_cast<uint16_t*>(w.h),
+      I,         w.y,       L};
+  const size_t smem = GemmSmemBytes(E, kDecode);
   static std::atomic<size_t> smem_set{0};
   if (smem_set.load(std::memory_order_relaxed) < smem) {
-    const size_t most = GemmSmemBytes(kMoeWgmmaMaxExperts);
-    if (cudaError_t err = cudaFuncSetAttribute(WgmmaGemmKernel<kGateUp>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(most));
+    const size_t most = GemmSmemBytes(kMoeWgmmaMaxExperts, kDecode);
+    if (cudaError_t err = cudaFuncSetAttribute(WgmmaGemmKernel<kGateUp, kDecode>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(most));
         err != cudaSuccess) {
       return err;
     }
@@ -310,7 +515,12 @@ cudaError_t LaunchGemm(const MoeExpertParams& p, const MoeWork& w, cudaStream_t 
   // Tiles: at most capacity / kTM + E m-tiles (each expert's last one partial) times n_tiles.
   const int64_t most_tiles = (w.capacity / kTM + E) * (n_rows / kTN);
   const unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(most_tiles, w.num_sms)));
-  return LaunchPdl(WgmmaGemmKernel<kGateUp>, grid, kThreads, smem, stream, a, amap, bmap);
+  return LaunchPdl(WgmmaGemmKernel<kGateUp, kDecode>, grid, kDecode ? 512 : kThreads, smem, stream, a, amap, bmap);
+}
+
+template <bool kGateUp>
+cudaError_t LaunchGemm(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
+  return ExpandPass() ? LaunchGemmAs<kGateUp, false>(p, w, stream) : LaunchGemmAs<kGateUp, true>(p, w, stream);
 }
 
 }  // namespace
@@ -347,7 +557,9 @@ cudaError_t LaunchMoeWgmmaGateUp(const MoeExpertParams& p, const MoeWork& w, cud
   const int64_t blocks = 3 * p.inter * (p.width / 32);
   const dim3 egrid(static_cast<unsigned>(std::min<int64_t>((blocks + 255) / 256, 64)),
                    static_cast<unsigned>(p.num_local_experts));
-  if (cudaError_t err = LaunchPdl(ExpandKernel, egrid, 256, 0, stream, p, w); err != cudaSuccess) return err;
+  if (ExpandPass()) {
+    if (cudaError_t err = LaunchPdl(ExpandKernel, egrid, 256, 0, stream, p, w); err != cudaSuccess) return err;
+  }
   return LaunchGemm<true>(p, w, stream);
 }
 
