@@ -34,6 +34,7 @@
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/tensor_map.cuh"
 #include "kernels/cuda/wgmma.cuh"
+#include "kernels/moe/moe_block_decode.h"
 #include "kernels/moe/moe_device.cuh"
 #include "kernels/moe/moe_launch.h"
 
@@ -214,7 +215,8 @@ __device__ __forceinline__ const uint8_t* BlockAddr(const DecodeCursor& c, int p
   }
 }
 
-// The raw bytes of the cursor's block into this thread's 64-byte slot (one cp.async group).
+// The raw bytes of the cursor's block into this thread's 64-byte slot (one cp.async group):
+// 16-byte copies for BF16, 4-byte ones aligned down for the others (moe_block_decode.h).
 __device__ __forceinline__ void IssueRaw(const DecodeCursor& c, int pt, uint8_t* slot) {
   const uint8_t* p = BlockAddr(c, pt);
   if (c.fmt == WeightFormat::kBF16) {
@@ -222,61 +224,22 @@ __device__ __forceinline__ void IssueRaw(const DecodeCursor& c, int pt, uint8_t*
     for (int i = 0; i < 4; ++i) CpAsync16(slot + 16 * i, p + 16 * i, true);
   } else {
     const uint8_t* a0 = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t{3});
-    const int words = c.fmt == WeightFormat::kQ8_0 ? 10 : 5;
+    const int words = block_decode::RawWords(c.fmt);
     for (int i = 0; i < words; ++i) CpAsync4(slot + 4 * i, a0 + 4 * i, true);
   }
 }
 
-// 32-bit window starting `b` bytes (0..7) into the words w (little-endian).
-__device__ __forceinline__ uint32_t Window(const uint32_t* w, int j, int b) {
-  return b >= 4 ? (b == 4 ? w[j + 1] : __funnelshift_r(w[j + 1], w[j + 2], 8 * (b - 4)))
-                : (b == 0 ? w[j] : __funnelshift_r(w[j], w[j + 1], 8 * b));
-}
-
 // The thread's 32 weights of the step as bf16, natural order, into out[16].
 __device__ __forceinline__ void DecodeRaw(const DecodeCursor& c, int pt, const uint8_t* slot, uint32_t out[16]) {
-  if (c.fmt == WeightFormat::kBF16) {
+  uint32_t w[block_decode::kRawWords];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint4 v = reinterpret_cast<const uint4*>(slot)[i];
-      out[4 * i] = v.x, out[4 * i + 1] = v.y, out[4 * i + 2] = v.z, out[4 * i + 3] = v.w;
-    }
-    return;
+  for (int i = 0; i < 4; ++i) {
+    const uint4 v = reinterpret_cast<const uint4*>(slot)[i];
+    w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
   }
-  const int off = static_cast<int>(reinterpret_cast<uintptr_t>(BlockAddr(c, pt)) & 3);
-  uint32_t w[11];
-#pragma unroll
-  for (int i = 0; i < 10; ++i) w[i] = reinterpret_cast<const uint32_t*>(slot)[i];
-  w[10] = 0;
-  if (c.fmt == WeightFormat::kQ8_0) {  // d (f16), then 32 int8: d·q rounded to bf16
-    const float d = DevF16ToF32(static_cast<uint16_t>(Window(w, 0, off) & 0xffff));
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const uint32_t q = Window(w, j, off + 2);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float v0 = __fmul_rn(d, static_cast<float>(static_cast<int8_t>(q >> (16 * h))));
-        const float v1 = __fmul_rn(d, static_cast<float>(static_cast<int8_t>(q >> (16 * h + 8))));
-        out[2 * j + h] = uint32_t{DevF32ToBf16(v0)} | (uint32_t{DevF32ToBf16(v1)} << 16);
-      }
-    }
-  } else {  // MXFP4: e8m0 scale, then byte j = columns j (low nibble) and j + 16 (high)
-    const uint32_t s = (w[0] >> (8 * off)) & 0xff;
-    const uint32_t sb = s == 0 ? 0x0040u : s == 255 ? 0x7fc0u : s << 7;  // 2^(s-127) as bf16
-    const uint32_t sc = sb | (sb << 16);
-    constexpr uint32_t k2p126 = 0x7E807E80u, kMag = 0x01C001C0u, kSign = 0x80008000u;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint32_t cw = Window(w, j, off + 1);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint32_t x = __byte_perm(cw, 0, h == 0 ? 0x4140 : 0x4342);
-        const uint32_t lo = ((x << 6) & kMag) | ((x << 12) & kSign), hi = ((x << 2) & kMag) | ((x << 8) & kSign);
-        out[2 * j + h] = MulBf16x2(MulBf16x2(lo, k2p126), sc);
-        out[8 + 2 * j + h] = MulBf16x2(MulBf16x2(hi, k2p126), sc);
-      }
-    }
-  }
+  const int off =
+      c.fmt == WeightFormat::kBF16 ? 0 : static_cast<int>(reinterpret_cast<uintptr_t>(BlockAddr(c, pt)) & 3);
+  block_decode::DecodeBlock(c.fmt, w, off, out);
 }
 
 __device__ __forceinline__ void CursorNext(DecodeCursor& c, int nk) {
