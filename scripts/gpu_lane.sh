@@ -25,6 +25,8 @@
 #       Steps 4 and 5 start first and run in the background beside 1-3, each with its own clusters
 #       (MOESHARD_LANE_SERIAL=1: everything one after another).
 #       The test models are assembled from tests/testdata first (tests/testdata/assemble.sh).
+#       moe_expert_test runs a second time with MOESHARD_MOE_WGMMA_DECODE=1 (the MoE wgmma path's
+#       decoding producer, off by default) as moe_expert_test-decode.
 #       A step that exits 77 (no GPU) is a failure here: the lane runs on a GPU machine. A gtest
 #       that reports SKIPPED (a multi-GPU case on one GPU, say nccl_communicator_test) fails the
 #       lane unless MOESHARD_ALLOW_SINGLE_GPU=1, which lists it as allowed.
@@ -92,9 +94,11 @@ run_step() {
   fi
 }
 
-run_gtest() {
-  local t=$1 bin=$2 log=$3
-  MOESHARD_TESTDATA="${data:-${MOESHARD_TESTDATA:-}}" "$bin/$t" >"$log" 2>&1
+run_gtest() {  # run_gtest TEST BIN_DIR LOG [NAME [VAR=VALUE...]]: NAME in the summary, the variables set for it
+  local t=$1 bin=$2 log=$3 name=${4:-$1}
+  shift 3
+  [[ $# -gt 0 ]] && shift
+  env "$@" MOESHARD_TESTDATA="${data:-${MOESHARD_TESTDATA:-}}" "$bin/$t" >"$log" 2>&1
   local rc=$?
   local ran skipped
   ran=$(sed -n 's/^\[==========\] \([0-9]*\) tests\? from .* ran\..*/\1/p' "$log" | tail -1)
@@ -106,14 +110,14 @@ run_gtest() {
     rc=0
   fi
   if [[ $rc -ne 0 ]]; then
-    record FAIL "$t" "exit $rc (77: no GPU seen); see $log"
+    record FAIL "$name" "exit $rc (77: no GPU seen); see $log"
     tail -n 15 "$log" | sed 's/^/    /'
   elif [[ $skipped -gt 0 && ${MOESHARD_ALLOW_SINGLE_GPU:-0} != 1 ]]; then
-    record FAIL "$t" "$skipped case(s) skipped (multi-GPU on this machine? MOESHARD_ALLOW_SINGLE_GPU=1 allows it): $(grep '^\[  SKIPPED \] [A-Za-z].*(' "$log" | head -3 | tr '\n' ' ')"
+    record FAIL "$name" "$skipped case(s) skipped (multi-GPU on this machine? MOESHARD_ALLOW_SINGLE_GPU=1 allows it): $(grep '^\[  SKIPPED \] [A-Za-z].*(' "$log" | head -3 | tr '\n' ' ')"
   elif [[ $skipped -gt 0 ]]; then
-    record skip "$t" "${ran:-?} cases, $skipped skipped and allowed (MOESHARD_ALLOW_SINGLE_GPU=1)"
+    record skip "$name" "${ran:-?} cases, $skipped skipped and allowed (MOESHARD_ALLOW_SINGLE_GPU=1)"
   else
-    record ok "$t" "${ran:-?} cases, none skipped"
+    record ok "$name" "${ran:-?} cases, none skipped"
   fi
 }
 
@@ -160,6 +164,11 @@ run_lane() {
       [[ $t == gpu_model_check || $t == gpu_repack_check ]] && continue
       run_gtest "$t" "$bin" "$work/$t.log"
     done <"$list"
+    # The MoE wgmma path's decoding producer (off by default, MOESHARD_MOE_WGMMA_DECODE=1): the
+    # same cases through it, counted, so that it passes here before it is turned on.
+    if grep -qx moe_expert_test "$list"; then
+      run_gtest moe_expert_test "$bin" "$work/moe_expert_test-decode.log" moe_expert_test-decode MOESHARD_MOE_WGMMA_DECODE=1
+    fi
   fi
   run_step gpu_check "$work/gpu_check.log" bash "$ROOT/scripts/gpu_check.sh" "$bin" "$data"
   run_step gpu_repack_check "$work/repack.log" bash "$ROOT/scripts/gpu_repack_check.sh" "$bin"
