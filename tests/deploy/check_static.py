@@ -266,6 +266,10 @@ def check_rendered(where, docs, complete):
                 if gpu_image:
                     env = {e["name"]: e.get("value") for e in c.get("env", [])}
                     R.check(env.get("NCCL_NVLS_ENABLE") == "0", f"{where}: {own} worker sets NCCL_NVLS_ENABLE=0")
+                    # The worker's default device is the CPU: a GPU image's worker must say cuda.
+                    wflags = parse_command(list(c.get("command", [])) + list(c.get("args", [])))[2]
+                    R.check(wflags.get("device") == "cuda", f"{where}: {own} worker computes on its GPU (--device cuda)",
+                            f"flags {wflags}")
     check_pools(where, docs, by_kind)
 
 
@@ -326,6 +330,12 @@ def check_pools(where, docs, by_kind):
                 env.update(engine_cm.get(ef.get("configMapRef", {}).get("name"), {}))
             mml = flags.get("max-model-len", "")
             mml = env.get(mml.strip("${}()").lstrip("$"), mml) if mml.startswith("$") else mml
+            # A step never larger than a GPU worker takes (--max-batch-tokens, 8192 by default).
+            step = flags.get("max-tokens-per-step", "512")
+            step = env.get(step.strip("${}()").lstrip("$"), step) if step.startswith("$") else step
+            R.check(str(step).isdigit() and 1 <= int(step) <= 8192,
+                    f"{where}: pool {pool['name']} coordinator's --max-tokens-per-step is a count of at most 8192",
+                    f"coordinator has {step}")
             R.check(str(pool["max_model_len"]) == str(mml),
                     f"{where}: pool {pool['name']} max_model_len {pool['max_model_len']} is the coordinator's --max-model-len",
                     f"coordinator has {mml}")
@@ -375,6 +385,13 @@ def check_compose():
             if binary is None:
                 continue
             check_flags(f"{where} {name}", binary, sub, flags)
+            if binary == "moeshard-worker" and "gpu" in str(s.get("image", "")):
+                R.check(flags.get("device") == "cuda", f"{where} {name}: a GPU image's worker computes on its GPU (--device cuda)",
+                        f"flags {flags}")
+            if binary == "moeshard-coordinator" and "max-tokens-per-step" in flags:
+                step = flags["max-tokens-per-step"]
+                R.check(step.isdigit() and 1 <= int(step) <= 8192,
+                        f"{where} {name}: --max-tokens-per-step is a count of at most 8192 (the workers' batch)", step)
             for net in (s.get("networks") or {}).values():
                 for a in (net or {}).get("aliases", []):
                     by_alias.setdefault(a, []).append((name, s, binary, flags))
