@@ -139,6 +139,8 @@ if has "$engines" llamacpp; then
       { tail -30 "$work/llama-build.log"; die "llama.cpp build failed (see $work/llama-build.log)"; }
     llama_dir=$work/llama/build/bin
   fi
+  # A build made elsewhere and copied here (--llama-dir) finds its own libraries beside it.
+  export LD_LIBRARY_PATH="$llama_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   log "llama.cpp: $llama_dir"
 fi
 [ $build_only = 1 ] && exit 0
