@@ -11,6 +11,7 @@
 
 #include "kernels/cuda/attention_wgmma.cuh"
 #include "kernels/cuda/launchers.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace moeshard::gpu {
 namespace {
@@ -21,28 +22,6 @@ bool WgmmaAllowed() {
     return v == nullptr || v[0] != '0';
   }();
   return allowed;
-}
-
-// Compute capability 9.0 (the sm_90a code), per device, read once.
-bool DeviceIsSm90() {
-  static std::atomic<int> cc[64];  // 0 unread, else major * 10 + minor + 1
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
-    cudaGetLastError();
-    return false;
-  }
-  int v = cc[dev].load(std::memory_order_relaxed);
-  if (v == 0) {
-    int major = 0, minor = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    v = major * 10 + minor + 1;
-    cc[dev].store(v, std::memory_order_relaxed);
-  }
-  return v == 91;
 }
 
 }  // namespace

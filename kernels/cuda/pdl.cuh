@@ -23,6 +23,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -58,6 +59,29 @@ inline bool DeviceIsSm90OrNewer() {
     return false;
   }
   return major >= 9;
+}
+
+// Whether the current device has compute capability exactly 9.0 (the sm_90a code: wgmma, tensor
+// maps), per device, read once each.
+inline bool DeviceIsSm90() {
+  static std::atomic<int> cc[64];  // 0 unread, else major * 10 + minor + 1
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+    cudaGetLastError();
+    return false;
+  }
+  int v = cc[dev].load(std::memory_order_relaxed);
+  if (v == 0) {
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    v = major * 10 + minor + 1;
+    cc[dev].store(v, std::memory_order_relaxed);
+  }
+  return v == 91;
 }
 
 // On when the process's GPU is a Hopper or newer (programmatic launch needs compute capability

@@ -47,25 +47,16 @@ MOESHARD_BD_HD uint32_t FunnelShiftR(uint32_t lo, uint32_t hi, int shift) {
 #endif
 }
 
-MOESHARD_BD_HD float Bits(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-#endif
+// The bits of one 32-bit type read as another (memcpy: no aliasing rules broken, on host or device).
+template <typename To, typename From>
+MOESHARD_BD_HD To BitCast(From v) {
+  static_assert(sizeof(To) == sizeof(From), "same size");
+  To t;
+  std::memcpy(&t, &v, sizeof(t));
+  return t;
 }
-
-MOESHARD_BD_HD uint32_t FloatBits(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-#endif
-}
+MOESHARD_BD_HD float Bits(uint32_t u) { return BitCast<float>(u); }
+MOESHARD_BD_HD uint32_t FloatBits(float f) { return BitCast<uint32_t>(f); }
 
 // fp32 -> bf16, to nearest, ties to even; NaN stays NaN.
 MOESHARD_BD_HD uint16_t ToBf16(float f) {

@@ -369,45 +369,26 @@ __global__ void GatherNaturalKernel(const uint16_t* x, int64_t L, int top_k, con
   }
 }
 
-// An E2M1 code's value (as DevE2M1ToF32) from its bits, without a table in local memory.
-__device__ __forceinline__ float E2M1Value(uint32_t code) {
-  const uint32_t m = code & 7;
-  const uint32_t mag = m == 0 ? 0u : m == 1 ? 0x3F000000u : (((m >> 1) + 126u) << 23) | ((m & 1u) << 22);
-  return __uint_as_float(mag | ((code & 8u) << 28));
-}
-
-// 32 values of one block of `w` (row, columns 32b..32b+31) as bf16 into dst (16-byte aligned).
+// 32 values of one block of `w` (row, columns 32b..32b+31) as bf16 into dst (16-byte aligned):
+// BF16 copied, Q8_0 and MXFP4 through the decoding producer's block decode (moe_block_decode.h),
+// from the block's own bytes (none past it is read).
 __device__ __forceinline__ void ExpandBlock(const WeightRef& w, int64_t row, int64_t b, uint16_t* dst) {
   const uint8_t* r = w.data + row * w.row_stride_bytes;
-  const int64_t blk = w.col_offset / 32 + b;
-  uint32_t out[16];
   if (w.format == WeightFormat::kBF16) {
     const uint4* src = reinterpret_cast<const uint4*>(r + 2 * (w.col_offset + 32 * b));
 #pragma unroll
     for (int i = 0; i < 4; ++i) reinterpret_cast<uint4*>(dst)[i] = __ldg(src + i);
     return;
   }
-  if (w.format == WeightFormat::kQ8_0) {
-    const uint8_t* p = r + blk * 34;
-    const float d = DevF16ToF32(static_cast<uint16_t>(__ldg(p) | (__ldg(p + 1) << 8)));
+  const int bytes = w.format == WeightFormat::kQ8_0 ? 34 : 17;
+  const uint8_t* p = r + (w.col_offset / 32 + b) * bytes;
+  uint32_t words[block_decode::kRawWords] = {};
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const float lo = __fmul_rn(d, static_cast<float>(static_cast<int8_t>(__ldg(p + 2 + 2 * i))));
-      const float hi = __fmul_rn(d, static_cast<float>(static_cast<int8_t>(__ldg(p + 3 + 2 * i))));
-      out[i] = uint32_t{DevF32ToBf16(lo)} | (uint32_t{DevF32ToBf16(hi)} << 16);
-    }
-  } else {  // MXFP4: byte j holds columns j (low nibble) and j + 16 (high)
-    const uint8_t* p = r + blk * 17;
-    const float s = DevE8M0ToF32(__ldg(p));
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const uint32_t b0 = __ldg(p + 1 + 2 * i), b1 = __ldg(p + 2 + 2 * i);
-      out[i] = uint32_t{DevF32ToBf16(__fmul_rn(E2M1Value(b0 & 15), s))} |
-               (uint32_t{DevF32ToBf16(__fmul_rn(E2M1Value(b1 & 15), s))} << 16);
-      out[8 + i] = uint32_t{DevF32ToBf16(__fmul_rn(E2M1Value(b0 >> 4), s))} |
-                   (uint32_t{DevF32ToBf16(__fmul_rn(E2M1Value(b1 >> 4), s))} << 16);
-    }
+  for (int i = 0; i < 34; ++i) {
+    if (i < bytes) words[i / 4] |= uint32_t{__ldg(p + i)} << (8 * (i % 4));
   }
+  uint32_t out[16];
+  block_decode::DecodeBlock(w.format, words, 0, out);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     reinterpret_cast<uint4*>(dst)[i] = make_uint4(out[4 * i], out[4 * i + 1], out[4 * i + 2], out[4 * i + 3]);
@@ -492,17 +473,7 @@ bool MoeWgmmaSupported() {
 #ifndef MOESHARD_HAVE_SM90A
   return false;
 #else
-  static const bool ok = [] {
-    int dev = 0, major = 0, minor = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    return major == 9 && minor == 0 && TensorMapEncoder() != nullptr;
-  }();
-  return ok;
+  return DeviceIsSm90() && TensorMapEncoder() != nullptr;
 #endif
 }
 
