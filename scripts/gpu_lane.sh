@@ -25,8 +25,6 @@
 #       Steps 4 and 5 start first and run in the background beside 1-3, each with its own clusters
 #       (MOESHARD_LANE_SERIAL=1: everything one after another).
 #       The test models are assembled from tests/testdata first (tests/testdata/assemble.sh).
-#       moe_expert_test runs a second time with MOESHARD_MOE_WGMMA_DECODE=1 (the MoE wgmma path's
-#       decoding producer, off by default) as moe_expert_test-decode.
 #       A step that exits 77 (no GPU) is a failure here: the lane runs on a GPU machine. A gtest
 #       that reports SKIPPED (a multi-GPU case on one GPU, say nccl_communicator_test) fails the
 #       lane unless MOESHARD_ALLOW_SINGLE_GPU=1, which lists it as allowed.
@@ -164,11 +162,6 @@ run_lane() {
       [[ $t == gpu_model_check || $t == gpu_repack_check ]] && continue
       run_gtest "$t" "$bin" "$work/$t.log"
     done <"$list"
-    # The MoE wgmma path's decoding producer (off by default, MOESHARD_MOE_WGMMA_DECODE=1): the
-    # same cases through it, counted, so that it passes here before it is turned on.
-    if grep -qx moe_expert_test "$list"; then
-      run_gtest moe_expert_test "$bin" "$work/moe_expert_test-decode.log" moe_expert_test-decode MOESHARD_MOE_WGMMA_DECODE=1
-    fi
   fi
   run_step gpu_check "$work/gpu_check.log" bash "$ROOT/scripts/gpu_check.sh" "$bin" "$data"
   run_step gpu_repack_check "$work/repack.log" bash "$ROOT/scripts/gpu_repack_check.sh" "$bin"

@@ -1,6 +1,6 @@
-// Warpgroup MMA (wgmma, sm_90a) for the attention kernels: shared-memory matrix descriptors for the
+// Warpgroup MMA (wgmma, sm_90a) for the attention and MoE kernels: shared-memory matrix descriptors for the
 // 128-byte swizzled layout, the fence / commit / wait instructions, and bf16 x bf16 -> fp32 MMAs
-// of 64 rows by N = 64 or 128 columns by 16 (operands from shared memory, or A from registers).
+// of 64 rows by N = 64, 128 or 256 columns by 16 (operands from shared memory, or A from registers).
 //
 // The 128-byte swizzle (the descriptor's layout 1): a tile of rows of 64 bf16 (128 bytes) is
 // stored row after row, 16-byte chunk c of row r at chunk c ^ (r % 8), each 8-row group (1,024
@@ -92,6 +92,36 @@ __device__ __forceinline__ void WgmmaSS128(float (&d)[64], uint64_t desc_a, uint
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
+
+// Eight accumulator operands d[o..o+7] of an asm statement (WgmmaSS256's 128).
+#define MOESHARD_WG_D8(o)                                                                                    \
+  "+f"(d[o]), "+f"(d[o + 1]), "+f"(d[o + 2]), "+f"(d[o + 3]), "+f"(d[o + 4]), "+f"(d[o + 5]), "+f"(d[o + 6]), \
+      "+f"(d[o + 7])
+
+// D (64 x 256, fp32) {=, +=} A (64 x 16: shared memory, K-major) x B (16 x 256: shared memory,
+// K-major); scale_d 0 overwrites D, 1 accumulates. d[4j..4j+3] hold columns 8j..8j+7, as in
+// WgmmaSS128's layout.
+__device__ __forceinline__ void WgmmaSS256(float (&d)[128], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+      "}, "
+      "%128, %129, p, 1, 1, 0, 0;\n}\n"
+      : MOESHARD_WG_D8(0), MOESHARD_WG_D8(8), MOESHARD_WG_D8(16), MOESHARD_WG_D8(24),
+        MOESHARD_WG_D8(32), MOESHARD_WG_D8(40), MOESHARD_WG_D8(48), MOESHARD_WG_D8(56),
+        MOESHARD_WG_D8(64), MOESHARD_WG_D8(72), MOESHARD_WG_D8(80), MOESHARD_WG_D8(88),
+        MOESHARD_WG_D8(96), MOESHARD_WG_D8(104), MOESHARD_WG_D8(112), MOESHARD_WG_D8(120)
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+#undef MOESHARD_WG_D8
 
 // D (64 x 128, fp32) {=, +=} A (64 x 16: bf16 registers, each warp's 16 rows as the m16n8k16 A
 // fragment) x B (16 x 128: shared memory, MN-major, i.e. B's rows contiguous along N).

@@ -1,7 +1,7 @@
 // One 32-column block of a stored Q8_0, MXFP4 or BF16 weight row as 32 bf16 values in natural
-// column order, from the 4-byte words that hold it: the decoding producer of moe_wgmma.cu copies a
-// block's bytes with 4-byte copies aligned down, so the block starts `off` (0..3) bytes into
-// word 0 (BF16 blocks are 16-byte aligned: off is 0). Host and device alike: the device uses the
+// column order, from the 4-byte words that hold it, the block starting `off` (0..3) bytes into
+// word 0 (a copy of whole words aligned down; the expansion pass of moe_wgmma.cu packs each
+// block's own bytes from word 0, off 0; BF16 blocks are 16-byte aligned: off is 0). Host and device alike: the device uses the
 // byte-permute, funnel-shift and bf16x2-multiply instructions, the host exact emulations of them,
 // so tests/kernels/moe_block_decode_test.cc checks the bit work against kernels/cpu/dequant on
 // the CPU.

@@ -68,7 +68,8 @@ Layout MakeLayout(int E, int64_t L, int64_t I, int64_t T, int top_k) {
 // (MOESHARD_MOE_WGMMA_MIN_ROWS, default 64 a local expert on average: on the H200 at the
 // Qwen3-30B shape, MXFP4, the GEMV/mma kernels win at 32 (636 against 1,048 us), the two are
 // level at 64 (1,103 against 1,086) and the wgmma path leads from there: 3,877 against 1,627 us
-// at 256), when the sizes fit its tiles (L a multiple of 128, I of 64).
+// at 256), when the sizes fit its tiles (L a multiple of 128, I of 64; moe_wgmma.cu takes 256-row
+// weight tiles where L is a multiple of 256 and I of 128).
 bool WgmmaShape(int E, int64_t L, int64_t I, int64_t rows) {
   static const int64_t min_rows = [] {
     const char* v = std::getenv("MOESHARD_MOE_WGMMA_MIN_ROWS");
@@ -79,7 +80,9 @@ bool WgmmaShape(int E, int64_t L, int64_t I, int64_t rows) {
     return !(v && std::strcmp(v, "0") == 0);
   }();
   const int64_t need = min_rows >= 0 ? min_rows : int64_t{64} * E;
-  return on && E <= kMoeWgmmaMaxExperts && L % 128 == 0 && I % 64 == 0 && rows >= std::max<int64_t>(need, 1);
+  // 3·I·L/32 < 2^31: the expansion pass indexes one expert's blocks in 32 bits.
+  return on && E <= kMoeWgmmaMaxExperts && L % 128 == 0 && I % 64 == 0 && 3 * I * (L / 32) < (int64_t{1} << 31) &&
+         rows >= std::max<int64_t>(need, 1);
 }
 
 absl::Status Validate(const MoeExpertParams& p) {

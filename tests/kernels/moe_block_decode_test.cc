@@ -1,4 +1,4 @@
-// kernels/moe/moe_block_decode.h (the wgmma path's decoding producer) on the CPU against
+// kernels/moe/moe_block_decode.h (the wgmma path's expansion pass) on the CPU against
 // kernels/cpu/dequant: every Q8_0 and MXFP4 block at each byte offset within its first word,
 // with its neighbours' bytes around it, must give the reference's values rounded to bf16 (to
 // nearest, ties to even) bit for bit; MXFP4 values are exact in bf16, so there the bf16 equals

@@ -149,9 +149,11 @@ constexpr Shape kShapes[] = {
     {"gemv mid", 40, 3, 6, 6, 256, 96, 0, -1},
     {"gemv prefill", 300, 4, 8, 8, 256, 96, 0, -1},
     // Prefill sizes on Hopper: the wgmma GEMMs over expanded weights (moe_wgmma.cu), several
-    // 128-row tiles an expert with tails; then a column window, an expert without tokens and
-    // slots on other GPUs.
+    // 128-row tiles an expert with tails, in 256-row weight tiles (L a multiple of 256, I of
+    // 128): one tile (L 256, I 128), then two and four (L 512, I 256); then 128-row weight tiles
+    // (I = 192) with a column window, an expert without tokens and slots on other GPUs.
     {"wgmma prefill", 700, 4, 8, 8, 256, 128, 0, -1},
+    {"wgmma wide", 520, 4, 8, 8, 512, 256, 0, 3},
     {"wgmma window", 600, 4, 6, 12, 256, 192, 32, 5},
 };
 
