@@ -158,13 +158,9 @@ absl::StatusOr<int> HttpServer::Start() {
   server_->set_write_timeout(30);
   server_->set_tcp_nodelay(true);  // one small write per token: send it now
   AddRoutes();
-  int port = options_.port;
-  if (port == 0) {
-    port = server_->bind_to_any_port(options_.host);
-  } else if (!server_->bind_to_port(options_.host, port)) {
-    port = -1;
-  }
-  if (port <= 0) return absl::UnavailableError(absl::StrCat("http: cannot bind ", options_.host, ":", options_.port));
+  absl::StatusOr<int> bound = BindHardenedServer(*server_, options_.host, options_.port);
+  if (!bound.ok()) return absl::Status(bound.status().code(), absl::StrCat("http: ", bound.status().message()));
+  const int port = *bound;
   thread_ = std::thread([this] { server_->listen_after_bind(); });
   // stop() only works once the accept loop runs.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);

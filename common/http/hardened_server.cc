@@ -166,10 +166,20 @@ class HardenedServer : public httplib::Server {
  public:
   HardenedServer(ConnectionLimits limits, SSL_CTX* ctx) : limits_(std::move(limits)), ctx_(ctx) {
     new_task_queue = [n = limits_.num_threads, p = limits_.num_probe_threads] { return new AdmissionQueue(n, p); };
+    // httplib applies these options to the listening socket only, before its bind and listen.
+    // SO_REUSEADDR alone: httplib's default, SO_REUSEPORT, let a second server bind a port in
+    // use and take half of its connections (a second cluster started on a router's port, say).
+    // The socket is remembered so that BindHardenedServer can raise its backlog afterwards.
+    set_socket_options([this](socket_t sock) {
+      const int yes = 1;
+      setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+      listen_fd_ = sock;
+    });
   }
   ~HardenedServer() override {
     if (ctx_ != nullptr) SSL_CTX_free(ctx_);
   }
+  int listen_fd() const { return listen_fd_; }
 
  private:
   // Counts a connection of `ip` in: true when it is within the limits (probe-only otherwise).
@@ -240,6 +250,7 @@ class HardenedServer : public httplib::Server {
 
   const ConnectionLimits limits_;
   SSL_CTX* ctx_;
+  int listen_fd_ = -1;
   std::mutex mu_;
   int total_ = 0;
   std::map<std::string, int> per_client_;
@@ -272,6 +283,18 @@ absl::StatusOr<std::unique_ptr<httplib::Server>> MakeHardenedServer(const Connec
     }
   }
   return std::unique_ptr<httplib::Server>(new HardenedServer(limits, ctx));
+}
+
+absl::StatusOr<int> BindHardenedServer(httplib::Server& server, const std::string& host, int port) {
+  const int bound = port == 0 ? server.bind_to_any_port(host) : (server.bind_to_port(host, port) ? port : -1);
+  if (bound <= 0) return absl::UnavailableError(absl::StrCat("cannot bind ", host, ":", port));
+  auto* hs = dynamic_cast<HardenedServer*>(&server);
+  if (hs == nullptr || hs->listen_fd() < 0) return absl::InternalError("BindHardenedServer: not a hardened server");
+  // listen() on a listening socket sets its backlog anew (Linux; nothing else changes).
+  if (listen(hs->listen_fd(), kListenBacklog) != 0) {
+    return absl::InternalError(absl::StrCat("listen backlog: ", std::strerror(errno)));
+  }
+  return bound;
 }
 
 }  // namespace moeshard

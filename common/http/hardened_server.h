@@ -42,4 +42,13 @@ bool RefuseOutsideProbes(const httplib::Request& req, httplib::Response& res);
 // loaded.
 absl::StatusOr<std::unique_ptr<httplib::Server>> MakeHardenedServer(const ConnectionLimits& limits);
 
+// Connections the kernel completes and holds for the accept loop (capped by net.core.somaxconn).
+constexpr int kListenBacklog = 1024;
+
+// Binds a server of MakeHardenedServer to host:port (any free port when port is 0) and raises
+// its listen backlog to kListenBacklog: Debian's cpp-httplib listens with a backlog of 5, and 64
+// clients connecting at once overflowed it (handshakes dropped, requests that died with no
+// response, seconds added to others' first token). The bound port, or Unavailable.
+absl::StatusOr<int> BindHardenedServer(httplib::Server& server, const std::string& host, int port);
+
 }  // namespace moeshard

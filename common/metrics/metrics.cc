@@ -72,13 +72,11 @@ absl::StatusOr<int> MetricsServer::Start(const std::string& host, int port, std:
     res.set_content(RenderMetrics(*registry_), "text/plain; version=0.0.4; charset=utf-8");
   });
   server_->Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
-  int bound = port;
-  if (port == 0) {
-    bound = server_->bind_to_any_port(host);
-  } else if (!server_->bind_to_port(host, port)) {
-    bound = -1;
+  absl::StatusOr<int> bound_or = BindHardenedServer(*server_, host, port);
+  if (!bound_or.ok()) {
+    return absl::Status(bound_or.status().code(), absl::StrCat("metrics: ", bound_or.status().message()));
   }
-  if (bound <= 0) return absl::UnavailableError(absl::StrCat("metrics: cannot bind ", host, ":", port));
+  const int bound = *bound_or;
   thread_ = std::thread([this] { server_->listen_after_bind(); });
   // httplib's stop() does nothing before the accept loop runs: a process that fails right after
   // Start (a refused flag, say) and stops its metrics server would otherwise wait on it forever.
