@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "kernels/moe/moe_expert.h"
 #include "worker/model/model.h"
@@ -39,35 +40,71 @@ bool GpuModelRunner::UseGemv(const DenseWeight& w, int64_t rows) const {
   return gemv_enabled_ && rows <= kGemvMaxTokens && GemvSupports(GemvTypeOf(w), w.cols) && GemvOneLaunch(w.cols, rows);
 }
 
+// Rows of one Gemv launch when a batch of `rows` goes through Gemv in chunks (0: it does not).
+// Between kGemvMaxTokens and MOESHARD_GEMV_CHUNKED_MAX rows (default 32; 0 off), Q8_0 and bf16
+// weights: each chunk reads the weights again, and up to four chunks that still costs less than
+// the GEMM path, whose expansion of a Q8_0 weight to bf16 (written, then read) took 5.7 ms of a
+// 16-stream decode step of the Qwen3-30B shape against 0.23 ms of Q8_0 bytes. Measured on the
+// H200 (2026-12-04, bench-model, chunked against not): 16 streams 15.98 against 18.52 ms a step
+// (dense 2.99 / 5.71, LM head 0.51 / 1.47), 32 streams dense 5.43 / 5.64 and LM head 1.02 / 1.47,
+// 64 streams dense 10.3 / 5.7 (slower: hence 32); the fp32 router chunked was slower at every
+// size (1.26 / 0.63 ms at 16), so fp32 weights never chunk.
+int64_t GpuModelRunner::GemvChunk(const DenseWeight& w, int64_t rows) const {
+  static const int64_t most = [] {
+    const char* v = std::getenv("MOESHARD_GEMV_CHUNKED_MAX");
+    return v && *v ? std::atoll(v) : int64_t{32};
+  }();
+  if (!gemv_enabled_ || rows <= kGemvMaxTokens || rows > most || GemvTypeOf(w) == GemvWeight::kF32 ||
+      !GemvSupports(GemvTypeOf(w), w.cols)) {
+    return 0;
+  }
+  for (int64_t n = kGemvMaxTokens; n >= 1; --n) {
+    if (GemvOneLaunch(w.cols, n)) return n;
+  }
+  return 0;
+}
+
 absl::Status GpuModelRunner::ProjectMany(std::initializer_list<ProjectOut> outs, const void* x, ActDType y_dtype,
                                          int64_t rows, const char* category, const gpu::GemvResidualIn& res) {
   const DenseWeight& w0 = *outs.begin()->w;
-  bool fused = outs.size() <= 3;
+  bool fused = outs.size() <= 3, chunked = !res.s && outs.size() <= 3;
+  int64_t chunk = kGemvMaxTokens;
   for (const ProjectOut& o : outs) {
-    fused = fused && UseGemv(*o.w, rows) && GemvTypeOf(*o.w) == GemvTypeOf(w0) && o.w->cols == w0.cols;
+    const bool same = GemvTypeOf(*o.w) == GemvTypeOf(w0) && o.w->cols == w0.cols;
+    fused = fused && UseGemv(*o.w, rows) && same;
+    const int64_t n = GemvChunk(*o.w, rows);
+    chunked = chunked && n > 0 && same;
+    chunk = std::min(chunk, n);
   }
-  if (!fused) {
+  if (!fused && !chunked) {
     if (res.s) return absl::InternalError("a folded residual update needs the Gemv path");
     for (const ProjectOut& o : outs) RETURN_IF_ERROR(Project(*o.w, x, o.y, y_dtype, rows, o.bias, category));
     return absl::OkStatus();
   }
+  if (fused) chunk = rows;
   GemvParams g;
   g.wtype = GemvTypeOf(w0);
-  g.x = x;
   g.x_dtype = w0.dtype;
   g.y_dtype = y_dtype;
   g.cols = w0.cols;
-  g.num_tokens = rows;
   g.res = res;
-  g.num_matrices = 0;
-  for (const ProjectOut& o : outs) g.m[g.num_matrices++] = GemvOf(*o.w, o.bias, o.y);
+  const int64_t x_row = w0.cols * (w0.dtype == ActDType::kF32 ? 4 : 2), y_elem = y_dtype == ActDType::kF32 ? 4 : 2;
   auto region = prof_.Region(category, stream_);
-  return Gemv(g, stream_);
+  for (int64_t t0 = 0; t0 < rows; t0 += chunk) {  // token rows are independent: chunks give each row's own sums
+    g.x = static_cast<const char*>(x) + t0 * x_row;
+    g.num_tokens = std::min(chunk, rows - t0);
+    g.num_matrices = 0;
+    for (const ProjectOut& o : outs) {
+      g.m[g.num_matrices++] = GemvOf(*o.w, o.bias, static_cast<char*>(o.y) + t0 * o.w->rows * y_elem);
+    }
+    RETURN_IF_ERROR(Gemv(g, stream_));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status GpuModelRunner::Project(const DenseWeight& w, const void* x, void* y, ActDType y_dtype, int64_t rows,
                                      const float* bias, const char* category) {
-  if (UseGemv(w, rows)) return ProjectMany({{&w, y, bias}}, x, y_dtype, rows, category);
+  if (UseGemv(w, rows) || GemvChunk(w, rows) > 0) return ProjectMany({{&w, y, bias}}, x, y_dtype, rows, category);
   GemmArgs a;
   a.scratch = w_->gemm_scratch;
   a.scratch_bytes = w_->gemm_scratch_bytes;

@@ -167,6 +167,7 @@ class GpuModelRunner : public ModelRunner, private LayerOps {
   absl::Status ProjectMany(std::initializer_list<ProjectOut> outs, const void* x, ActDType y_dtype, int64_t rows,
                            const char* category = "dense projections", const gpu::GemvResidualIn& res = {});
   bool UseGemv(const DenseWeight& w, int64_t rows) const;
+  int64_t GemvChunk(const DenseWeight& w, int64_t rows) const;
   bool FoldsAttentionResidual(int64_t li, const ResidualOpts& opts) const;
   absl::Status UploadHidden(const std::vector<float>& h);
   absl::Status Download(const float* dev, int64_t n, std::vector<float>* out);
