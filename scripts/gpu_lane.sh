@@ -25,6 +25,8 @@
 #       Steps 4 and 5 start first and run in the background beside 1-3, each with its own clusters
 #       (MOESHARD_LANE_SERIAL=1: everything one after another).
 #       The test models are assembled from tests/testdata first (tests/testdata/assemble.sh).
+#       gemv_test runs a second time with MOESHARD_GEMV_MMA_GROUP8=1 (8-token tensor-core GEMV
+#       launches at K = 4,096, off by default) as gemv_test-group8.
 #       A step that exits 77 (no GPU) is a failure here: the lane runs on a GPU machine. A gtest
 #       that reports SKIPPED (a multi-GPU case on one GPU, say nccl_communicator_test) fails the
 #       lane unless MOESHARD_ALLOW_SINGLE_GPU=1, which lists it as allowed.
@@ -162,6 +164,11 @@ run_lane() {
       [[ $t == gpu_model_check || $t == gpu_repack_check ]] && continue
       run_gtest "$t" "$bin" "$work/$t.log"
     done <"$list"
+    # The 8-token tensor-core grouping of split-Q8 GEMVs (off by default until it has passed here,
+    # kernels/cuda/gemv.h): gemv_test's 5- and 8-token cases at K = 4,096 then run on it, counted.
+    if grep -qx gemv_test "$list"; then
+      run_gtest gemv_test "$bin" "$work/gemv_test-group8.log" gemv_test-group8 MOESHARD_GEMV_MMA_GROUP8=1
+    fi
   fi
   run_step gpu_check "$work/gpu_check.log" bash "$ROOT/scripts/gpu_check.sh" "$bin" "$data"
   run_step gpu_repack_check "$work/repack.log" bash "$ROOT/scripts/gpu_repack_check.sh" "$bin"

@@ -2,6 +2,7 @@
 #include "kernels/cuda/gemv.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
@@ -20,6 +21,26 @@ bool GemvSupports(GemvWeight wtype, int64_t cols) {
 }
 
 bool GemvOneLaunch(int64_t cols, int64_t tokens) { return tokens <= GemvTokensPerLaunch(cols); }
+
+namespace {
+
+// Tokens of one launch: what fp32 x in shared memory allows, or with MOESHARD_GEMV_MMA_GROUP8=1
+// what the tensor-core kernel takes for split Q8 weights and bf16 x (gemv.h).
+int64_t LaunchTokens(GemvWeight wtype, bool x_f32, int64_t cols) {
+  static const bool group8 = [] {
+    const char* v = std::getenv("MOESHARD_GEMV_MMA_GROUP8");
+    return v && v[0] == '1';
+  }();
+  const int64_t fp32 = GemvTokensPerLaunch(cols);
+  if (!group8 || wtype != GemvWeight::kQ8 || x_f32 || !GemvMmaOn()) return fp32;
+  return std::max<int64_t>(fp32, GemvMmaTokensPerLaunch(cols));
+}
+
+}  // namespace
+
+bool GemvOneLaunch(GemvWeight wtype, ActDType x_dtype, int64_t cols, int64_t tokens) {
+  return tokens <= LaunchTokens(wtype, x_dtype == ActDType::kF32, cols);
+}
 
 absl::Status Gemv(const GemvParams& p, GpuStream stream) {
   if (p.num_tokens <= 0) return absl::OkStatus();
@@ -58,7 +79,7 @@ absl::Status Gemv(const GemvParams& p, GpuStream stream) {
     a.m[i] = m;
     a.task_begin[i + 1] = a.task_begin[i] + (m.rows + rpt - 1) / rpt;
   }
-  const int group = GemvTokensPerLaunch(p.cols);
+  const int64_t group = LaunchTokens(a.wtype, a.x_f32 != 0, p.cols);
   const size_t y_elem = a.y_f32 ? 4 : 2;
   for (int64_t t0 = 0; t0 < p.num_tokens; t0 += group) {
     GemvLaunch g = a;

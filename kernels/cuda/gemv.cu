@@ -320,13 +320,17 @@ int GemvTokensPerLaunch(int64_t cols) {
   return tb;
 }
 
-cudaError_t LaunchGemv(const GemvLaunch& a, cudaStream_t stream) {
-  // Split Q8 with bf16 x and 2-8 tokens: the tensor-core kernel (gemv_mma.cu) unless MOESHARD_GEMV_MMA=0.
-  static const bool mma_on = [] {
+bool GemvMmaOn() {
+  static const bool on = [] {
     const char* v = std::getenv("MOESHARD_GEMV_MMA");
     return !(v && std::strcmp(v, "0") == 0);
   }();
-  if (mma_on && GemvMmaTakes(a)) return LaunchGemvQ8Mma(a, stream);
+  return on;
+}
+
+cudaError_t LaunchGemv(const GemvLaunch& a, cudaStream_t stream) {
+  // Split Q8 with bf16 x and 2-8 tokens: the tensor-core kernel (gemv_mma.cu) unless MOESHARD_GEMV_MMA=0.
+  if (GemvMmaOn() && GemvMmaTakes(a)) return LaunchGemvQ8Mma(a, stream);
   const int64_t tasks = a.task_begin[a.num_matrices];
   const int64_t blocks = (tasks + kWarps - 1) / kWarps;
   int tb = 1;

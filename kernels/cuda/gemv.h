@@ -62,8 +62,15 @@ struct GemvParams {
 
 // Whether Gemv takes this weight shape (K) and alignment; callers fall back to a GEMM otherwise.
 bool GemvSupports(GemvWeight wtype, int64_t cols);
-// Whether `tokens` rows of x fit one launch (each launch reads the weights once).
+// Whether `tokens` rows of x fit one launch (each launch reads the weights once): fp32 x in
+// shared memory, whatever the weights.
 bool GemvOneLaunch(int64_t cols, int64_t tokens);
+// The same for these weights and this x. With MOESHARD_GEMV_MMA_GROUP8=1 (off by default: written
+// 2026-12-04 after the session's device time, not yet run on a GPU), split Q8 weights with bf16 x
+// count what the tensor-core kernel holds (bf16 x: 8 tokens at K = 4,096), so a 5-8-row batch's
+// O projection of the Qwen3-30B shape is one launch instead of cuBLAS on an expanded copy (the
+// runner's UseGemv) or two launches (Gemv's grouping).
+bool GemvOneLaunch(GemvWeight wtype, ActDType x_dtype, int64_t cols, int64_t tokens);
 absl::Status Gemv(const GemvParams& p, GpuStream stream);
 
 // Q8_0 view (device pointers) → int8 codes [rows, cols] + f16 scales [rows, cols / 32].

@@ -33,6 +33,11 @@ cudaError_t LaunchGemv(const GemvLaunch& a, cudaStream_t stream);
 // gemv_mma.cu: split Q8 with bf16 x for 2 to 8 tokens on the tensor cores (LaunchGemv takes it
 // unless MOESHARD_GEMV_MMA=0).
 bool GemvMmaTakes(const GemvLaunch& a);
+// Whether LaunchGemv hands split Q8 with bf16 x to gemv_mma.cu (MOESHARD_GEMV_MMA, default on).
+bool GemvMmaOn();
+// The most tokens (2..8) of bf16 x one gemv_mma.cu launch takes at this K (its x in shared
+// memory as bf16), 0 if none.
+int GemvMmaTokensPerLaunch(int64_t cols);
 cudaError_t LaunchGemvQ8Mma(const GemvLaunch& a, cudaStream_t stream);
 cudaError_t LaunchGemvSplitQ8(const WeightRef& w, int8_t* codes, uint16_t* scales, cudaStream_t stream);
 cudaError_t LaunchGemvExpandQ8(const int8_t* codes, const uint16_t* scales, int64_t n, void* out, bool out_f32,

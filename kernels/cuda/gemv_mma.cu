@@ -169,6 +169,17 @@ bool GemvMmaTakes(const GemvLaunch& a) {
          MmaSmem(a, MmaWarps(a)) <= kMaxSmem;
 }
 
+int GemvMmaTokensPerLaunch(int64_t cols) {
+  GemvLaunch a;
+  a.wtype = GemvWeight::kQ8;
+  a.cols = cols;
+  for (int n = static_cast<int>(kGemvMaxTokens); n >= 2; --n) {
+    a.num_tokens = n;
+    if (GemvMmaTakes(a)) return n;
+  }
+  return 0;
+}
+
 cudaError_t LaunchGemvQ8Mma(const GemvLaunch& a, cudaStream_t stream) {
   Tiles tl;
   for (int i = 0; i < a.num_matrices; ++i) tl.begin[i + 1] = tl.begin[i] + (a.m[i].rows + kTileRows - 1) / kTileRows;

@@ -37,7 +37,8 @@ GemvMatrix GemvOf(const DenseWeight& w, const float* bias, void* y) {
 // Decode-sized batches (≤ kGemvMaxTokens rows whose x fits one launch) read each weight once through Gemv, up to three
 // matrices of the same input in one launch; larger ones go through cuBLAS.
 bool GpuModelRunner::UseGemv(const DenseWeight& w, int64_t rows) const {
-  return gemv_enabled_ && rows <= kGemvMaxTokens && GemvSupports(GemvTypeOf(w), w.cols) && GemvOneLaunch(w.cols, rows);
+  return gemv_enabled_ && rows <= kGemvMaxTokens && GemvSupports(GemvTypeOf(w), w.cols) &&
+         GemvOneLaunch(GemvTypeOf(w), w.dtype, w.cols, rows);
 }
 
 // Rows of one Gemv launch when a batch of `rows` goes through Gemv in chunks (0: it does not).
@@ -59,7 +60,7 @@ int64_t GpuModelRunner::GemvChunk(const DenseWeight& w, int64_t rows) const {
     return 0;
   }
   for (int64_t n = kGemvMaxTokens; n >= 1; --n) {
-    if (GemvOneLaunch(w.cols, n)) return n;
+    if (GemvOneLaunch(GemvTypeOf(w), w.dtype, w.cols, n)) return n;
   }
   return 0;
 }
