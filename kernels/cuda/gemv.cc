@@ -108,8 +108,10 @@ absl::Status GemvSplitQ8(const WeightRef& w, int8_t* codes, uint16_t* scales, Gp
 
 absl::Status GemvExpandQ8(const int8_t* codes, const uint16_t* scales, int64_t rows, int64_t cols, void* out,
                           ActDType out_dtype, GpuStream stream) {
-  if (!codes || !scales || !out || rows <= 0 || cols % 32 != 0) {
-    return absl::InvalidArgumentError("GemvExpandQ8: bad arguments");
+  if (!codes || !scales || !out || rows <= 0 || cols % 32 != 0 || reinterpret_cast<uintptr_t>(codes) % 8 != 0 ||
+      !Aligned16(out)) {
+    return absl::InvalidArgumentError(
+        "GemvExpandQ8: bad arguments (codes 8-byte and out 16-byte aligned, K % 32 == 0)");
   }
   MOESHARD_CUDA_RETURN_IF_ERROR(
       LaunchGemvExpandQ8(codes, scales, rows * cols, out, out_dtype == ActDType::kF32, stream));

@@ -301,14 +301,28 @@ __global__ void SplitQ8Kernel(WeightRef w, int8_t* codes, uint16_t* scales) {
   for (int j = 0; j < 32; ++j) out[j] = static_cast<int8_t>(blk[2 + j]);
 }
 
+// Eight consecutive values a thread (n is a multiple of 32: whole blocks), one 8-byte load of
+// codes and one 16-byte (bf16) or two (fp32) stores: the GEMM path expands a Q8 weight on every
+// call, and one value a thread spent more instructions than bytes.
 __global__ void ExpandQ8Kernel(const int8_t* codes, const uint16_t* scales, int64_t n, void* out, int out_f32) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  const float v = __fmul_rn(DevF16ToF32(scales[i / 32]), static_cast<float>(codes[i]));
+  const int64_t i8 = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i8 >= n / 8) return;
+  const uint2 q = reinterpret_cast<const uint2*>(codes)[i8];
+  const float d = DevF16ToF32(scales[i8 / 4]);
+  float v[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    v[j] = __fmul_rn(d, static_cast<float>(static_cast<int8_t>((j < 4 ? q.x : q.y) >> (8 * (j % 4)))));
+  }
   if (out_f32) {
-    static_cast<float*>(out)[i] = v;
+    float4* o = reinterpret_cast<float4*>(out) + 2 * i8;
+    o[0] = make_float4(v[0], v[1], v[2], v[3]);
+    o[1] = make_float4(v[4], v[5], v[6], v[7]);
   } else {
-    static_cast<uint16_t*>(out)[i] = DevF32ToBf16(v);
+    uint32_t h[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) h[j] = uint32_t{DevF32ToBf16(v[2 * j])} | (uint32_t{DevF32ToBf16(v[2 * j + 1])} << 16);
+    reinterpret_cast<uint4*>(out)[i8] = make_uint4(h[0], h[1], h[2], h[3]);
   }
 }
 
@@ -361,7 +375,7 @@ cudaError_t LaunchGemvSplitQ8(const WeightRef& w, int8_t* codes, uint16_t* scale
 
 cudaError_t LaunchGemvExpandQ8(const int8_t* codes, const uint16_t* scales, int64_t n, void* out, bool out_f32,
                                cudaStream_t stream) {
-  ExpandQ8Kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(codes, scales, n, out, out_f32 ? 1 : 0);
+  ExpandQ8Kernel<<<static_cast<unsigned>((n / 8 + 255) / 256), 256, 0, stream>>>(codes, scales, n, out, out_f32 ? 1 : 0);
   return cudaGetLastError();
 }
 
