@@ -26,7 +26,9 @@
 #       (MOESHARD_LANE_SERIAL=1: everything one after another).
 #       The test models are assembled from tests/testdata first (tests/testdata/assemble.sh).
 #       gemv_test runs a second time with MOESHARD_GEMV_MMA_GROUP8=1 (8-token tensor-core GEMV
-#       launches at K = 4,096, off by default) as gemv_test-group8.
+#       launches at K = 4,096, off by default) as gemv_test-group8, and moe_expert_test with
+#       MOESHARD_MOE_WGMMA_GATHER=1 (the wgmma gate/up GEMM copying x's rows, off) as
+#       moe_expert_test-gather.
 #       A step that exits 77 (no GPU) is a failure here: the lane runs on a GPU machine. A gtest
 #       that reports SKIPPED (a multi-GPU case on one GPU, say nccl_communicator_test) fails the
 #       lane unless MOESHARD_ALLOW_SINGLE_GPU=1, which lists it as allowed.
@@ -168,6 +170,11 @@ run_lane() {
     # kernels/cuda/gemv.h): gemv_test's 5- and 8-token cases at K = 4,096 then run on it, counted.
     if grep -qx gemv_test "$list"; then
       run_gtest gemv_test "$bin" "$work/gemv_test-group8.log" gemv_test-group8 MOESHARD_GEMV_MMA_GROUP8=1
+    fi
+    # The MoE wgmma gate/up GEMM copying x's rows itself (off by default until it has passed here,
+    # kernels/moe/moe_wgmma.cu): moe_expert_test's wgmma cases through it, counted.
+    if grep -qx moe_expert_test "$list"; then
+      run_gtest moe_expert_test "$bin" "$work/moe_expert_test-gather.log" moe_expert_test-gather MOESHARD_MOE_WGMMA_GATHER=1
     fi
   fi
   run_step gpu_check "$work/gpu_check.log" bash "$ROOT/scripts/gpu_check.sh" "$bin" "$data"
