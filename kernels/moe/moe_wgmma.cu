@@ -205,16 +205,14 @@ __device__ __forceinline__ void ConsumeTiles(const WgGemmArgs& a, const int32_t*
 
 #ifdef MOESHARD_MOE_WGMMA_DEVICE
 // kGather: producer thread pt (0..127) copies tile row pt's 64 columns of step k from its
-// token's row of x (eight 16-byte cp.async into the 128-byte swizzled layout the tensor map
-// would give: chunk c of row r at c ^ (r % 8)); rows past every grouped row are zero-filled.
-__device__ __forceinline__ void GatherRow(const WgGemmArgs& a, int64_t grow, int64_t grouped, int k, int pt,
-                                          uint8_t* tile) {
-  const bool valid = grow < grouped;
-  const int64_t tok = valid ? __ldcg(a.rows + grow) / a.top_k : 0;
-  const uint16_t* src = a.x + tok * a.width + k * kTK;
+// token's row of x, `src` (eight 16-byte cp.async into the 128-byte swizzled layout the tensor
+// map would give: chunk c of row r at c ^ (r % 8)); a row past every grouped row (valid false)
+// is zero-filled.
+__device__ __forceinline__ void GatherRow(const uint16_t* src, bool valid, int k, int pt, uint8_t* tile) {
+  const uint16_t* p = src + k * kTK;
   uint8_t* dst = tile + pt * 128;
 #pragma unroll
-  for (int c = 0; c < 8; ++c) CpAsync16(dst + ((c ^ (pt & 7)) << 4), src + 8 * c, valid);
+  for (int c = 0; c < 8; ++c) CpAsync16(dst + ((c ^ (pt & 7)) << 4), p + 8 * c, valid);
 }
 #endif
 
@@ -254,6 +252,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       int e, m0, n0;
       TileAt<kTN>(mt_base, a.E, a.n_tiles, t, e, m0, n0);
       const int64_t grow = __ldcg(a.offsets + e) + m0 + tid;
+      const bool valid = grow < grouped;
+      const uint16_t* src = a.x + (valid ? __ldcg(a.rows + grow) / a.top_k : 0) * a.width;
       const int brow = e * a.n_tiles * kTN + n0;
       for (int k = 0; k < nk; ++k, ++cnt) {
         const int s = cnt % kStages;
@@ -262,7 +262,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           MbarrierArriveExpectTx(&full[s], kBTileBytes<kTN>);
           TensorCopy2dToShared(b_tiles + s * kBTileBytes<kTN>, &bmap, k * kTK, brow, &full[s]);
         }
-        GatherRow(a, grow, grouped, k, tid, a_tiles + s * kATileBytes);
+        GatherRow(src, valid, k, tid, a_tiles + s * kATileBytes);
         MbarrierArriveOnCpAsync(&full[s]);
       }
     }
