@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
-# The MoE wgmma prefill path's variants side by side (issue 14), in one GPU session:
+# The MoE wgmma prefill path's weight-tile widths side by side (issue 14), in one GPU session:
 #   1. moe_expert_test (its wgmma cases take 256-row weight tiles where L and I allow, 128-row
-#      ones where they do not), also with the gather in the GEMM's producer
-#      (MOESHARD_MOE_WGMMA_GATHER=1, off by default);
+#      ones where they do not);
 #   2. moe_expert_bench at the Qwen3-30B-A3B shape, each expert format: 256-row tiles (default),
-#      the same with the producer's gather, 128-row tiles (MOESHARD_MOE_WGMMA_TN=128) and the
-#      GEMV/mma kernels (MOESHARD_MOE_WGMMA=0) for scale;
-#   3. bench-model's 4,096-token prefill, each wgmma variant;
+#      128-row tiles (MOESHARD_MOE_WGMMA_TN=128) and the GEMV/mma kernels (MOESHARD_MOE_WGMMA=0)
+#      for scale;
+#   3. bench-model's 4,096-token prefill, both widths;
 #   4. with NCU=1 and ncu on the PATH: each kernel of one T = 4,096 MXFP4 step, both widths
 #      (duration, SM and memory throughput, tensor-pipe use).
 #   bench/moe_wgmma_ab.sh BIN_DIR [T list, default 1024,2048,4096,8192]
@@ -24,25 +23,19 @@ rc=0
 log "moe_expert_test"
 "$bin/moe_expert_test" > /tmp/moe_wgmma_ab_test.log 2>&1 || rc=1
 grep -E "wgmma=1|^\[  (FAILED|PASSED) |Failure" /tmp/moe_wgmma_ab_test.log | grep -vE " act=f32 " | tail -30
-log "moe_expert_test, MOESHARD_MOE_WGMMA_GATHER=1"
-MOESHARD_MOE_WGMMA_GATHER=1 "$bin/moe_expert_test" > /tmp/moe_wgmma_ab_gather.log 2>&1 || rc=1
-grep -E "^\[  (FAILED|PASSED) |Failure" /tmp/moe_wgmma_ab_gather.log | tail -8
 rows=$(( $(tr -cd , <<< "$ts" | wc -c) + 2 ))
 for f in mxfp4 q8_0 bf16; do
-  for tiles in 256 gather 128 gemv; do
+  for tiles in 256 128 gemv; do
     env=(MOESHARD_MOE_WGMMA_TN=$tiles)
-    [ $tiles = gather ] && env=(MOESHARD_MOE_WGMMA_GATHER=1)
     [ $tiles = gemv ] && env=(MOESHARD_MOE_WGMMA=0)
     log "moe_expert_bench --format $f, ${env[*]}"
     env "${env[@]}" "$bin/moe_expert_bench" --shape qwen30b --format "$f" --t "$ts" --routing uniform --skip-baseline \
       2>&1 | tail -n "$rows" || rc=1
   done
 done
-for tiles in 256 gather 128; do
-  env=(MOESHARD_MOE_WGMMA_TN=$tiles)
-  [ $tiles = gather ] && env=(MOESHARD_MOE_WGMMA_GATHER=1)
-  log "bench-model prefill 4096, ${env[*]}"
-  env "${env[@]}" "$bin/moeshard" bench-model --arch qwen3_moe --preset full-layer --layers 48 \
+for tiles in 256 128; do
+  log "bench-model prefill 4096, MOESHARD_MOE_WGMMA_TN=$tiles"
+  MOESHARD_MOE_WGMMA_TN=$tiles "$bin/moeshard" bench-model --arch qwen3_moe --preset full-layer --layers 48 \
     --expert-format mxfp4 --dense-format q8_0 --prompt-len 4096 --decode-steps 4 --streams 1 2>&1 |
     grep -E "^\| prefill|^  prefill:" || rc=1
 done

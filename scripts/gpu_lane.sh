@@ -25,10 +25,10 @@
 #       Steps 4 and 5 start first and run in the background beside 1-3, each with its own clusters
 #       (MOESHARD_LANE_SERIAL=1: everything one after another).
 #       The test models are assembled from tests/testdata first (tests/testdata/assemble.sh).
-#       gemv_test runs a second time with MOESHARD_GEMV_MMA_GROUP8=1 (8-token tensor-core GEMV
-#       launches at K = 4,096, off by default) as gemv_test-group8, and moe_expert_test with
-#       MOESHARD_MOE_WGMMA_GATHER=1 (the wgmma gate/up GEMM copying x's rows, off) as
-#       moe_expert_test-gather.
+#       gemv_test runs a second time with MOESHARD_GEMV_MMA_GROUP8=0 (GEMV launches grouped by
+#       the fp32-x count instead of the tensor-core kernel's 8 tokens) as gemv_test-group4.
+#       MOESHARD_LANE_PART=checks runs steps 1-3b only, =e2e steps 4-5 only (default all): the
+#       two halves' bundles each fit one device call's 64 MiB beside the tree.
 #       A step that exits 77 (no GPU) is a failure here: the lane runs on a GPU machine. A gtest
 #       that reports SKIPPED (a multi-GPU case on one GPU, say nccl_communicator_test) fails the
 #       lane unless MOESHARD_ALLOW_SINGLE_GPU=1, which lists it as allowed.
@@ -156,30 +156,36 @@ run_lane() {
       e2e_names+=("$name")
     fi
   }
-  e2e_step e2e-bfloat16 bfloat16 "--tolerance bf16"
-  [[ ${MOESHARD_LANE_FLOAT32_E2E:-1} == 1 ]] && e2e_step e2e-float32 float32
+  local part=${MOESHARD_LANE_PART:-all}
+  if [[ $part != all && $part != checks && $part != e2e ]]; then
+    record FAIL lane "MOESHARD_LANE_PART is all, checks or e2e (got '$part')"
+    part=none
+  fi
+  if [[ $part == all || $part == e2e ]]; then
+    e2e_step e2e-bfloat16 bfloat16 "--tolerance bf16"
+    [[ ${MOESHARD_LANE_FLOAT32_E2E:-1} == 1 ]] && e2e_step e2e-float32 float32
+  fi
   local list=$DEVICE/gpu_tests.txt
-  if [[ ! -s $list ]]; then
+  if [[ $part != all && $part != checks ]]; then
+    :
+  elif [[ ! -s $list ]]; then
     record FAIL gtests "no $list (run scripts/gpu_lane.sh bundle BUILD_DIR here first)"
   else
     while read -r t; do
       [[ $t == gpu_model_check || $t == gpu_repack_check ]] && continue
       run_gtest "$t" "$bin" "$work/$t.log"
     done <"$list"
-    # The 8-token tensor-core grouping of split-Q8 GEMVs (off by default until it has passed here,
-    # kernels/cuda/gemv.h): gemv_test's 5- and 8-token cases at K = 4,096 then run on it, counted.
+    # Split-Q8 GEMVs grouped by the fp32-x count (MOESHARD_GEMV_MMA_GROUP8=0; the default groups
+    # 8 tokens for the tensor-core kernel, kernels/cuda/gemv.h): that path stays checked too.
     if grep -qx gemv_test "$list"; then
-      run_gtest gemv_test "$bin" "$work/gemv_test-group8.log" gemv_test-group8 MOESHARD_GEMV_MMA_GROUP8=1
-    fi
-    # The MoE wgmma gate/up GEMM copying x's rows itself (off by default until it has passed here,
-    # kernels/moe/moe_wgmma.cu): moe_expert_test's wgmma cases through it, counted.
-    if grep -qx moe_expert_test "$list"; then
-      run_gtest moe_expert_test "$bin" "$work/moe_expert_test-gather.log" moe_expert_test-gather MOESHARD_MOE_WGMMA_GATHER=1
+      run_gtest gemv_test "$bin" "$work/gemv_test-group4.log" gemv_test-group4 MOESHARD_GEMV_MMA_GROUP8=0
     fi
   fi
-  run_step gpu_check "$work/gpu_check.log" bash "$ROOT/scripts/gpu_check.sh" "$bin" "$data"
-  run_step gpu_repack_check "$work/repack.log" bash "$ROOT/scripts/gpu_repack_check.sh" "$bin"
-  if [[ ${MOESHARD_LANE_LONG:-1} == 1 ]]; then
+  if [[ $part == all || $part == checks ]]; then
+    run_step gpu_check "$work/gpu_check.log" bash "$ROOT/scripts/gpu_check.sh" "$bin" "$data"
+    run_step gpu_repack_check "$work/repack.log" bash "$ROOT/scripts/gpu_repack_check.sh" "$bin"
+  fi
+  if [[ ${MOESHARD_LANE_LONG:-1} == 1 && ($part == all || $part == checks) ]]; then
     run_step gpu_long_check "$work/long.log" bash "$ROOT/scripts/gpu_long_check.sh" "$bin" "$data" \
       "${MOESHARD_LONG_GOLDENS:-$work/long-goldens}"
   fi
@@ -200,7 +206,7 @@ run_lane() {
   commit=$(cat "$DEVICE/commit.txt" 2>/dev/null || git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
   echo "gpu lane: logs in $work"
   printf '  %s\n' "${SUMMARY[@]}"
-  echo "gpu lane: $(date -u +%Y-%m-%dT%H:%MZ) $commit: $PASSED passed, $FAILED failed, $SKIPPED skipped (allowed)"
+  echo "gpu lane${part:+ ($part)}: $(date -u +%Y-%m-%dT%H:%MZ) $commit: $PASSED passed, $FAILED failed, $SKIPPED skipped (allowed)"
   [[ $FAILED -eq 0 ]]
 }
 

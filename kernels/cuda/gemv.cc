@@ -24,12 +24,12 @@ bool GemvOneLaunch(int64_t cols, int64_t tokens) { return tokens <= GemvTokensPe
 
 namespace {
 
-// Tokens of one launch: what fp32 x in shared memory allows, or with MOESHARD_GEMV_MMA_GROUP8=1
-// what the tensor-core kernel takes for split Q8 weights and bf16 x (gemv.h).
+// Tokens of one launch: what the tensor-core kernel takes for split Q8 weights and bf16 x (gemv.h),
+// else (or with MOESHARD_GEMV_MMA_GROUP8=0) what fp32 x in shared memory allows.
 int64_t LaunchTokens(GemvWeight wtype, bool x_f32, int64_t cols) {
   static const bool group8 = [] {
     const char* v = std::getenv("MOESHARD_GEMV_MMA_GROUP8");
-    return v && v[0] == '1';
+    return !(v && v[0] == '0');
   }();
   const int64_t fp32 = GemvTokensPerLaunch(cols);
   if (!group8 || wtype != GemvWeight::kQ8 || x_f32 || !GemvMmaOn()) return fp32;

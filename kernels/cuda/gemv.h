@@ -65,11 +65,11 @@ bool GemvSupports(GemvWeight wtype, int64_t cols);
 // Whether `tokens` rows of x fit one launch (each launch reads the weights once): fp32 x in
 // shared memory, whatever the weights.
 bool GemvOneLaunch(int64_t cols, int64_t tokens);
-// The same for these weights and this x. With MOESHARD_GEMV_MMA_GROUP8=1 (off by default: written
-// 2026-12-04 after the session's device time, not yet run on a GPU), split Q8 weights with bf16 x
-// count what the tensor-core kernel holds (bf16 x: 8 tokens at K = 4,096), so a 5-8-row batch's
-// O projection of the Qwen3-30B shape is one launch instead of cuBLAS on an expanded copy (the
-// runner's UseGemv) or two launches (Gemv's grouping).
+// The same for these weights and this x: split Q8 weights with bf16 x count what the tensor-core
+// kernel holds (bf16 x: 8 tokens at K = 4,096), so a 5-8-row batch's O projection of the
+// Qwen3-30B shape is one launch instead of cuBLAS on an expanded copy (the runner's UseGemv) or
+// two launches (Gemv's grouping): 3-7 % off bench-model's 8-64-stream steps on the H200
+// (docs/PERFORMANCE.md, 2026-12-04). MOESHARD_GEMV_MMA_GROUP8=0: the fp32-x count, as before.
 bool GemvOneLaunch(GemvWeight wtype, ActDType x_dtype, int64_t cols, int64_t tokens);
 absl::Status Gemv(const GemvParams& p, GpuStream stream);
 

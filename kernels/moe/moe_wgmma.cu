@@ -21,9 +21,6 @@
 // (the partial last m-tile) skips its MMAs. Rows past an expert's count otherwise compute on the
 // next expert's rows (or zeros past the buffer) and are not stored. Every sum runs in a fixed
 // order: results repeat bit for bit.
-// MOESHARD_MOE_WGMMA_GATHER=1 (off; not yet run on a GPU): no gather kernel: warpgroup 0's 128
-// threads copy the gate/up tiles' activation rows from x by cp.async (a row a thread, into the
-// same swizzled layout), thread 0 the weight tile by tensor map.
 // (A decoding producer that fed the weight slots from the stored blocks without the expansion
 // pass was measured on the H200 on 2026-12-04 and taken out: correct, but its two decoding
 // warpgroups bound the GEMM, 2,753 against 1,674 us at T = 4,096; kernels/moe/PERF_NOTES.md.)
@@ -34,7 +31,6 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/mbarrier.cuh"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/tensor_map.cuh"
@@ -81,10 +77,6 @@ struct WgGemmArgs {
   int64_t inter;
   float* y;  // down: y [capacity, L] fp32
   int64_t width;
-  // kGather (gate/up, MOESHARD_MOE_WGMMA_GATHER=1): the activation tiles straight from x's rows.
-  const uint16_t* x;    // [tokens, L] bf16
-  const int32_t* rows;  // [capacity]: each grouped row's pair index (token · top_k + slot)
-  int top_k;
 };
 
 #ifdef MOESHARD_MOE_WGMMA_DEVICE
@@ -129,7 +121,7 @@ __device__ __forceinline__ void TilePrefix(const WgGemmArgs& a, int32_t* mt_base
 
 // A consumer warpgroup (cw 0 or 1: the tile's rows 64·cw..): every tile of this CTA through the
 // ring, then its epilogue.
-template <bool kGateUp, int kTN, bool kGather>
+template <bool kGateUp, int kTN>
 __device__ __forceinline__ void ConsumeTiles(const WgGemmArgs& a, const int32_t* mt_base, int total, int nk,
                                              uint8_t* a_tiles, uint8_t* b_tiles, uint64_t* full, uint64_t* empty,
                                              int cw, int warp, int lane) {
@@ -154,7 +146,6 @@ __device__ __forceinline__ void ConsumeTiles(const WgGemmArgs& a, const int32_t*
     for (int k = 0; k < nk; ++k, ++cnt) {
       const int s = cnt % kStages;
       MbarrierWait(&full[s], (cnt / kStages) & 1);
-      if constexpr (kGather) FenceProxyAsyncShared();  // the producers' cp.async rows, before wgmma reads them
       const uint32_t a_addr = SharedAddr(a_tiles + s * kATileBytes) + cw * 64 * 128;
       const uint32_t b_addr = SharedAddr(b_tiles + s * kBTileBytes<kTN>);
       WgmmaFence();
@@ -203,23 +194,9 @@ __device__ __forceinline__ void ConsumeTiles(const WgGemmArgs& a, const int32_t*
 }
 #endif
 
-#ifdef MOESHARD_MOE_WGMMA_DEVICE
-// kGather: producer thread pt (0..127) copies tile row pt's 64 columns of step k from its
-// token's row of x, `src` (eight 16-byte cp.async into the 128-byte swizzled layout the tensor
-// map would give: chunk c of row r at c ^ (r % 8)); a row past every grouped row (valid false)
-// is zero-filled.
-__device__ __forceinline__ void GatherRow(const uint16_t* src, bool valid, int k, int pt, uint8_t* tile) {
-  const uint16_t* p = src + k * kTK;
-  uint8_t* dst = tile + pt * 128;
-#pragma unroll
-  for (int c = 0; c < 8; ++c) CpAsync16(dst + ((c ^ (pt & 7)) << 4), p + 8 * c, valid);
-}
-#endif
-
 // 384 threads: warpgroup 0's thread 0 copies activation and (expanded) weight tiles by tensor
-// map, warpgroups 1 and 2 multiply. kGather (gate/up only): warpgroup 0's 128 threads copy the
-// activation rows from x themselves (no gather kernel, no gathered copy), thread 0 the weights.
-template <bool kGateUp, int kTN, bool kGather = false>
+// map, warpgroups 1 and 2 multiply.
+template <bool kGateUp, int kTN>
 __global__ void __launch_bounds__(kThreads, 1)
     WgmmaGemmKernel(WgGemmArgs a, const __grid_constant__ CUtensorMap amap, const __grid_constant__ CUtensorMap bmap) {
 #ifdef MOESHARD_MOE_WGMMA_DEVICE
@@ -236,7 +213,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warp == 0) TilePrefix(a, mt_base, lane);
   if (tid == 0) {
     for (int i = 0; i < kStages; ++i) {
-      MbarrierInit(&full[i], kGather ? 1 + 128 : 1);  // kGather: + one cp.async arrival a producer thread
+      MbarrierInit(&full[i], 1);
       MbarrierInit(&empty[i], 256);
     }
     FenceMbarrierInit();
@@ -244,29 +221,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   const int total = mt_base[a.E] * a.n_tiles;
   const int nk = a.K / kTK;
-  if (kGather && wg == 0) {
-    RegsDecrease<40>();
-    const int64_t grouped = __ldcg(a.offsets + a.E);
-    uint32_t cnt = 0;
-    for (int t = blockIdx.x; t < total; t += gridDim.x) {
-      int e, m0, n0;
-      TileAt<kTN>(mt_base, a.E, a.n_tiles, t, e, m0, n0);
-      const int64_t grow = __ldcg(a.offsets + e) + m0 + tid;
-      const bool valid = grow < grouped;
-      const uint16_t* src = a.x + (valid ? __ldcg(a.rows + grow) / a.top_k : 0) * a.width;
-      const int brow = e * a.n_tiles * kTN + n0;
-      for (int k = 0; k < nk; ++k, ++cnt) {
-        const int s = cnt % kStages;
-        MbarrierWait(&empty[s], ((cnt / kStages) & 1) ^ 1);
-        if (tid == 0) {
-          MbarrierArriveExpectTx(&full[s], kBTileBytes<kTN>);
-          TensorCopy2dToShared(b_tiles + s * kBTileBytes<kTN>, &bmap, k * kTK, brow, &full[s]);
-        }
-        GatherRow(src, valid, k, tid, a_tiles + s * kATileBytes);
-        MbarrierArriveOnCpAsync(&full[s]);
-      }
-    }
-  } else if (wg == 0) {
+  if (wg == 0) {
     RegsDecrease<40>();
     if (tid == 0) {
       uint32_t cnt = 0;
@@ -285,7 +240,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     RegsIncrease<232>();
-    ConsumeTiles<kGateUp, kTN, kGather>(a, mt_base, total, nk, a_tiles, b_tiles, full, empty, wg - 1, warp, lane);
+    ConsumeTiles<kGateUp, kTN>(a, mt_base, total, nk, a_tiles, b_tiles, full, empty, wg - 1, warp, lane);
   }
 #else
   __trap();  // built without sm_90a: MoeWgmmaSupported() is false and nothing launches this
@@ -403,18 +358,7 @@ cudaError_t EncodeMap(const void* base, int64_t rows, int64_t cols, int box_rows
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-// MOESHARD_MOE_WGMMA_GATHER=1 (off by default: written 2026-12-04 after the session's device
-// time, not yet run on a GPU): the gate/up GEMM's producers copy x's rows themselves, no gather
-// kernel (52 us of a T = 4,096 step, 134 MB written and read back, on the H200).
-bool GatherInProducer() {
-  static const bool on = [] {
-    const char* v = std::getenv("MOESHARD_MOE_WGMMA_GATHER");
-    return v && v[0] == '1';
-  }();
-  return on;
-}
-
-template <bool kGateUp, int kTN, bool kGather>
+template <bool kGateUp, int kTN>
 cudaError_t LaunchGemmAs(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
   const int E = p.num_local_experts;
   const int64_t L = p.width, I = p.inter, K = kGateUp ? L : I, n_rows = kGateUp ? 2 * I : L;
@@ -423,23 +367,13 @@ cudaError_t LaunchGemmAs(const MoeExpertParams& p, const MoeWork& w, cudaStream_
   if (cudaError_t err = EncodeMap(act, w.capacity, K, kTM, &amap); err != cudaSuccess) return err;
   const uint16_t* wts = kGateUp ? w.wexp : w.wexp + static_cast<int64_t>(E) * 2 * I * L;
   if (cudaError_t err = EncodeMap(wts, E * n_rows, K, kTN, &bmap); err != cudaSuccess) return err;
-  WgGemmArgs a{w.offsets,
-               w.fast,
-               E,
-               static_cast<int>(K),
-               static_cast<int>(n_rows / kTN),
-               static_cast<uint16_t*>(w.h),
-               I,
-               w.y,
-               L,
-               static_cast<const uint16_t*>(p.x),
-               static_cast<const int32_t*>(w.rows),
-               p.top_k};
+  WgGemmArgs a{w.offsets, w.fast, E, static_cast<int>(K), static_cast<int>(n_rows / kTN), static_cast<uint16_t*>(w.h),
+               I,         w.y,    L};
   const size_t smem = GemmSmemBytes<kTN>(E);
   static std::atomic<size_t> smem_set{0};
   if (smem_set.load(std::memory_order_relaxed) < smem) {
     const size_t most = GemmSmemBytes<kTN>(kMoeWgmmaMaxExperts);
-    if (cudaError_t err = cudaFuncSetAttribute(WgmmaGemmKernel<kGateUp, kTN, kGather>,
+    if (cudaError_t err = cudaFuncSetAttribute(WgmmaGemmKernel<kGateUp, kTN>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(most));
         err != cudaSuccess) {
       return err;
@@ -449,16 +383,13 @@ cudaError_t LaunchGemmAs(const MoeExpertParams& p, const MoeWork& w, cudaStream_
   // Tiles: at most capacity / kTM + E m-tiles (each expert's last one partial) times n_tiles.
   const int64_t most_tiles = (w.capacity / kTM + E) * (n_rows / kTN);
   const unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(most_tiles, w.num_sms)));
-  return LaunchPdl(WgmmaGemmKernel<kGateUp, kTN, kGather>, grid, kThreads, smem, stream, a, amap, bmap);
+  return LaunchPdl(WgmmaGemmKernel<kGateUp, kTN>, grid, kThreads, smem, stream, a, amap, bmap);
 }
 
 template <bool kGateUp>
 cudaError_t LaunchGemm(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
-  const bool gather = kGateUp && GatherInProducer();
-  if (WideTiles(p.width, p.inter)) {
-    return gather ? LaunchGemmAs<kGateUp, 256, kGateUp>(p, w, stream) : LaunchGemmAs<kGateUp, 256, false>(p, w, stream);
-  }
-  return gather ? LaunchGemmAs<kGateUp, 128, kGateUp>(p, w, stream) : LaunchGemmAs<kGateUp, 128, false>(p, w, stream);
+  return WideTiles(p.width, p.inter) ? LaunchGemmAs<kGateUp, 256>(p, w, stream)
+                                     : LaunchGemmAs<kGateUp, 128>(p, w, stream);
 }
 
 }  // namespace
@@ -475,14 +406,12 @@ cudaError_t LaunchMoeWgmmaGateUp(const MoeExpertParams& p, const MoeWork& w, cud
   const int64_t chunks = w.capacity * (p.width / 8);
   const unsigned gblocks =
       static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((chunks + 255) / 256, 16 * w.num_sms)));
-  if (!GatherInProducer()) {
-    if (cudaError_t err =
-            LaunchPdl(GatherNaturalKernel, gblocks, 256, 0, stream, static_cast<const uint16_t*>(p.x), p.width, p.top_k,
-                      static_cast<const int32_t*>(w.rows), static_cast<const int32_t*>(w.offsets), p.num_local_experts,
-                      reinterpret_cast<uint16_t*>(w.y));
-        err != cudaSuccess) {
-      return err;
-    }
+  if (cudaError_t err =
+          LaunchPdl(GatherNaturalKernel, gblocks, 256, 0, stream, static_cast<const uint16_t*>(p.x), p.width, p.top_k,
+                    static_cast<const int32_t*>(w.rows), static_cast<const int32_t*>(w.offsets), p.num_local_experts,
+                    reinterpret_cast<uint16_t*>(w.y));
+      err != cudaSuccess) {
+    return err;
   }
   const int64_t blocks = 3 * p.inter * (p.width / 32);
   const dim3 egrid(static_cast<unsigned>(std::min<int64_t>((blocks + 255) / 256, 64)),
