@@ -54,6 +54,7 @@ struct Case {
   KvElem elem;
   int64_t hd;
   bool norm, rope;
+  int64_t tokens = 5;  // 256 or more: QkPrep's one-block-a-token grid
 };
 
 class QkPrepTest : public ::testing::TestWithParam<Case> {
@@ -66,7 +67,7 @@ class QkPrepTest : public ::testing::TestWithParam<Case> {
 
 TEST_P(QkPrepTest, MatchesNormRopeAndCacheWrite) {
   const Case c = GetParam();
-  const int64_t T = 5, nq = 6, nkv = 2, hd = c.hd, bs = 4, blocks = 6, slots = bs * blocks;
+  const int64_t T = c.tokens, nq = 6, nkv = 2, hd = c.hd, bs = 4, blocks = (T + 19) / bs + 1, slots = bs * blocks;
   std::mt19937 rng(static_cast<uint32_t>(hd + 3 * static_cast<int>(c.elem)));
   std::normal_distribution<float> d(0.f, 1.f);
   auto randn = [&](size_t n) {
@@ -81,8 +82,16 @@ TEST_P(QkPrepTest, MatchesNormRopeAndCacheWrite) {
   std::vector<float> qn(hd), kn(hd);
   for (auto& x : qn) x = 1.f + 0.3f * d(rng);
   for (auto& x : kn) x = 1.f + 0.3f * d(rng);
-  const std::vector<int32_t> pos = {0, 17, 3, 4095, 100000};
-  const std::vector<int32_t> slot = {9, 2, 23, 14, 5};
+  std::vector<int32_t> pos = {0, 17, 3, 4095, 100000};
+  std::vector<int32_t> slot = {9, 2, 23, 14, 5};
+  if (T != 5) {  // scattered positions, slots in reverse with the lowest ones left unwritten
+    pos.clear();
+    slot.clear();
+    for (int64_t t = 0; t < T; ++t) {
+      pos.push_back(static_cast<int32_t>((t * 7919) % 200000));
+      slot.push_back(static_cast<int32_t>(slots - 1 - t));
+    }
+  }
   auto dev_act = [&](const std::vector<float>& h) {
     std::vector<uint8_t> bytes;
     if (c.act == ActDType::kF32) {
@@ -339,6 +348,8 @@ std::vector<Case> AllCases() {
       }
     }
   }
+  for (KvElem e : {KvElem::kBF16, KvElem::kFp8E4M3}) v.push_back({ActDType::kBF16, e, 128, true, true, 300});
+  v.push_back({ActDType::kF32, KvElem::kF32, 64, true, true, 256});
   return v;
 }
 
