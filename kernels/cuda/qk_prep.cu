@@ -108,7 +108,8 @@ __global__ void __launch_bounds__(kWarps * 32) QkPrepTokenKernel(QkPrepParams p)
   for (int task = warp; task < nq + nkv; task += kWarps) {
     const bool is_q = task < nq;
     const int h = is_q ? task : task - nq;
-    const Act* src = is_q ? static_cast<const Act*>(p.q) + (t * nq + h) * hd : static_cast<const Act*>(p.k) + (t * nkv + h) * hd;
+    const Act* src =
+        is_q ? static_cast<const Act*>(p.q) + (t * nq + h) * hd : static_cast<const Act*>(p.k) + (t * nkv + h) * hd;
     float x[PER], v[PER];
 #pragma unroll
     for (int j = 0; j < PER; ++j) x[j] = LoadF(src + lane + 32 * j);
