@@ -359,6 +359,33 @@ TEST_P(ModelOpsTest, PagedAttentionLongDecodeSplit) {
   ModelOpsTestRunAttention(c, bf16(), rng_);
 }
 
+// head_dim 32 (below every tensor-core kernel's width: the 64-wide kernels zero-pad it) with a
+// 64-token sliding window, the demo model's shape (models/muse-spark-demo: 8 / 2 heads): decode
+// at the window's edge and past it, and a 50-token chunk continuing at 50, as `moeshard check`'s
+// decode and batched runs step it.
+TEST_P(ModelOpsTest, PagedAttentionHeadDim32Window) {
+  for (int64_t window : {int64_t{0}, int64_t{64}}) {
+    for (gpu::KvElem elem : {gpu::KvElem::kF32, gpu::KvElem::kBF16}) {
+      AttnCase c;
+      c.seqs = {{63, 1}, {64, 1}, {70, 1}, {99, 1}};
+      c.nq = 8;
+      c.nkv = 2;
+      c.hd = 32;
+      c.bs = 16;
+      c.window = window;
+      c.elem = elem;
+      c.max_tokens_per_seq = 1;
+      c.algos = {gpu::AttentionAlgo::kSplitDecode, gpu::AttentionAlgo::kTiled, gpu::AttentionAlgo::kTiledTensorCore,
+                 gpu::AttentionAlgo::kAuto};
+      ModelOpsTestRunAttention(c, bf16(), rng_);
+      AttnCase b = c;
+      b.seqs = {{50, 50}, {0, 24}};
+      b.max_tokens_per_seq = 50;
+      ModelOpsTestRunAttention(b, bf16(), rng_);
+    }
+  }
+}
+
 // A block size that is not a power of two (12 tokens): the kernels' slot lookup takes its
 // division branch instead of the shift (attention_common.cuh PagedSlots). Prefill through every
 // kernel, then decode at long and short contexts through the split kernels (tensor cores for
