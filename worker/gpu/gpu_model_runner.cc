@@ -502,10 +502,11 @@ absl::Status GpuModelRunner::HeadDevice(std::vector<float>* logits) {
 }
 
 // A decode step (one token per sequence, one chunk of logits, nothing staged through the
-// host) as a replayed CUDA graph; Unavailable when the step does not qualify.
+// host) as a replayed CUDA graph; Unavailable when the step does not qualify. A step holding the
+// traced position (MOESHARD_TRACE_POSITION) runs eagerly: a graph's updates are not traced.
 absl::Status GpuModelRunner::LaunchGraph(const std::vector<SeqChunk>& batch, float** device_logits) {
-  if (!graphs_.enabled() || prof_.enabled() || max_chunk_tokens_ != 1 || R_ > logit_rows_ || T_ > 256 ||
-      !shard_.first_stage || !shard_.last_stage || (shard_.tp_size > 1 && !comm_->device_memory())) {
+  if (!graphs_.enabled() || prof_.enabled() || trace_row_ >= 0 || max_chunk_tokens_ != 1 || R_ > logit_rows_ ||
+      T_ > 256 || !shard_.first_stage || !shard_.last_stage || (shard_.tp_size > 1 && !comm_->device_memory())) {
     return absl::UnavailableError("not a graph step");
   }
   RETURN_IF_ERROR(graphs_.Launch(T_ * 2 + (fused_decode_ ? 1 : 0), stream_, [&]() -> absl::Status {
