@@ -131,8 +131,8 @@ class ModelRunner {
   virtual void SetProfiling(bool on) {}
   virtual std::string backend() const = 0;  // e.g. "cpu float32", "cuda:0 bfloat16"
   // Every residual update of the batch row at `position` (the first chunk that holds it) goes to
-  // `sink`, in steps that run op by op (the GPU's captured decode graphs are not traced). A
-  // negative position or no sink turns it off.
+  // `sink` (the GPU runs a step that holds it op by op, without its decode graph). A negative
+  // position or no sink turns it off.
   void SetResidualTrace(int64_t position, ResidualTraceSink sink) {
     trace_position_ = sink ? position : -1;
     trace_sink_ = std::move(sink);
