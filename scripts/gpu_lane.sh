@@ -206,7 +206,9 @@ run_lane() {
   commit=$(cat "$DEVICE/commit.txt" 2>/dev/null || git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
   echo "gpu lane: logs in $work"
   printf '  %s\n' "${SUMMARY[@]}"
-  echo "gpu lane${part:+ ($part)}: $(date -u +%Y-%m-%dT%H:%MZ) $commit: $PASSED passed, $FAILED failed, $SKIPPED skipped (allowed)"
+  local label=""
+  [[ $part != all ]] && label=" ($part)"
+  echo "gpu lane$label: $(date -u +%Y-%m-%dT%H:%MZ) $commit: $PASSED passed, $FAILED failed, $SKIPPED skipped (allowed)"
   [[ $FAILED -eq 0 ]]
 }
 
