@@ -14,6 +14,12 @@ using GpuStream = CUstream_st*;  // nullptr: the legacy default stream
 
 enum class ActDType : uint8_t { kF32, kBF16 };
 
+// The most (token, slot) pairs of an MoE step whose rows come back in pair order: row t·k + j at
+// index t·k + j (the direct decode kernels, kernels/moe/moe_launch.h kMoeDirectMaxPairs). The
+// residual update's combine loads rows at that index before it knows their positions only for
+// steps this small (norm_rope.cu).
+inline constexpr int64_t kMoePairOrderMaxPairs = 64;
+
 // Expands every row of `w` (a WeightRef whose `data` and `scale` point to device memory)
 // into out[rows, out_row_stride] as float32 or bf16 (round to nearest even of the fp32 value).
 struct ExpandParams {

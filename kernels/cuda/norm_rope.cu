@@ -126,7 +126,6 @@ __device__ __forceinline__ float4 Ld4(const float* p, int64_t i, bool ok) {
 // rows four slots at a time; a slot whose position is elsewhere (the grouped kernels' sorted
 // rows) is read again from there. The same sums in the same order as the slot loop.
 constexpr int kMaxAllSlots = 8;
-constexpr int64_t kAllSlotsMaxPairs = 64;  // kernels/moe/moe_launch.h kMoeDirectMaxPairs
 template <int kVec>
 __device__ __forceinline__ void MixAllSlots(const ResidualParams& p, int64_t r, int64_t D4, float4 (&ov)[kVec]) {
   const int tid = threadIdx.x;
@@ -344,7 +343,8 @@ cudaError_t LaunchResidualOut(const ResidualParams& p, cudaStream_t st) {
   // Only decode-sized steps: there the direct expert kernels leave slot j's row at r·k + j, while a
   // prefill's grouped kernels sort the rows by expert, so every early load would be wasted and
   // read again (268 MB a 4,096-token layer of the Qwen3-30B shape: 160 µs against ~85).
-  if (all_slots_on && p.mix_rows && p.mix_k <= kMaxAllSlots && pieces <= 2 && p.rows * p.mix_k <= kAllSlotsMaxPairs) {
+  if (all_slots_on && p.mix_rows && p.mix_k <= kMaxAllSlots && pieces <= 2 &&
+      p.rows * p.mix_k <= kMoePairOrderMaxPairs) {
     if (p.gated) return LaunchPdl(ResidualRegKernel<Out, 2, true, true>, p.rows, kRowThreads, 0, st, p);
     return LaunchPdl(ResidualRegKernel<Out, 2, false, true>, p.rows, kRowThreads, 0, st, p);
   }

@@ -17,7 +17,7 @@ constexpr int kMoeTileTokens = 32;  // 4 n8 tiles: more would spill registers
 // Tokens per task of the GEMV/mma path (moe_gemv.cu).
 constexpr int kMoeGemvTokens = 32;
 // The most (token, slot) pairs of a direct decode step (MoeWork::direct).
-constexpr int64_t kMoeDirectMaxPairs = 64;
+constexpr int64_t kMoeDirectMaxPairs = kMoePairOrderMaxPairs;  // gpu_params.h
 
 // Stream-K fix-up of the streaming NVFP4 kernels (moe_nvfp4_stream.cu): at most this many
 // blocks per launch, each with two slots of partial sums (its first and its last piece).
