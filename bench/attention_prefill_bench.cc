@@ -151,6 +151,7 @@ int Main(int argc, char** argv) {
       ap.block_tables = dtab;
       ap.scale = 1.f / std::sqrt(static_cast<float>(h.hd));
       ap.cache = gpu::KvCacheView{k, v, nullptr, nullptr, gpu::KvElem::kBF16, bs, h.nkv, h.hd};
+      ap.cache.num_blocks = blocks;
       ap.max_tokens_per_seq = len;
       const double flops = 4.0 * h.nq * h.hd * (static_cast<double>(len) * (len + 1) / 2);
       struct K {

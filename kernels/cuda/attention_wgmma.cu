@@ -1,6 +1,8 @@
 // The wgmma prefill attention's host side: whether it can run a batch on this device (kAuto's
 // choice, gpu_ops.cc) and its launch. The kernel is attention_wgmma_ws.cu (a producer warpgroup
-// and two consumer warpgroups; the shared tile work in attention_wgmma.cuh). It takes bf16
+// and two consumer warpgroups; the shared tile work in attention_wgmma.cuh). Caches of 16-token
+// multiple blocks whose num_blocks is set are copied by tensor-map boxes (MOESHARD_ATTN_WGMMA_TMA=0:
+// the cp.async gather). It takes bf16
 // activations over a bf16 cache, head_dim 64 or 128, query heads per KV head dividing 128, on a
 // compute capability 9.0 device of a build with sm_90a code (FP8 caches reach it through the
 // runner's bf16 copy). MOESHARD_ATTN_WGMMA=0 in the environment leaves it out of kAuto.

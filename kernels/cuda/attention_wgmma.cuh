@@ -74,14 +74,38 @@ __device__ __forceinline__ void WgKeyRanges(const int* rpos, const int* rfirst, 
   }
 }
 
-// One warpgroup's 64 query rows against the key tile [k0, k0 + 128), in two parts so a caller can
-// order the warpgroups' MMA issue: WgIssueScores issues S = Q Kᵀ (q_addr, k_addr: shared addresses
-// of its Q rows and the tile's K, swizzled, 1,024-byte aligned) and commits it; WgSoftmaxPv waits
-// for it, applies the masks (mask: some key of the tile is outside some row's [first, pos]) and the
-// online softmax, and accumulates O += P V (v_addr: the tile's V). The thread holds rows gq and
-// gq + 8 of each warp's 16 (positions pos, first visible keys first); S and O are wgmma
-// accumulator fragments (column 8 n + 2 tq + e of row h at [4 n + 2 h + e]); m is the running
-// maximum of scores times scale_log2 (= scale * log2 e), l this thread's part of the running sum.
+// 2^x by the special-function unit with denormal results flushed to zero: one instruction, where
+// exp2f's handling of denormals costs four (P's values below 2^-126 do not survive bf16 rounding
+// of sums of order one).
+__device__ __forceinline__ float Ex2Ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Two floats to bf16 by round-to-nearest-even in one instruction: the bits PackBf16Pair computes in
+// seven integer operations a value, for every value that is not NaN (P never is).
+__device__ __forceinline__ uint32_t PackBf16PairRn(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// One warpgroup's 64 query rows against key tiles of 128, in steps a caller interleaves so that
+// one tile's softmax runs while the tensor cores work on the next tile's scores and the previous
+// tile's P V (FA3's overlap inside a warpgroup) and so that the warpgroups can take turns issuing:
+//   WgIssueScores  S = Q Kᵀ (q_addr, k_addr: shared addresses of its Q rows and the tile's K,
+//                  swizzled, 1,024-byte aligned), committed as one wgmma group;
+//   WgMask         keys outside a row's [first, pos] to -inf (only tiles some row sees partly);
+//   WgSoftmax      the online softmax in place: S becomes exp2(S scale_log2 - m), m and l move
+//                  on, corr is what the rows' earlier O must be multiplied by;
+//   WgPackP        S into P as bf16 pairs, the A operand of WgIssuePv;
+//   WgIssuePv      O += P V (v_addr: the tile's V), committed as one group.
+// The thread holds rows gq and gq + 8 of each warp's 16 (positions pos, first visible keys
+// first); S and O are wgmma accumulator fragments (column 8 n + 2 tq + e of row h at
+// [4 n + 2 h + e]); m is the running maximum of scores times scale_log2 (= scale * log2 e), l this
+// thread's part of the running sum. Each wgmma sits on a path every thread of the warpgroup
+// takes: one the compiler cannot prove warp-uniform is serialized (ptxas C7518).
 template <int HD>
 __device__ __forceinline__ void WgIssueScores(float (&s)[kWgKeys / 2], uint32_t q_addr, uint32_t k_addr) {
   WgmmaFence();
@@ -95,59 +119,71 @@ __device__ __forceinline__ void WgIssueScores(float (&s)[kWgKeys / 2], uint32_t 
   WgmmaCommit();
 }
 
-//
-// `mask` is a runtime flag (a branch around the masks only): wgmma instructions on a path the
-// compiler cannot prove warp-uniform are serialized (ptxas C7518).
-template <int HD>
-__device__ __forceinline__ void WgSoftmaxPv(float (&s)[kWgKeys / 2], float (&o)[HD / 2], float (&m)[2],
-                                            float (&l)[2], uint32_t v_addr, int k0, const int (&pos)[2],
-                                            const int (&first)[2], int tq, float scale_log2, bool mask) {
-  constexpr int NS = kWgKeys / 8, NO = HD / 8;
-  WgmmaWait<0>();
-  WgmmaPin(s);
-  if (mask) {
+__device__ __forceinline__ void WgMask(float (&s)[kWgKeys / 2], int k0, const int (&pos)[2], const int (&first)[2],
+                                       int tq) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
+  for (int h = 0; h < 2; ++h) {
 #pragma unroll
-      for (int n = 0; n < NS; ++n) {
+    for (int n = 0; n < kWgKeys / 8; ++n) {
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int kp = k0 + n * 8 + 2 * tq + e;
-          if (kp > pos[h] || kp < first[h]) s[4 * n + 2 * h + e] = -INFINITY;
-        }
+      for (int e = 0; e < 2; ++e) {
+        const int kp = k0 + n * 8 + 2 * tq + e;
+        if (kp > pos[h] || kp < first[h]) s[4 * n + 2 * h + e] = -INFINITY;
       }
     }
   }
-  uint32_t pk[NS][2];  // P as bf16 pairs: [block][0] row gq, [block][1] row gq + 8
+}
+
+__device__ __forceinline__ void WgSoftmax(float (&s)[kWgKeys / 2], float (&m)[2], float (&l)[2], float (&corr)[2],
+                                          float scale_log2) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float mx = -INFINITY;
 #pragma unroll
-    for (int n = 0; n < NS; ++n) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) mx = fmaxf(mx, s[4 * n + 2 * h + e]);
-    }
+    for (int n = 0; n < kWgKeys / 8; ++n) mx = fmaxf(mx, fmaxf(s[4 * n + 2 * h], s[4 * n + 2 * h + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     const float m_new = fmaxf(m[h], mx * scale_log2);
     const float m_use = m_new == -INFINITY ? 0.f : m_new;
-    const float corr = exp2f(m[h] - m_use);
+    corr[h] = Ex2Ftz(m[h] - m_use);
     float psum = 0.f;
 #pragma unroll
-    for (int n = 0; n < NS; ++n) {
-      const float p0 = exp2f(fmaf(s[4 * n + 2 * h], scale_log2, -m_use));
-      const float p1 = exp2f(fmaf(s[4 * n + 2 * h + 1], scale_log2, -m_use));
-      psum += p0 + p1;
-      pk[n][h] = PackBf16Pair(p0, p1);
-    }
-    l[h] = l[h] * corr + psum;
-    m[h] = m_new;
+    for (int n = 0; n < kWgKeys / 8; ++n) {
 #pragma unroll
-    for (int n = 0; n < NO; ++n) {
-      o[4 * n + 2 * h] *= corr;
-      o[4 * n + 2 * h + 1] *= corr;
+      for (int e = 0; e < 2; ++e) {
+        float& x = s[4 * n + 2 * h + e];
+        x = Ex2Ftz(fmaf(x, scale_log2, -m_use));
+        psum += x;
+      }
+    }
+    l[h] = l[h] * corr[h] + psum;
+    m[h] = m_new;
+  }
+}
+
+// P as bf16 pairs: [block of 8 keys][0] row gq, [1] row gq + 8.
+__device__ __forceinline__ void WgPackP(const float (&s)[kWgKeys / 2], uint32_t (&pk)[kWgKeys / 8][2]) {
+#pragma unroll
+  for (int n = 0; n < kWgKeys / 8; ++n) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) pk[n][h] = PackBf16PairRn(s[4 * n + 2 * h], s[4 * n + 2 * h + 1]);
+  }
+}
+
+template <int HD>
+__device__ __forceinline__ void WgRescale(float (&o)[HD / 2], const float (&corr)[2]) {
+#pragma unroll
+  for (int n = 0; n < HD / 8; ++n) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      o[4 * n + 2 * h] *= corr[h];
+      o[4 * n + 2 * h + 1] *= corr[h];
     }
   }
+}
+
+template <int HD>
+__device__ __forceinline__ void WgIssuePv(float (&o)[HD / 2], const uint32_t (&pk)[kWgKeys / 8][2], uint32_t v_addr) {
   WgmmaFence();
 #pragma unroll
   for (int kk = 0; kk < kWgKeys / 16; ++kk) {
@@ -159,8 +195,12 @@ __device__ __forceinline__ void WgSoftmaxPv(float (&s)[kWgKeys / 2], float (&o)[
     }
   }
   WgmmaCommit();
-  WgmmaWait<0>();
-  WgmmaPin(o);
+}
+
+// Keeps P's registers live (and unchanged) until a wait has seen the wgmma that reads them.
+__device__ __forceinline__ void WgPinP(uint32_t (&pk)[kWgKeys / 8][2]) {
+#pragma unroll
+  for (int n = 0; n < kWgKeys / 8; ++n) asm volatile("" : "+r"(pk[n][0]), "+r"(pk[n][1])::"memory");
 }
 
 // The thread's two output rows (row0 and row0 + 8 of the CTA's 128): O / l in bf16; rows with

@@ -460,7 +460,8 @@ TEST_P(ModelOpsTest, PagedAttentionDecodeLongContextBf16AndFp8) {
 // 64 and 128; 1, 2, 8 and 16 query heads per KV head (tiles of 128, 64, 16 and 8 tokens) and 3
 // (refused: kAuto falls back); full and sliding windows; a fresh prompt longer than a key tile, a
 // chunk continuing mid-block at 2500, a 129-token prompt, one-token and short chunks, so tiles
-// straddle sequences and key tiles start off the block grid; 16- and 4-token blocks.
+// straddle sequences and key tiles start off the block grid; 16-, 32- and 4-token blocks (the
+// tensor-map boxes and the cp.async gather).
 TEST_P(ModelOpsTest, PagedAttentionWgmmaPrefill) {
   if (!DeviceIsSm90()) GTEST_SKIP() << "the wgmma kernel runs on sm_90 devices only";
   struct Heads {
@@ -491,6 +492,18 @@ TEST_P(ModelOpsTest, PagedAttentionWgmmaPrefill) {
   c.elem = gpu::KvElem::kBF16;
   c.algos = {gpu::AttentionAlgo::kWgmma};
   ModelOpsTestRunAttention(c, bf16(), rng_);
+  for (int64_t hd : {int64_t{64}, int64_t{128}}) {  // 32-token blocks: two tensor-map boxes a block
+    AttnCase b;
+    b.seqs = {{0, 700}, {45, 90}, {1000, 3}};
+    b.nq = 8;
+    b.nkv = 1;
+    b.hd = hd;
+    b.bs = 32;
+    b.window = 200;
+    b.elem = gpu::KvElem::kBF16;
+    b.algos = {gpu::AttentionAlgo::kWgmma};
+    ModelOpsTestRunAttention(b, bf16(), rng_);
+  }
 }
 
 // The test models' own shapes (tests/testdata: head_dim 16 and the demo's 32, GQA 2 and 4, a
