@@ -109,9 +109,10 @@ __global__ void __launch_bounds__(kThreads, E == KvElem::kFp8E4M3 ? 3 : 2)
   constexpr bool F16 = G::kFp8;  // the mmas on fp16 operands (FP8 values are exact in fp16)
   constexpr int LD = G::kLd, KS = HD / 16, S = G::kStages;
   extern __shared__ float4 smem4[];
-  // The swizzled boxes need 1024-byte aligned tiles: the layout starts at the first such address.
-  uint8_t* smem =
-      reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem4) + 1023) & ~static_cast<uintptr_t>(1023));
+  // The swizzled boxes need 1024-byte aligned tiles: the layout starts at the first such address
+  // (by pointer arithmetic, so the compiler keeps the shared address space: a round trip through
+  // an integer made every access to the layout a generic 64-bit one).
+  uint8_t* smem = reinterpret_cast<uint8_t*>(smem4) + ((1024 - (reinterpret_cast<uintptr_t>(smem4) & 1023)) & 1023);
   uint16_t* Qs = reinterpret_cast<uint16_t*>(smem + G::kQ);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, cq = lane & 3;
   const int64_t t = blockIdx.z, g = blockIdx.y, sp = blockIdx.x;

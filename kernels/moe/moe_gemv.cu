@@ -85,19 +85,23 @@ __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_
 __device__ __forceinline__ void CpAsyncWaitOne() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 __device__ __forceinline__ void CpAsyncWaitAll() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
-// 4 bytes of shared memory at any byte address.
+// 4 bytes of shared memory at any byte address. The aligned word is formed by pointer
+// arithmetic (not through an integer), so the compiler keeps the shared address space: ld.shared
+// with 32-bit addresses, where a round trip through uintptr_t made generic 64-bit loads and their
+// address arithmetic (ncu, 2026-12-04: 16 generic loads and ~40 address instructions of the
+// decode loop's 353 a two-block step).
 __device__ __forceinline__ uint32_t LdsU32(const uint8_t* p) {
-  const uint32_t* a = reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t{3});
-  const uint32_t sh = (reinterpret_cast<uintptr_t>(p) & 3) * 8;
-  return __funnelshift_r(a[0], a[1], sh);
+  const uint32_t sh = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(p) & 3);
+  const uint32_t* a = reinterpret_cast<const uint32_t*>(p - sh);
+  return __funnelshift_r(a[0], a[1], sh * 8);
 }
 // 8 bytes of shared memory at any byte address.
 __device__ __forceinline__ void LdsU64(const uint8_t* p, uint32_t& lo, uint32_t& hi) {
-  const uint32_t* a = reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t{3});
-  const uint32_t sh = (reinterpret_cast<uintptr_t>(p) & 3) * 8;
+  const uint32_t sh = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(p) & 3);
+  const uint32_t* a = reinterpret_cast<const uint32_t*>(p - sh);
   const uint32_t w0 = a[0], w1 = a[1], w2 = a[2];
-  lo = __funnelshift_r(w0, w1, sh);
-  hi = __funnelshift_r(w1, w2, sh);
+  lo = __funnelshift_r(w0, w1, sh * 8);
+  hi = __funnelshift_r(w1, w2, sh * 8);
 }
 
 // f16 bits → fp32 (exact for every finite value, subnormals too).
@@ -318,8 +322,11 @@ __device__ __forceinline__ void RunTaskNt(const MoeExpertParams& p, const MoeWor
   }
 }
 
+// all (small class only): this launch takes every task, a group of more than 8 tokens in passes
+// of 8 — each token's sums the same as the large class's, whose n8 tiles are independent and
+// run over the same K blocks in the same order.
 template <bool kGateUp, bool kSmall>
-__global__ void __launch_bounds__(kThreads, Cfg<kSmall>::kMinBlocks) GemvKernel(MoeExpertParams p, MoeWork w) {
+__global__ void __launch_bounds__(kThreads, Cfg<kSmall>::kMinBlocks) GemvKernel(MoeExpertParams p, MoeWork w, int all) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int E = p.num_local_experts;
   const int64_t R = (kGateUp ? p.inter : p.width) / (kGateUp ? 16 : 32);  // row tiles per expert
@@ -342,21 +349,31 @@ __global__ void __launch_bounds__(kThreads, Cfg<kSmall>::kMinBlocks) GemvKernel(
   const int64_t rt = local / groups;
   const int tg = static_cast<int>(local % groups);
   const int ntok = min(kMoeGemvTokens, count - tg * kMoeGemvTokens);
-  if ((ntok <= 8) != kSmall) return;  // the other class's kernel takes it
+  if (!all && (ntok <= 8) != kSmall) return;  // the other class's kernel takes it
   const int64_t row0 = begin + static_cast<int64_t>(tg) * kMoeGemvTokens;
   const MoeExpertWeights ew = p.experts[e];
-  switch (kGateUp ? ew.gate.format : ew.down.format) {
-    case WeightFormat::kQ8_0:
-      RunTaskNt<WeightFormat::kQ8_0, kGateUp, kSmall>(p, w, ew, rt, row0, ntok, smem);
-      break;
-    case WeightFormat::kMXFP4:
-      RunTaskNt<WeightFormat::kMXFP4, kGateUp, kSmall>(p, w, ew, rt, row0, ntok, smem);
-      break;
-    case WeightFormat::kBF16:
-      RunTaskNt<WeightFormat::kBF16, kGateUp, kSmall>(p, w, ew, rt, row0, ntok, smem);
-      break;
-    default:
-      break;  // the route kernel never marks another format
+  const auto run = [&](int64_t r0, int n) {
+    switch (kGateUp ? ew.gate.format : ew.down.format) {
+      case WeightFormat::kQ8_0:
+        RunTaskNt<WeightFormat::kQ8_0, kGateUp, kSmall>(p, w, ew, rt, r0, n, smem);
+        break;
+      case WeightFormat::kMXFP4:
+        RunTaskNt<WeightFormat::kMXFP4, kGateUp, kSmall>(p, w, ew, rt, r0, n, smem);
+        break;
+      case WeightFormat::kBF16:
+        RunTaskNt<WeightFormat::kBF16, kGateUp, kSmall>(p, w, ew, rt, r0, n, smem);
+        break;
+      default:
+        break;  // the route kernel never marks another format
+    }
+  };
+  if constexpr (kSmall) {
+    for (int t0 = 0; t0 < ntok; t0 += 8) {
+      if (t0 > 0) __syncthreads();  // the last pass's reduction is read before the staging reuses it
+      run(row0 + t0, min(8, ntok - t0));
+    }
+  } else {
+    run(row0, ntok);
   }
 }
 
@@ -420,8 +437,18 @@ cudaError_t LaunchDirect(const MoeExpertParams& p, const MoeWork& w, cudaStream_
   return LaunchDirectK<kGateUp, false>(p, w, stream);
 }
 
+// MOESHARD_MOE_GEMV_SMALL_ALL: the most pairs at which the small class takes every task (512;
+// 0: never).
+int64_t SmallAllPairs() {
+  static const int64_t n = [] {
+    const char* v = std::getenv("MOESHARD_MOE_GEMV_SMALL_ALL");
+    return v ? std::atoll(v) : int64_t{512};
+  }();
+  return n;
+}
+
 template <bool kGateUp, bool kSmall>
-cudaError_t LaunchClass(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
+cudaError_t LaunchClass(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream, int all = 0) {
   constexpr int kSmem = Cfg<kSmall>::kSmemBytes;
   static const cudaError_t attr =
       cudaFuncSetAttribute(GemvKernel<kGateUp, kSmall>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
@@ -430,16 +457,21 @@ cudaError_t LaunchClass(const MoeExpertParams& p, const MoeWork& w, cudaStream_t
   const int64_t pairs = p.num_tokens * p.top_k;
   const int64_t max_groups = std::min<int64_t>(p.num_local_experts, pairs) + pairs / kMoeGemvTokens;
   const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(max_groups * R, 0x7fffffff));
-  return LaunchPdl(GemvKernel<kGateUp, kSmall>, static_cast<unsigned>(grid), kThreads, kSmem, stream, p, w);
+  return LaunchPdl(GemvKernel<kGateUp, kSmall>, static_cast<unsigned>(grid), kThreads, kSmem, stream, p, w, all);
 }
 
 template <bool kGateUp>
 cudaError_t LaunchGemv(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
   if (w.direct && w.direct_v2) return LaunchMoeDirect(kGateUp, p, w, stream);
   if (w.direct) return LaunchDirect<kGateUp>(p, w, stream);
-  if (cudaError_t err = LaunchClass<kGateUp, true>(p, w, stream); err != cudaSuccess) return err;
+  // Up to kMoeGemvSmallAllPairs pairs (1-8 tokens an expert on average) the small class takes
+  // every task: the large class's launch would find few or no tasks, and its thousands of blocks
+  // leaving one by one cost ~20 us a GEMM at 512 pairs (ncu, 2026-12-04).
+  const int64_t pairs = p.num_tokens * p.top_k;
+  const bool all = pairs <= SmallAllPairs();
+  if (cudaError_t err = LaunchClass<kGateUp, true>(p, w, stream, all ? 1 : 0); err != cudaSuccess) return err;
   // Groups of more than 8 tokens exist only when some expert has more than 8 rows.
-  if (p.num_tokens * p.top_k > 8) return LaunchClass<kGateUp, false>(p, w, stream);
+  if (!all && pairs > 8) return LaunchClass<kGateUp, false>(p, w, stream);
   return cudaSuccess;
 }
 
