@@ -1,7 +1,9 @@
 // The GEMV/mma path: Q8_0, MXFP4 and BF16 experts with bf16 activations (moe_params.h
 // MoeGemvEligible). Decode (≤ 8 tokens per expert) streams each touched expert's rows once;
 // prefill reuses each decoded weight for up to 32 tokens on the tensor cores. Two kernels per
-// GEMM (Cfg below): small tasks (≤ 8 tokens) and large ones (9-32), each skipping the other's.
+// GEMM (Cfg below): small tasks (≤ 8 tokens) and large ones (9-32), each skipping the other's;
+// up to 512 pairs the small one takes every task (larger groups in passes of 8) and the large
+// one is not launched.
 //
 // Tasks. (expert, row tile, group of ≤ 32 of its tokens), numbered expert by expert from the
 // prefix that the route kernel wrote (w.gemv_base), the token group fastest so that blocks
