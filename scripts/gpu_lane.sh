@@ -26,7 +26,9 @@
 #       (MOESHARD_LANE_SERIAL=1: everything one after another).
 #       The test models are assembled from tests/testdata first (tests/testdata/assemble.sh).
 #       gemv_test runs a second time with MOESHARD_GEMV_MMA_GROUP8=0 (GEMV launches grouped by
-#       the fp32-x count instead of the tensor-core kernel's 8 tokens) as gemv_test-group4.
+#       the fp32-x count instead of the tensor-core kernel's 8 tokens) as gemv_test-group4, and
+#       moe_expert_test with MOESHARD_MOE_GEMV_SMALL_ALL=0 (both GEMV task classes at every
+#       size) as moe_expert_test-classes.
 #       MOESHARD_LANE_PART=checks runs steps 1-3b only, =e2e steps 4-5 only (default all): the
 #       two halves' bundles each fit one device call's 64 MiB beside the tree.
 #       A step that exits 77 (no GPU) is a failure here: the lane runs on a GPU machine. A gtest
@@ -179,6 +181,12 @@ run_lane() {
     # 8 tokens for the tensor-core kernel, kernels/cuda/gemv.h): that path stays checked too.
     if grep -qx gemv_test "$list"; then
       run_gtest gemv_test "$bin" "$work/gemv_test-group4.log" gemv_test-group4 MOESHARD_GEMV_MMA_GROUP8=0
+    fi
+    # The MoE GEMV's two task classes at every size (MOESHARD_MOE_GEMV_SMALL_ALL=0; up to 512
+    # pairs the default lets the small class take every task, kernels/moe/moe_gemv.cu).
+    if grep -qx moe_expert_test "$list"; then
+      run_gtest moe_expert_test "$bin" "$work/moe_expert_test-classes.log" moe_expert_test-classes \
+        MOESHARD_MOE_GEMV_SMALL_ALL=0
     fi
   fi
   if [[ $part == all || $part == checks ]]; then
