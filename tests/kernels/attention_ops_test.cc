@@ -243,7 +243,7 @@ void ModelOpsTestRunAttention(const AttnCase& c, bool bf16, std::mt19937& rng) {
       EXPECT_EQ(bad, 0u) << "KvDequant values differ from the host's";
     }
     gpu::AttentionParams cp = ap;
-    cp.cache = gpu::KvCacheView{ck.get(), cv.get(), nullptr, nullptr, gpu::KvElem::kBF16, bs, nkv, hd};
+    cp.cache = gpu::KvCacheView{ck.get(), cv.get(), nullptr, nullptr, gpu::KvElem::kBF16, bs, nkv, hd, nblk};
     cp.block_tables = dctab.get();
     cp.table_offset = dctoff.get();
     ASSERT_EQ(cudaMemset(out, 0xff, out_bytes), cudaSuccess);

@@ -89,6 +89,7 @@ absl::Status GpuModelRunner::UseKvCopy(int64_t li, AttentionParams* ap) {
   copy.block_size = options_.block_size;
   copy.num_kv_heads = nkv_;
   copy.head_dim = config_.head_dim;
+  copy.num_blocks = d.blocks;  // the tables point only at copied blocks (and the wgmma kernel's boxes need the count)
   ap->cache = copy;
   ap->block_tables = d.tables;
   ap->table_offset = d.toff;
