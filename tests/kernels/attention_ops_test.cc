@@ -50,6 +50,21 @@ struct AttnCase {
   bool via_copy = false;
 };
 
+// A case of these sequences, heads, block size, sliding window and cache element through `algos`.
+AttnCase MakeCase(std::vector<AttnSeq> seqs, int64_t nq, int64_t nkv, int64_t hd, int64_t bs, int64_t window,
+                  gpu::KvElem elem, std::vector<gpu::AttentionAlgo> algos) {
+  AttnCase c;
+  c.seqs = std::move(seqs);
+  c.nq = nq;
+  c.nkv = nkv;
+  c.hd = hd;
+  c.bs = bs;
+  c.window = window;
+  c.elem = elem;
+  c.algos = std::move(algos);
+  return c;
+}
+
 // An sm_90 device (the wgmma kernel's): there, every shape the kernel takes must run on it.
 bool DeviceIsSm90() {
   int dev = 0, major = 0, minor = 0;
@@ -366,17 +381,10 @@ TEST_P(ModelOpsTest, PagedAttentionLongDecodeSplit) {
 TEST_P(ModelOpsTest, PagedAttentionHeadDim32Window) {
   for (int64_t window : {int64_t{0}, int64_t{64}}) {
     for (gpu::KvElem elem : {gpu::KvElem::kF32, gpu::KvElem::kBF16}) {
-      AttnCase c;
-      c.seqs = {{63, 1}, {64, 1}, {70, 1}, {99, 1}};
-      c.nq = 8;
-      c.nkv = 2;
-      c.hd = 32;
-      c.bs = 16;
-      c.window = window;
-      c.elem = elem;
+      AttnCase c = MakeCase({{63, 1}, {64, 1}, {70, 1}, {99, 1}}, 8, 2, 32, 16, window, elem,
+                            {gpu::AttentionAlgo::kSplitDecode, gpu::AttentionAlgo::kTiled,
+                             gpu::AttentionAlgo::kTiledTensorCore, gpu::AttentionAlgo::kAuto});
       c.max_tokens_per_seq = 1;
-      c.algos = {gpu::AttentionAlgo::kSplitDecode, gpu::AttentionAlgo::kTiled, gpu::AttentionAlgo::kTiledTensorCore,
-                 gpu::AttentionAlgo::kAuto};
       ModelOpsTestRunAttention(c, bf16(), rng_);
       AttnCase b = c;
       b.seqs = {{50, 50}, {0, 24}};
@@ -493,16 +501,9 @@ TEST_P(ModelOpsTest, PagedAttentionWgmmaPrefill) {
   c.algos = {gpu::AttentionAlgo::kWgmma};
   ModelOpsTestRunAttention(c, bf16(), rng_);
   for (int64_t hd : {int64_t{64}, int64_t{128}}) {  // 32-token blocks: two tensor-map boxes a block
-    AttnCase b;
-    b.seqs = {{0, 700}, {45, 90}, {1000, 3}};
-    b.nq = 8;
-    b.nkv = 1;
-    b.hd = hd;
-    b.bs = 32;
-    b.window = 200;
-    b.elem = gpu::KvElem::kBF16;
-    b.algos = {gpu::AttentionAlgo::kWgmma};
-    ModelOpsTestRunAttention(b, bf16(), rng_);
+    ModelOpsTestRunAttention(
+        MakeCase({{0, 700}, {45, 90}, {1000, 3}}, 8, 1, hd, 32, 200, gpu::KvElem::kBF16, {gpu::AttentionAlgo::kWgmma}),
+        bf16(), rng_);
   }
 }
 
