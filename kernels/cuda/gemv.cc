@@ -44,8 +44,10 @@ bool GemvOneLaunch(GemvWeight wtype, ActDType x_dtype, int64_t cols, int64_t tok
 
 absl::Status Gemv(const GemvParams& p, GpuStream stream) {
   if (p.num_tokens <= 0) return absl::OkStatus();
-  if (p.num_tokens > kGemvMaxTokens) {
-    return absl::InvalidArgumentError(absl::StrCat("Gemv: ", p.num_tokens, " tokens, at most ", kGemvMaxTokens));
+  bool wide = !p.res.s && GemvWideTakes(p.wtype, p.x_dtype == ActDType::kF32, p.cols, p.num_tokens);
+  if (p.num_tokens > kGemvMaxTokens && !wide) {
+    return absl::InvalidArgumentError(absl::StrCat("Gemv: ", p.num_tokens, " tokens, at most ", kGemvMaxTokens, " (",
+                                                   kGemvWideMaxTokens, " of split Q8 with bf16 x, K % 64 == 0)"));
   }
   if (!GemvSupports(p.wtype, p.cols)) return absl::InvalidArgumentError(absl::StrCat("Gemv: unsupported K = ", p.cols));
   if (p.num_matrices < 1 || p.num_matrices > 3) return absl::InvalidArgumentError("Gemv: 1 to 3 matrices");
@@ -78,6 +80,13 @@ absl::Status Gemv(const GemvParams& p, GpuStream stream) {
     if (m.y_stride < m.rows) return absl::InvalidArgumentError("Gemv: y_stride < rows");
     a.m[i] = m;
     a.task_begin[i + 1] = a.task_begin[i] + (m.rows + rpt - 1) / rpt;
+  }
+  for (int i = 0; i < p.num_matrices && wide; ++i) wide = reinterpret_cast<uintptr_t>(a.m[i].scales) % 4 == 0;
+  if (wide) {  // else the groups below (each reads the weights again)
+    a.num_tokens = static_cast<int>(p.num_tokens);
+    a.x = p.x;
+    MOESHARD_CUDA_RETURN_IF_ERROR(LaunchGemvQ8Wide(a, stream));
+    return absl::OkStatus();
   }
   const int64_t group = LaunchTokens(a.wtype, a.x_f32 != 0, p.cols);
   const size_t y_elem = a.y_f32 ? 4 : 2;

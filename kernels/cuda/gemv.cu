@@ -31,6 +31,7 @@
 
 #include "kernels/cuda/act.cuh"
 #include "kernels/cuda/gemv_launch.h"
+#include "kernels/cuda/gemv_store.cuh"
 #include "kernels/cuda/pdl.cuh"
 
 namespace moeshard::gpu {
@@ -257,15 +258,7 @@ __global__ void __launch_bounds__(kThreads, GemvMinBlocks<W, TB>()) GemvKernel(G
     for (int t = 0; t < TB; ++t) {
       const float s = WarpSum(acc[r][t]);
       const int64_t row = row0 + r;
-      if (lane == (r * TB + t) % 32 && row < m.rows && t < a.num_tokens) {
-        const float y = m.bias ? s + m.bias[row] : s;
-        const int64_t at = t * m.y_stride + row;
-        if (a.y_f32) {
-          static_cast<float*>(m.y)[at] = y;
-        } else {
-          static_cast<uint16_t*>(m.y)[at] = DevF32ToBf16(y);
-        }
-      }
+      if (lane == (r * TB + t) % 32 && row < m.rows && t < a.num_tokens) GemvStoreY(m, a.y_f32, row, t, s);
     }
   }
 }

@@ -21,6 +21,9 @@
 namespace moeshard::gpu {
 
 inline constexpr int64_t kGemvMaxTokens = 8;
+// Split Q8 weights with bf16 x (no residual input) take up to this many tokens in one launch
+// (gemv_wide.cu, K a multiple of 64): the weights decoded once for all of them.
+inline constexpr int64_t kGemvWideMaxTokens = 64;
 
 enum class GemvWeight : uint8_t { kF32, kBF16, kQ8 };
 
@@ -54,7 +57,7 @@ struct GemvParams {
   int64_t x_stride = 0;  // elements; 0 means cols
   ActDType y_dtype = ActDType::kF32;
   int64_t cols = 0;        // K: a multiple of 16 (32 for kQ8)
-  int64_t num_tokens = 0;  // 1..kGemvMaxTokens
+  int64_t num_tokens = 0;  // 1..kGemvMaxTokens; up to kGemvWideMaxTokens where GemvWideTakes
   GemvMatrix m[3];
   int num_matrices = 1;
   GemvResidualIn res;  // res.s set: x, x_dtype and x_stride are not read
@@ -72,6 +75,10 @@ bool GemvOneLaunch(int64_t cols, int64_t tokens);
 // (docs/PERFORMANCE.md, 2026-12-04). MOESHARD_GEMV_MMA_GROUP8=0: the fp32-x count, as before.
 bool GemvOneLaunch(GemvWeight wtype, ActDType x_dtype, int64_t cols, int64_t tokens);
 absl::Status Gemv(const GemvParams& p, GpuStream stream);
+// Whether Gemv runs `tokens` (more than kGemvMaxTokens) rows of these weights and x in one launch
+// of the wide kernel (gemv_wide.cu; MOESHARD_GEMV_WIDE=0 off): split Q8, bf16 x, K % 64 == 0,
+// at most kGemvWideMaxTokens.
+bool GemvWideTakes(GemvWeight wtype, bool x_f32, int64_t cols, int64_t tokens);
 
 // Q8_0 view (device pointers) → int8 codes [rows, cols] + f16 scales [rows, cols / 32].
 absl::Status GemvSplitQ8(const WeightRef& q8_0, int8_t* codes, uint16_t* scales, GpuStream stream);

@@ -39,6 +39,8 @@ bool GemvMmaOn();
 // memory as bf16), 0 if none.
 int GemvMmaTokensPerLaunch(int64_t cols);
 cudaError_t LaunchGemvQ8Mma(const GemvLaunch& a, cudaStream_t stream);
+// gemv_wide.cu: split Q8 with bf16 x for 9 to kGemvWideMaxTokens tokens (GemvWideTakes).
+cudaError_t LaunchGemvQ8Wide(const GemvLaunch& a, cudaStream_t stream);
 cudaError_t LaunchGemvSplitQ8(const WeightRef& w, int8_t* codes, uint16_t* scales, cudaStream_t stream);
 cudaError_t LaunchGemvExpandQ8(const int8_t* codes, const uint16_t* scales, int64_t n, void* out, bool out_f32,
                                cudaStream_t stream);

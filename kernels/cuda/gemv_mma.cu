@@ -21,6 +21,7 @@
 #include <cstring>
 
 #include "kernels/cuda/gemv_launch.h"
+#include "kernels/cuda/gemv_store.cuh"
 #include "kernels/cuda/mma_bf16.cuh"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/weight_decode.cuh"
@@ -129,15 +130,7 @@ __global__ void __launch_bounds__(32 * kWarps) GemvQ8MmaKernel(GemvLaunch a, Til
     for (int w = 0; w < kWarps; ++w) s += red[(w * 4 + q) * 32 + lane];
     const int64_t row = r0 + g + (q & 2 ? 8 : 0);
     const int tok = 2 * c + (q & 1);
-    if (row < m.rows && tok < nt) {
-      const float y = m.bias ? s + m.bias[row] : s;
-      const int64_t at = tok * m.y_stride + row;
-      if (a.y_f32) {
-        static_cast<float*>(m.y)[at] = y;
-      } else {
-        static_cast<uint16_t*>(m.y)[at] = DevF32ToBf16(y);
-      }
-    }
+    if (row < m.rows && tok < nt) GemvStoreY(m, a.y_f32, row, tok, s);
   }
 }
 

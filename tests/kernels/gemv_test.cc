@@ -2,7 +2,8 @@
 // bf16 rows with bf16 x, fp32 rows with fp32 x, and Q8_0 rows (quantized by the GGUF writer's
 // quantizer, converted to split Q8 on the device) with bf16 x; 1 to 8 tokens, odd row counts,
 // three matrices in one launch with biases, fp32 and bf16 outputs, and K of 768, 2048 and 4096
-// (two token groups), and split Q8 on x of a wide range, inf and NaN. Also the
+// (two token groups), 9-64 tokens of split Q8 in one launch (gemv_wide.cu), and split Q8 on x of
+// a wide range, inf and NaN. Also the
 // split-Q8 expansion, bit for bit against ExpandWeights of the
 // Q8_0 bytes, and Gemm's chunked expansion of split-Q8 weights (prefill-sized batches).
 // Labelled `gpu`; exits 77 (SKIPPED) where no CUDA device is present.
@@ -121,6 +122,7 @@ double MaxRelErr(const std::vector<float>& got, const std::vector<float>& ref) {
 struct Shape {
   GemvWeight wtype;
   int64_t K;
+  bool wide = false;  // 9-64 tokens in one launch (gemv_wide.cu) instead of 1-8
 };
 
 // Cases skip where no CUDA device is present (gpu_test_main then exits 77: SKIPPED).
@@ -142,11 +144,16 @@ class GemvQ8 : public ::testing::Test {
 TEST_P(GemvTest, ThreeMatricesEveryTokenCountBothOutputs) {
   const Shape sh = GetParam();
   std::mt19937 rng(static_cast<uint32_t>(sh.K) * 7 + static_cast<uint32_t>(sh.wtype));
-  const int64_t rows[3] = {130, 7, 1};
+  const int64_t rows[3] = {sh.wide ? 300 : 130, 7, sh.wide ? 129 : 1};
   Matrix ms[3] = {MakeMatrix(sh.wtype, rows[0], sh.K, rng), MakeMatrix(sh.wtype, rows[1], sh.K, rng),
                   MakeMatrix(sh.wtype, rows[2], sh.K, rng)};
   const bool x_f32 = sh.wtype == GemvWeight::kF32;
-  for (int64_t T : {1, 2, 3, 4, 5, 8}) {
+  const std::vector<int64_t> counts =
+      sh.wide ? std::vector<int64_t>{9, 16, 17, 33, 64} : std::vector<int64_t>{1, 2, 3, 4, 5, 8};
+  for (int64_t T : counts) {
+    if (sh.wide) {
+      ASSERT_TRUE(gpu::GemvWideTakes(sh.wtype, false, sh.K, T)) << T;
+    }
     for (ActDType y_dtype : {ActDType::kF32, ActDType::kBF16}) {
       SCOPED_TRACE(testing::Message() << "K " << sh.K << " T " << T << " y " << (y_dtype == ActDType::kF32 ? "f32" : "bf16"));
       std::normal_distribution<float> d(0.f, 1.f);
@@ -207,9 +214,31 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GemvTest,
                          ::testing::Values(Shape{GemvWeight::kQ8, 2048}, Shape{GemvWeight::kQ8, 768},
                                            Shape{GemvWeight::kQ8, 4096}, Shape{GemvWeight::kBF16, 2048},
                                            Shape{GemvWeight::kBF16, 784}, Shape{GemvWeight::kF32, 2048},
-                                           Shape{GemvWeight::kF32, 4096}));
+                                           Shape{GemvWeight::kF32, 4096}, Shape{GemvWeight::kQ8, 2048, true},
+                                           Shape{GemvWeight::kQ8, 4096, true}, Shape{GemvWeight::kQ8, 576, true}));
 
-// Split Q8 with bf16 x for two tokens (the tensor-core kernel, gemv_mma.cu): x spanning
+// Token counts and weights the wide kernel does not take are an error, not a wrong answer.
+TEST_F(GemvQ8, MoreTokensThanALaunchTakesIsAnError) {
+  EXPECT_FALSE(gpu::GemvWideTakes(GemvWeight::kQ8, false, 2048, 65));
+  EXPECT_FALSE(gpu::GemvWideTakes(GemvWeight::kBF16, false, 2048, 16));
+  EXPECT_FALSE(gpu::GemvWideTakes(GemvWeight::kQ8, true, 2048, 16));
+  EXPECT_FALSE(gpu::GemvWideTakes(GemvWeight::kQ8, false, 2080, 16));  // K % 64 != 0
+  std::mt19937 rng(23);
+  Matrix m = MakeMatrix(GemvWeight::kQ8, 16, 256, rng);
+  DevBuf xd(65 * 256 * 2), y(65 * 16 * 4);
+  gpu::GemvParams p;
+  p.wtype = GemvWeight::kQ8;
+  p.x = xd.p;
+  p.x_dtype = ActDType::kBF16;
+  p.cols = 256;
+  p.num_tokens = 65;
+  p.m[0] = {m.w->p, static_cast<const uint16_t*>(m.scales->p), 16, nullptr, y.p, 0};
+  const absl::Status st = gpu::Gemv(p, nullptr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("at most 8"), std::string::npos) << st;
+}
+
+// Split Q8 with bf16 x for two tokens (gemv_mma.cu) and twelve (gemv_wide.cu): x spanning
 // 2^-30..2^12 inside each block, zeros, the
 // block's largest negative, and whole blocks of tiny values must all give the fp64 dot to
 // fp32 accuracy, each row's error against the sum of |products| (not the row's result, so an
@@ -221,9 +250,10 @@ TEST_F(GemvQ8, WideRangeActivationsAndNonFinite) {
   Matrix m = MakeMatrix(GemvWeight::kQ8, N, K, rng);
   std::uniform_int_distribution<int> ex(-30, 12), kind(0, 9);
   std::uniform_real_distribution<float> mant(1.f, 2.f);
-  for (int bad : {0, 1, 2}) {  // 0: finite x; 1: an inf in token 1; 2: a NaN in token 1
-    SCOPED_TRACE(testing::Message() << "case " << bad);
-    const int64_t T = 2;
+  for (const auto& [bad, T] : {std::pair{0, int64_t{2}}, std::pair{1, int64_t{2}}, std::pair{2, int64_t{2}},
+                               std::pair{0, int64_t{12}}, std::pair{2, int64_t{12}}}) {
+    // bad 0: finite x; 1: an inf in token 1; 2: a NaN in token 1. Two tokens: gemv_mma.cu; 12: gemv_wide.cu.
+    SCOPED_TRACE(testing::Message() << "case " << bad << " T " << T);
     std::vector<uint16_t> xb(T * K);
     for (int64_t i = 0; i < T * K; ++i) {
       const int k = kind(rng);

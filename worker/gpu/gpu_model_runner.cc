@@ -34,14 +34,17 @@ GemvMatrix GemvOf(const DenseWeight& w, const float* bias, void* y) {
 
 }  // namespace
 
-// Decode-sized batches (≤ kGemvMaxTokens rows whose x fits one launch) read each weight once through Gemv, up to three
-// matrices of the same input in one launch; larger ones go through cuBLAS.
+// Decode-sized batches (≤ kGemvMaxTokens rows whose x fits one launch, or up to kGemvWideMaxTokens of
+// split Q8 weights with bf16 x: gemv_wide.cu) read each weight once through Gemv, up to three matrices
+// of the same input in one launch; larger ones go through cuBLAS.
 bool GpuModelRunner::UseGemv(const DenseWeight& w, int64_t rows) const {
-  return gemv_enabled_ && rows <= kGemvMaxTokens && GemvSupports(GemvTypeOf(w), w.cols) &&
-         GemvOneLaunch(GemvTypeOf(w), w.dtype, w.cols, rows);
+  if (!gemv_enabled_ || !GemvSupports(GemvTypeOf(w), w.cols)) return false;
+  if (rows > kGemvMaxTokens) return GemvWideTakes(GemvTypeOf(w), w.dtype == ActDType::kF32, w.cols, rows);
+  return GemvOneLaunch(GemvTypeOf(w), w.dtype, w.cols, rows);
 }
 
-// Rows of one Gemv launch when a batch of `rows` goes through Gemv in chunks (0: it does not).
+// Rows of one Gemv launch when a batch of `rows` goes through Gemv in chunks (0: it does not; split Q8
+// weights with bf16 x take the wide kernel instead, UseGemv).
 // Between kGemvMaxTokens and MOESHARD_GEMV_CHUNKED_MAX rows (default 32; 0 off), Q8_0 and bf16
 // weights: each chunk reads the weights again, and up to four chunks that still costs less than
 // the GEMM path, whose expansion of a Q8_0 weight to bf16 (written, then read) took 5.7 ms of a
