@@ -252,9 +252,12 @@ __global__ void __launch_bounds__(kThreads, 2) GemvQ8WideKernel(GemvLaunch a, Ti
   ClusterSyncRelaxed();  // no block leaves while another may still read its partials
 }
 
-// Cluster size: the fewest K-splits (1, 2, 4, 8) that give two blocks an SM, each split keeping
-// at least two chunks; 1 on GPUs without clusters.
-int PickSplit(int64_t tiles, int64_t cols) {
+// Cluster size S (1, 2, 4 or 8; 1 on GPUs without clusters): the most K-splits whose grid still
+// fits one wave of resident blocks (`per_sm` a multiprocessor), each split keeping at least two
+// chunks. More splits than a wave holds leave a second, mostly empty wave (the Q/K/V projection
+// at 64 tokens: 320 blocks where 264 are resident). MOESHARD_GEMV_WIDE_WAVE=0: the first rule
+// instead (the fewest splits that give two blocks a multiprocessor), for measuring.
+int PickSplit(int64_t tiles, int64_t cols, int per_sm) {
   static const int sms = [] {
     int dev = 0, n = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
@@ -265,9 +268,18 @@ int PickSplit(int64_t tiles, int64_t cols) {
     return n;
   }();
   static const bool clusters = DeviceIsSm90OrNewer();
+  static const bool wave = [] {
+    const char* v = std::getenv("MOESHARD_GEMV_WIDE_WAVE");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
   if (!clusters) return 1;
   int S = 1;
-  while (S < kMaxCluster && tiles * S < 2 * sms && cols / kChunk / (2 * S) >= 2) S *= 2;
+  if (!wave) {
+    while (S < kMaxCluster && tiles * S < 2 * sms && cols / kChunk / (2 * S) >= 2) S *= 2;
+    return S;
+  }
+  const int64_t capacity = static_cast<int64_t>(std::max(per_sm, 1)) * sms;
+  while (S < kMaxCluster && tiles * 2 * S <= capacity && cols / kChunk / (2 * S) >= 2) S *= 2;
   return S;
 }
 
@@ -278,7 +290,16 @@ cudaError_t LaunchNt(const GemvLaunch& a, const Tiles& tl, cudaStream_t stream) 
       cudaFuncSetAttribute(GemvQ8WideKernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (attr != cudaSuccess) return attr;
   const int64_t tiles = tl.begin[a.num_matrices];
-  const int S = PickSplit(tiles, a.cols);
+  static const int per_sm = [] {
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, GemvQ8WideKernel<NT>, kThreads, Geo<NT>::kSmem) !=
+        cudaSuccess) {
+      cudaGetLastError();
+      return 1;
+    }
+    return n;
+  }();
+  const int S = PickSplit(tiles, a.cols, per_sm);
   cudaLaunchAttribute at[2];
   at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   at[0].val.programmaticStreamSerializationAllowed = PdlEnabled() ? 1 : 0;
