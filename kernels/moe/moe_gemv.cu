@@ -37,8 +37,8 @@
 #include <algorithm>
 #include <cstdlib>
 
-#include "kernels/moe/moe_device.cuh"
 #include "kernels/cuda/pdl.cuh"
+#include "kernels/moe/moe_device.cuh"
 #include "kernels/moe/moe_launch.h"
 
 namespace moeshard::gpu {
@@ -53,10 +53,10 @@ constexpr int kRows = 32;  // rows a warp stages: two 16-row slices
 // chunk (41 KB per block, 5 blocks per SM); large tasks (9-32 tokens) 272 bytes (74 KB, 3).
 template <bool kSmall>
 struct Cfg {
-  static constexpr int kChunkBytes = kSmall ? 136 : 272;             // whole blocks of every format
-  static constexpr int kSlot16 = (15 + kChunkBytes + 15) / 16;       // 16-byte copies per row
-  static constexpr int kSlotBytes = 16 * kSlot16;                    // one row's chunk + alignment
-  static constexpr int kStageBytes = kRows * kSlotBytes;             // one warp, one chunk
+  static constexpr int kChunkBytes = kSmall ? 136 : 272;            // whole blocks of every format
+  static constexpr int kSlot16 = (15 + kChunkBytes + 15) / 16;      // 16-byte copies per row
+  static constexpr int kSlotBytes = 16 * kSlot16;                   // one row's chunk + alignment
+  static constexpr int kStageBytes = kRows * kSlotBytes;            // one warp, one chunk
   static constexpr int kSmemBytes = 2 * kWarps * kStageBytes + 16;  // reads may run ≤ 16 bytes past a slot
   static constexpr int kMinBlocks = kSmall ? 5 : 3;
 };
@@ -166,9 +166,27 @@ __device__ __forceinline__ void LoadB(const uint16_t* brow, int64_t kb, int c, u
   }
 }
 
+// A task's two sums for grouped row `grow`, row r of its 16-row slices (first row i0): gate/up's
+// h = bf16(silu(bf16(g)) · bf16(u)), down's two fp32 rows of y.
+template <bool kGateUp>
+__device__ __forceinline__ void StoreOut(const MoeExpertParams& p, const MoeWork& w, int64_t i0, int64_t grow,
+                                         int64_t r, float s0, float s1) {
+  if constexpr (kGateUp) {
+    const float gv = RoundBf16(s0), uv = RoundBf16(s1);
+    static_cast<uint16_t*>(w.h)[grow * p.inter + i0 + r] = DevF32ToBf16(Silu(gv) * uv);
+  } else {
+    w.y[grow * p.width + i0 + r] = s0;
+    w.y[grow * p.width + i0 + 16 + r] = s1;
+  }
+}
+
 // kLateWait: the caller has not waited for the kernel before (PdlWait); RunTask does, once the
 // first chunk of weights is in flight and before it reads activations.
-template <WeightFormat F, bool kGateUp, bool kSmall, int NT, bool kDirect = false, bool kLateWait = false>
+// kSplitK: the block's four warps split K over one row tile and meet in shared memory; else
+// (row split) `rt` is this warp's own row tile, which it takes over the whole of K and stores
+// itself (no block barrier: the caller's other warps run other row tiles).
+template <WeightFormat F, bool kGateUp, bool kSmall, int NT, bool kDirect = false, bool kLateWait = false,
+          bool kSplitK = true>
 __device__ __forceinline__ void RunTask(const MoeExpertParams& p, const MoeWork& w, const MoeExpertWeights& ew,
                                         int64_t rt, int64_t row0, int ntok, uint8_t* smem) {
   using C = Cfg<kSmall>;
@@ -181,7 +199,7 @@ __device__ __forceinline__ void RunTask(const MoeExpertParams& p, const MoeWork&
   const int64_t r0 = i0, r1 = kGateUp ? i0 : i0 + 16;  // first row of slice 0 and 1
   const int64_t K = kGateUp ? p.width : p.inter;
   const int nb = static_cast<int>(K / 32);
-  const int kb_begin = warp * nb / kWarps, kb_end = (warp + 1) * nb / kWarps;
+  const int kb_begin = kSplitK ? warp * nb / kWarps : 0, kb_end = kSplitK ? (warp + 1) * nb / kWarps : nb;
   const int nchunks = (kb_end - kb_begin + KC - 1) / KC;
 
   const uint16_t* brow[NT];
@@ -276,6 +294,18 @@ __device__ __forceinline__ void RunTask(const MoeExpertParams& p, const MoeWork&
     __syncwarp();  // the next iteration's copy refills the other buffer; this one two on
   }
   CpAsyncWaitAll();
+  if constexpr (!kSplitK) {
+    __syncwarp();  // the lanes' reads of the staging buffer are done before a next pass refills it
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int tok = nt * 8 + 2 * c + (q & 1);
+        if (tok >= ntok) continue;
+        StoreOut<kGateUp>(p, w, i0, row0 + tok, g + ((q & 2) ? 8 : 0), acc[nt][0][q], acc[nt][1][q]);
+      }
+    return;
+  }
   __syncthreads();  // every warp is done with its staging buffers
 
   // Split-K reduction: red[warp][nt][m][q][lane], summed in warp order.
@@ -299,22 +329,15 @@ __device__ __forceinline__ void RunTask(const MoeExpertParams& p, const MoeWork&
 #pragma unroll
       for (int wi = 0; wi < kWarps; ++wi) s[m] += red[(((wi * NT + nt) * 2 + m) * 4 + q) * 32 + lane];
     }
-    const int64_t r = g + ((q & 2) ? 8 : 0);
-    if constexpr (kGateUp) {
-      const float gv = RoundBf16(s[0]), uv = RoundBf16(s[1]);
-      static_cast<uint16_t*>(w.h)[(row0 + tok) * p.inter + i0 + r] = DevF32ToBf16(Silu(gv) * uv);
-    } else {
-      w.y[(row0 + tok) * p.width + i0 + r] = s[0];
-      w.y[(row0 + tok) * p.width + i0 + 16 + r] = s[1];
-    }
+    StoreOut<kGateUp>(p, w, i0, row0 + tok, g + ((q & 2) ? 8 : 0), s[0], s[1]);
   }
 }
 
-template <WeightFormat F, bool kGateUp, bool kSmall>
+template <WeightFormat F, bool kGateUp, bool kSmall, bool kSplitK = true>
 __device__ __forceinline__ void RunTaskNt(const MoeExpertParams& p, const MoeWork& w, const MoeExpertWeights& ew,
                                           int64_t rt, int64_t row0, int ntok, uint8_t* smem) {
   if constexpr (kSmall) {
-    RunTask<F, kGateUp, true, 1>(p, w, ew, rt, row0, ntok, smem);
+    RunTask<F, kGateUp, true, 1, false, false, kSplitK>(p, w, ew, rt, row0, ntok, smem);
   } else {
     if (ntok <= 16) {
       RunTask<F, kGateUp, false, 2>(p, w, ew, rt, row0, ntok, smem);
@@ -327,11 +350,15 @@ __device__ __forceinline__ void RunTaskNt(const MoeExpertParams& p, const MoeWor
 // all (small class only): this launch takes every task, a group of more than 8 tokens in passes
 // of 8 — each token's sums the same as the large class's, whose n8 tiles are independent and
 // run over the same K blocks in the same order.
-template <bool kGateUp, bool kSmall>
+// kRows (small class, all): a block's four warps take four row tiles of the task, each over the
+// whole of K (RunTask's row split), instead of splitting one row tile's K: four times the chunks
+// a warp and no block reduction, for steps with enough tasks to fill the GPU without the split.
+template <bool kGateUp, bool kSmall, bool kRows = false>
 __global__ void __launch_bounds__(kThreads, Cfg<kSmall>::kMinBlocks) GemvKernel(MoeExpertParams p, MoeWork w, int all) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int E = p.num_local_experts;
-  const int64_t R = (kGateUp ? p.inter : p.width) / (kGateUp ? 16 : 32);  // row tiles per expert
+  const int64_t R0 = (kGateUp ? p.inter : p.width) / (kGateUp ? 16 : 32);  // row tiles per expert
+  const int64_t R = kRows ? (R0 + kWarps - 1) / kWarps : R0;               // a block's row tiles per expert
   __shared__ int task_expert;
   PdlWait();
   PdlTrigger();
@@ -348,8 +375,9 @@ __global__ void __launch_bounds__(kThreads, Cfg<kSmall>::kMinBlocks) GemvKernel(
   const int64_t local = item - static_cast<int64_t>(w.gemv_base[e]) * R;
   const int32_t begin = w.offsets[e], count = w.offsets[e + 1] - begin;
   const int groups = (count + kMoeGemvTokens - 1) / kMoeGemvTokens;
-  const int64_t rt = local / groups;
+  const int64_t rt = kRows ? local / groups * kWarps + (threadIdx.x >> 5) : local / groups;
   const int tg = static_cast<int>(local % groups);
+  if (kRows && rt >= R0) return;  // a warp past the expert's last row tile (no block barrier follows)
   const int ntok = min(kMoeGemvTokens, count - tg * kMoeGemvTokens);
   if (!all && (ntok <= 8) != kSmall) return;  // the other class's kernel takes it
   const int64_t row0 = begin + static_cast<int64_t>(tg) * kMoeGemvTokens;
@@ -357,13 +385,13 @@ __global__ void __launch_bounds__(kThreads, Cfg<kSmall>::kMinBlocks) GemvKernel(
   const auto run = [&](int64_t r0, int n) {
     switch (kGateUp ? ew.gate.format : ew.down.format) {
       case WeightFormat::kQ8_0:
-        RunTaskNt<WeightFormat::kQ8_0, kGateUp, kSmall>(p, w, ew, rt, r0, n, smem);
+        RunTaskNt<WeightFormat::kQ8_0, kGateUp, kSmall, !kRows>(p, w, ew, rt, r0, n, smem);
         break;
       case WeightFormat::kMXFP4:
-        RunTaskNt<WeightFormat::kMXFP4, kGateUp, kSmall>(p, w, ew, rt, r0, n, smem);
+        RunTaskNt<WeightFormat::kMXFP4, kGateUp, kSmall, !kRows>(p, w, ew, rt, r0, n, smem);
         break;
       case WeightFormat::kBF16:
-        RunTaskNt<WeightFormat::kBF16, kGateUp, kSmall>(p, w, ew, rt, r0, n, smem);
+        RunTaskNt<WeightFormat::kBF16, kGateUp, kSmall, !kRows>(p, w, ew, rt, r0, n, smem);
         break;
       default:
         break;  // the route kernel never marks another format
@@ -371,7 +399,7 @@ __global__ void __launch_bounds__(kThreads, Cfg<kSmall>::kMinBlocks) GemvKernel(
   };
   if constexpr (kSmall) {
     for (int t0 = 0; t0 < ntok; t0 += 8) {
-      if (t0 > 0) __syncthreads();  // the last pass's reduction is read before the staging reuses it
+      if (t0 > 0 && !kRows) __syncthreads();  // the last pass's reduction is read before the staging reuses it
       run(row0 + t0, min(8, ntok - t0));
     }
   } else {
@@ -449,17 +477,32 @@ int64_t SmallAllPairs() {
   return n;
 }
 
-template <bool kGateUp, bool kSmall>
+// MOESHARD_MOE_GEMV_ROWS: the fewest pairs at which the down GEMM's small-class blocks split rows
+// instead of K (GemvKernel's kRows; default 65, past the direct kernels' 64; 0: never). Down only:
+// its K (the expert width, 768 at the Qwen3-30B shape) gives each of four K-splitting warps less
+// than one chunk; on the H200 (MXFP4, moe_expert_bench --stages) the row split took down from
+// 61.7 to 54.2 us at T = 16 and 92.5 to 80.7 at T = 64, while gate/up (K = 2,048) went from
+// 101.2 / 153.9 to 104.0 / 159.2 us, and with zipf routing at T = 16 from 71.3 to 85.9.
+int64_t RowSplitPairs() {
+  static const int64_t n = [] {
+    const char* v = std::getenv("MOESHARD_MOE_GEMV_ROWS");
+    return v ? std::atoll(v) : kMoeDirectMaxPairs + 1;
+  }();
+  return n;
+}
+
+template <bool kGateUp, bool kSmall, bool kRows = false>
 cudaError_t LaunchClass(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream, int all = 0) {
   constexpr int kSmem = Cfg<kSmall>::kSmemBytes;
   static const cudaError_t attr =
-      cudaFuncSetAttribute(GemvKernel<kGateUp, kSmall>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+      cudaFuncSetAttribute(GemvKernel<kGateUp, kSmall, kRows>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (attr != cudaSuccess) return attr;
-  const int64_t R = (kGateUp ? p.inter : p.width) / (kGateUp ? 16 : 32);
+  const int64_t R0 = (kGateUp ? p.inter : p.width) / (kGateUp ? 16 : 32);
+  const int64_t R = kRows ? (R0 + kWarps - 1) / kWarps : R0;
   const int64_t pairs = p.num_tokens * p.top_k;
   const int64_t max_groups = std::min<int64_t>(p.num_local_experts, pairs) + pairs / kMoeGemvTokens;
   const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(max_groups * R, 0x7fffffff));
-  return LaunchPdl(GemvKernel<kGateUp, kSmall>, static_cast<unsigned>(grid), kThreads, kSmem, stream, p, w, all);
+  return LaunchPdl(GemvKernel<kGateUp, kSmall, kRows>, static_cast<unsigned>(grid), kThreads, kSmem, stream, p, w, all);
 }
 
 template <bool kGateUp>
@@ -471,6 +514,8 @@ cudaError_t LaunchGemv(const MoeExpertParams& p, const MoeWork& w, cudaStream_t 
   // leaving one by one cost ~20 us a GEMM at 512 pairs (ncu, 2026-12-04).
   const int64_t pairs = p.num_tokens * p.top_k;
   const bool all = pairs <= SmallAllPairs();
+  const int64_t rows_from = RowSplitPairs();
+  if (!kGateUp && all && rows_from > 0 && pairs >= rows_from) return LaunchClass<kGateUp, true, true>(p, w, stream, 1);
   if (cudaError_t err = LaunchClass<kGateUp, true>(p, w, stream, all ? 1 : 0); err != cudaSuccess) return err;
   // Groups of more than 8 tokens exist only when some expert has more than 8 rows.
   if (!all && pairs > 8) return LaunchClass<kGateUp, false>(p, w, stream);
