@@ -6,9 +6,10 @@
 // A block of 8 warps takes 128 rows of one matrix (16 a warp) over a range of K; the S blocks
 // of a thread-block cluster (S = 1, 2, 4 or 8: the most whose grid fits one wave, PickSplit)
 // split K and meet in distributed shared memory, each block summing an S-th of the tile's
-// outputs over the S partials in rank order (deterministic). Every k-chunk of 64 columns of the block's weight rows, their f16 scales and
-// the tokens' activations goes through a ring of shared-memory stages filled with cp.async by
-// all threads (the weights of the first stages before the kernel's PDL wait). Lane (g, c) =
+// outputs over the S partials in rank order (deterministic). Every k-chunk of 64 columns of the
+// block's weight rows, their f16 scales and the tokens' activations goes through a ring of
+// shared-memory stages filled with cp.async by all threads (the weights of the first stages
+// before the kernel's PDL wait). Lane (g, c) =
 // (lane / 4, lane % 4) decodes codes 8c..8c+7 of rows g and g + 8 of its warp's 16 in each
 // 32-column block: its A-fragment share of the block's two m16n8k16 k-steps, in the permuted k
 // order of gemv_mma.cu (the activations are read in the same order, so the dot products are
