@@ -336,24 +336,12 @@ bool GemvWideTakes(GemvWeight wtype, bool x_f32, int64_t cols, int64_t tokens) {
 cudaError_t LaunchGemvQ8Wide(const GemvLaunch& a, cudaStream_t stream) {
   Tiles tl;
   for (int i = 0; i < a.num_matrices; ++i) tl.begin[i + 1] = tl.begin[i] + (a.m[i].rows + kTileRows - 1) / kTileRows;
-  switch ((a.num_tokens + 7) / 8) {
-    case 2:
-      return LaunchNt<2>(a, tl, stream);
-    case 3:
-      return LaunchNt<3>(a, tl, stream);
-    case 4:
-      return LaunchNt<4>(a, tl, stream);
-    case 5:
-      return LaunchNt<5>(a, tl, stream);
-    case 6:
-      return LaunchNt<6>(a, tl, stream);
-    case 7:
-      return LaunchNt<7>(a, tl, stream);
-    case 8:
-      return LaunchNt<8>(a, tl, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
+  using Launch = cudaError_t (*)(const GemvLaunch&, const Tiles&, cudaStream_t);
+  static constexpr Launch kByTiles[] = {nullptr,     nullptr,     LaunchNt<2>, LaunchNt<3>, LaunchNt<4>,
+                                        LaunchNt<5>, LaunchNt<6>, LaunchNt<7>, LaunchNt<8>};  // [n8 token tiles]
+  const int nt = (a.num_tokens + 7) / 8;
+  if (nt < 2 || nt > 8) return cudaErrorInvalidValue;
+  return kByTiles[nt](a, tl, stream);
 }
 
 }  // namespace moeshard::gpu

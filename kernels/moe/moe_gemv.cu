@@ -514,8 +514,10 @@ cudaError_t LaunchGemv(const MoeExpertParams& p, const MoeWork& w, cudaStream_t 
   // leaving one by one cost ~20 us a GEMM at 512 pairs (ncu, 2026-12-04).
   const int64_t pairs = p.num_tokens * p.top_k;
   const bool all = pairs <= SmallAllPairs();
-  const int64_t rows_from = RowSplitPairs();
-  if (!kGateUp && all && rows_from > 0 && pairs >= rows_from) return LaunchClass<kGateUp, true, true>(p, w, stream, 1);
+  if constexpr (!kGateUp) {  // down only (RowSplitPairs); gate/up never instantiates the row split
+    const int64_t rows_from = RowSplitPairs();
+    if (all && rows_from > 0 && pairs >= rows_from) return LaunchClass<kGateUp, true, true>(p, w, stream, 1);
+  }
   if (cudaError_t err = LaunchClass<kGateUp, true>(p, w, stream, all ? 1 : 0); err != cudaSuccess) return err;
   // Groups of more than 8 tokens exist only when some expert has more than 8 rows.
   if (!all && pairs > 8) return LaunchClass<kGateUp, false>(p, w, stream);

@@ -132,8 +132,10 @@ struct Shape {
 };
 
 constexpr Shape kShapes[] = {
-    {"one token", 1, 2, 3, 3, 256, 256, 0, -1},         {"tp window", 37, 4, 6, 12, 256, 512, 32, 5},
-    {"many tiles", 150, 2, 2, 2, 512, 256, 0, -1},      {"odd sizes", 9, 3, 4, 8, 96, 64, 16, 2},
+    {"one token", 1, 2, 3, 3, 256, 256, 0, -1},
+    {"tp window", 37, 4, 6, 12, 256, 512, 32, 5},
+    {"many tiles", 150, 2, 2, 2, 512, 256, 0, -1},
+    {"odd sizes", 9, 3, 4, 8, 96, 64, 16, 2},
     {"off-grid window", 20, 2, 3, 5, 256, 256, 48, -1},
     // More than 512 tokens: the streaming kernels' prefill-size items (8 warps per block).
     {"prefill", 600, 2, 2, 2, 256, 256, 0, -1},
@@ -147,6 +149,9 @@ constexpr Shape kShapes[] = {
     // blocks 0, 3, 6 and 9 (MXFP4 phases 0, 3, 2, 1), in a window at column 128.
     {"gemv decode aligned", 3, 8, 12, 16, 512, 384, 128, -1, true},
     {"gemv mid", 40, 3, 6, 6, 256, 96, 0, -1},
+    // 96 pairs with L = 160: the down GEMM's row-split blocks (past 64 pairs) over 5 row tiles of
+    // 32, so a block's last three warps have none.
+    {"gemv rows", 24, 4, 6, 6, 160, 96, 0, -1},
     {"gemv prefill", 300, 4, 8, 8, 256, 96, 0, -1},
     // Prefill sizes on Hopper: the wgmma GEMMs over expanded weights (moe_wgmma.cu), several
     // 128-row tiles an expert with tails, in 256-row weight tiles (L a multiple of 256, I of
