@@ -24,6 +24,15 @@ __device__ __forceinline__ void StoreF(Act* p, float v) {
   }
 }
 
+// 2^x by the special-function unit with denormal results flushed to zero: one instruction, where
+// exp2f's handling of denormals costs four (attention's probabilities below 2^-126 do not survive
+// the rounding of sums of order one).
+__device__ __forceinline__ float Ex2Ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ float WarpSum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

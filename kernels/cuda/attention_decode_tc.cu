@@ -56,7 +56,7 @@ struct TcGeo {
   static constexpr int kQBytes = kRows * kLd * 2;
   static constexpr int kWork = E == KvElem::kBF16 ? 0 : kChunk * kLd * 2;  // FP8: each warp's fp16 rows, K then V
   static constexpr int kLoop = kQBytes + kStages * kRawStage + kWork;
-  static constexpr int kMerge = 4 * kRows * HD * 4 + 2 * 4 * kRows * 4;  // each warp's O, m, l
+  static constexpr int kMerge = kTcMergeBytes<HD>;  // each warp's O, m, l (MergeWarpRows)
   static constexpr size_t kSmem = kLoop > kMerge ? kLoop : kMerge;
   // Fused: the RoPE angles, then this split's merged partial (O, m, l) that its cluster reads.
   static constexpr size_t kAngles = kSmem, kPartial = kAngles + HD * 4;

@@ -16,6 +16,11 @@ namespace moeshard::gpu {
 
 constexpr int kTcRows = 16;  // a KV head's query heads as the rows of one m16 tile
 
+// Shared memory that the four warps' merge (MergeWarpRows) takes: O [4][16][HD], m and l
+// [4][16], each row's M [16], floats.
+template <int HD>
+constexpr int kTcMergeBytes = (4 * kTcRows * HD + 2 * 4 * kTcRows + kTcRows) * 4;
+
 __device__ __forceinline__ void PrefetchL1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 
 __device__ __forceinline__ void LdMatrixX4(const uint16_t* p, uint32_t (&r)[4]) {
@@ -69,6 +74,20 @@ __device__ __forceinline__ float QuadSum(float v) {
 __device__ __forceinline__ uint32_t E4m3x2ToF16x2(uint32_t v) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xffffu), __NV_E4M3);
   return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+}
+
+// The two e4m3 bytes of half kHalf (0: bits 0-15, 1: bits 16-31) of a word as two fp16 (exact):
+// one conversion instruction that reads the half in place, where E4m3x2ToF16x2(v >> 16) costs a
+// shift before it.
+template <int kHalf>
+__device__ __forceinline__ uint32_t E4m3HalfToF16x2(uint32_t v) {
+  uint32_t r;
+  if constexpr (kHalf == 0) {
+    asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, lo;\n}" : "=r"(r) : "r"(v));
+  } else {
+    asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, hi;\n}" : "=r"(r) : "r"(v));
+  }
+  return r;
 }
 
 // A warp's 16 scores (S fragments: row lane / 4 (j < 2) or + 8, key 8 n + 2 (lane % 4) + j % 2
@@ -159,19 +178,89 @@ __device__ __forceinline__ int TcDim(int i, int n) {
   }
 }
 
+// The four warps' partials of a CTA's query rows, each in shared memory at `smem` as O [warp][row][HD]
+// floats then m and l [warp][row] (4 * 16 * HD + 2 * 4 * 16 floats, then 16 more for the merge's
+// use: kTcMergeBytes<HD>), merged row by row — each (warp, row)'s weight e^(m - M) computed once —
+// and each
+// (row, dim) element stored: kToSmem to Po [16][HD] with m and l after it (a cluster's partial),
+// else as StoreDecodeHead does (one split: the normalized output; more: the split's workspace
+// partial). Every thread calls it after a barrier that follows the warps' writes.
+template <int HD, bool kToSmem>
+__device__ __forceinline__ void MergeWarpRows(const AttentionParams& p, const DecodeSplit& split, int64_t t, int64_t g,
+                                              int group, int64_t sp, int splits, uint8_t* smem, float* Po) {
+  constexpr int kRows = kTcRows, kThreads = 128;
+  const int tid = threadIdx.x;
+  const int64_t H = p.num_heads, hd = p.cache.head_dim;
+  const float* Ow = reinterpret_cast<const float*>(smem);
+  float* Mw = const_cast<float*>(Ow) + 4 * kRows * HD;  // m, then the weights
+  float* Lw = Mw + 4 * kRows;                            // l, then l times the weight
+  float* Mr = Lw + 4 * kRows;                            // each row's M
+  float* Pm = Po + kRows * HD;
+  float* Pl = Pm + kRows;
+  // Thread (w, r) < 64: M = the row's largest m of the non-empty partials, its weight e^(m - M)
+  // (0 for an empty partial, whose O was never summed into).
+  {
+    const int w = tid / kRows, r = tid % kRows;
+    float M = -INFINITY, f = 0.f, lf = 0.f;
+    if (tid < 4 * kRows) {
+#pragma unroll
+      for (int v = 0; v < 4; ++v) M = fmaxf(M, Lw[v * kRows + r] > 0.f ? Mw[v * kRows + r] : -INFINITY);
+      if (const float lw = Lw[tid]; lw > 0.f) {
+        f = expf(Mw[tid] - M);
+        lf = lw * f;
+      }
+    }
+    __syncthreads();
+    if (tid < 4 * kRows) {
+      Mw[tid] = f;
+      Lw[tid] = lf;
+      if (w == 0) Mr[r] = M;
+    }
+    __syncthreads();
+  }
+  for (int i = tid; i < group * HD; i += kThreads) {
+    const int r = i / HD, d = i % HD;
+    if (d >= hd) continue;
+    const float M = Mr[r];
+    float acc = 0.f, L = 0.f;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const float f = Mw[w * kRows + r];
+      if (f != 0.f) {
+        acc = fmaf(Ow[(w * kRows + r) * HD + d], f, acc);
+        L += Lw[w * kRows + r];
+      }
+    }
+    const int64_t h = g * group + r;
+    if constexpr (kToSmem) {
+      Po[r * HD + d] = acc;
+      if (d == 0) {
+        Pm[r] = M;
+        Pl[r] = L;
+      }
+    } else if (splits == 1) {
+      uint16_t* out = static_cast<uint16_t*>(p.out) + t * (p.out_stride ? p.out_stride : H * hd) + h * hd;
+      StoreF(out + d, L > 0.f ? acc / L : 0.f);
+    } else {
+      const int64_t w = (t * H + h) * splits + sp;
+      split.acc[w * hd + d] = acc;
+      if (d == 0) {
+        split.m[w] = M;
+        split.l[w] = L;
+      }
+    }
+  }
+}
+
 // The four warps' partials (o, m, l: rows lane / 4 and lane / 4 + 8 of the m16 tile; O's columns
-// as TcDim<kVPairs> maps them) merged
-// row by row through shared memory at `smem` (4 * 16 * HD + 2 * 4 * 16 floats; every thread
-// calls it after a barrier that frees that memory), then each (row, dim) element stored: kToSmem
-// to Po [16][HD] with m and l after it (a cluster's partial), else as StoreDecodeHead does (one
-// split: the normalized output; more: the split's workspace partial).
+// as TcDim<kVPairs> maps them) written to shared memory at `smem` and merged by MergeWarpRows
+// (every thread calls it after a barrier that frees that memory).
 template <int HD, bool kToSmem, bool kVPairs = false>
 __device__ __forceinline__ void MergeTcWarps(const AttentionParams& p, const DecodeSplit& split, int64_t t, int64_t g,
                                              int group, int64_t sp, int splits, uint8_t* smem, float* Po,
                                              const float (&o)[HD / 8][4], const float (&m)[2], const float (&l)[2]) {
-  constexpr int kRows = kTcRows, kThreads = 128;
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int64_t H = p.num_heads, hd = p.cache.head_dim;
+  constexpr int kRows = kTcRows;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   float* Ow = reinterpret_cast<float*>(smem);  // [warp][row][HD]
   float* Mw = Ow + 4 * kRows * HD;             // [warp][row]
   float* Lw = Mw + 4 * kRows;
@@ -197,43 +286,7 @@ __device__ __forceinline__ void MergeTcWarps(const AttentionParams& p, const Dec
     Lw[warp * kRows + rb] = lb;
   }
   __syncthreads();
-  float* Pm = Po + kRows * HD;
-  float* Pl = Pm + kRows;
-  for (int i = tid; i < group * HD; i += kThreads) {
-    const int r = i / HD, d = i % HD;
-    if (d >= hd) continue;
-    float M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < 4; ++w) M = fmaxf(M, Lw[w * kRows + r] > 0.f ? Mw[w * kRows + r] : -INFINITY);
-    float acc = 0.f, L = 0.f;
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      const float lw = Lw[w * kRows + r];
-      if (lw > 0.f) {
-        const float f = expf(Mw[w * kRows + r] - M);
-        acc = fmaf(Ow[(w * kRows + r) * HD + d], f, acc);
-        L = fmaf(lw, f, L);
-      }
-    }
-    const int64_t h = g * group + r;
-    if constexpr (kToSmem) {
-      Po[r * HD + d] = acc;
-      if (d == 0) {
-        Pm[r] = M;
-        Pl[r] = L;
-      }
-    } else if (splits == 1) {
-      uint16_t* out = static_cast<uint16_t*>(p.out) + t * (p.out_stride ? p.out_stride : H * hd) + h * hd;
-      StoreF(out + d, L > 0.f ? acc / L : 0.f);
-    } else {
-      const int64_t w = (t * H + h) * splits + sp;
-      split.acc[w * hd + d] = acc;
-      if (d == 0) {
-        split.m[w] = M;
-        split.l[w] = L;
-      }
-    }
-  }
+  MergeWarpRows<HD, kToSmem>(p, split, t, g, group, sp, splits, smem, Po);
 }
 
 // Resident CTAs an SM of a decode kernel by head size and cache type: query(hd64, fp8, &n) asks

@@ -74,15 +74,6 @@ __device__ __forceinline__ void WgKeyRanges(const int* rpos, const int* rfirst, 
   }
 }
 
-// 2^x by the special-function unit with denormal results flushed to zero: one instruction, where
-// exp2f's handling of denormals costs four (P's values below 2^-126 do not survive bf16 rounding
-// of sums of order one).
-__device__ __forceinline__ float Ex2Ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // Two floats to bf16 by round-to-nearest-even in one instruction: the bits PackBf16Pair computes in
 // seven integer operations a value, for every value that is not NaN (P never is).
 __device__ __forceinline__ uint32_t PackBf16PairRn(float lo, float hi) {

@@ -419,8 +419,9 @@ TEST_P(ModelOpsTest, PagedAttentionBlockSizeNotPowerOfTwo) {
 
 // Decode at long contexts over bf16 and FP8 caches: with bf16 activations the split-decode
 // kernel runs on the tensor cores — attention_decode_split.cu's per-warp rings, then
-// attention_decode_tc.cu's kernel (SetAttentionDecodeSplitKernel): GQA 8 (half an m16 tile)
-// and 16 (a full tile), head_dim 128 and 64, a sliding window, sequences from 1 to 20,000
+// attention_decode_tc.cu's kernel (SetAttentionDecodeSplitKernel): GQA 8 (half an m16 tile; an
+// FP8 cache at GQA <= 8 takes the split kernel's transposed form), 16 (a full tile), 6 and 2,
+// head_dim 128 and 64, a sliding window, sequences from 1 to 20,000
 // keys, and one sequence over one KV head cut into the most splits.
 TEST_P(ModelOpsTest, PagedAttentionDecodeLongContextBf16AndFp8) {
   struct Reset {
@@ -458,6 +459,10 @@ TEST_P(ModelOpsTest, PagedAttentionDecodeLongContextBf16AndFp8) {
       };
       // Group 16, head_dim 64, one split's worth of keys and a long one.
       decode({{9000, 1}, {40, 1}}, 32, 2, 64, {gpu::AttentionAlgo::kSplitDecode});
+      // Groups 6 and 2 (an FP8 cache takes the transposed form: part of its n8 tile padding),
+      // head_dim 64 and 128, keys from kb and to ke off the 16-key grid.
+      decode({{9000, 1}, {40, 1}, {3001, 1}}, 24, 4, 64, {gpu::AttentionAlgo::kSplitDecode});
+      decode({{12345, 1}, {17, 1}}, 4, 2, 128, {gpu::AttentionAlgo::kSplitDecode, gpu::AttentionAlgo::kAuto});
       // One sequence, one KV head: every one of kAttentionMaxSplits splits holds keys.
       decode({{20000, 1}}, 8, 1, 128, {gpu::AttentionAlgo::kSplitDecode, gpu::AttentionAlgo::kAuto});
     }
