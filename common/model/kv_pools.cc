@@ -19,4 +19,22 @@ int64_t DefaultSlidingKvBlocks(const ModelConfig& config, int64_t num_kv_blocks,
   return n < num_kv_blocks ? n : 0;
 }
 
+KvBytesByKind SequenceKvBytes(const ModelConfig& config, double bytes_per_token_layer, int64_t context,
+                              int64_t block_size) {
+  KvBytesByKind k;
+  const bool two = HasBothLayerKinds(config) && block_size > 0;
+  const int64_t layers = static_cast<int64_t>(config.layers.size());
+  k.sliding_layers =
+      two ? std::count_if(config.layers.begin(), config.layers.end(), [](const LayerSpec& l) { return l.sliding; }) : 0;
+  k.full_layers = layers - k.sliding_layers;
+  const int64_t ctx = std::max<int64_t>(context, 0);
+  k.full_bytes = static_cast<double>(k.full_layers) * static_cast<double>(ctx) * bytes_per_token_layer;
+  if (two) {
+    auto blocks = [&](int64_t n) { return (n + block_size - 1) / block_size; };
+    const int64_t held = std::min(blocks(ctx), blocks(config.sliding_window - 1) + 1) * block_size;
+    k.sliding_bytes = static_cast<double>(k.sliding_layers) * static_cast<double>(held) * bytes_per_token_layer;
+  }
+  return k;
+}
+
 }  // namespace moeshard

@@ -22,4 +22,15 @@ bool HasBothLayerKinds(const ModelConfig& config);
 int64_t DefaultSlidingKvBlocks(const ModelConfig& config, int64_t num_kv_blocks, int64_t block_size,
                                int64_t max_num_seqs, int64_t max_tokens_per_step);
 
+// One sequence's KV memory by layer kind at `context` tokens, between steps: full-attention
+// layers hold every position; with both kinds (two pools) each sliding-window layer holds only the
+// blocks its window can still see (ceil((W - 1) / block_size) + 1, at most the context's) — flat
+// as the context grows past the window. A one-kind model keeps every position in every layer.
+struct KvBytesByKind {
+  int64_t full_layers = 0, sliding_layers = 0;
+  double full_bytes = 0, sliding_bytes = 0;
+};
+KvBytesByKind SequenceKvBytes(const ModelConfig& config, double bytes_per_token_layer, int64_t context,
+                              int64_t block_size);
+
 }  // namespace moeshard

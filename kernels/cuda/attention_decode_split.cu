@@ -24,7 +24,12 @@
 //     converted by one instruction; O's columns come out in that order and the merge puts them
 //     back (TcDim<true>). No fp16 copy of V: an FP8 CTA takes ~72 KB, three an SM;
 //   - O and l are rescaled only when a row's running max grew (the correction factor is
-//     exactly 1 otherwise).
+//     exactly 1 otherwise); scores in log2 units, P by one ex2 instruction; keys masked only in a
+//     group that straddles the split's ends;
+//   - an FP8 cache at GQA <= 8 takes the transposed form (kT, QkT / PvT below): S^T = K Q^T and
+//     O^T += V^T P^T with keys and dims as the m16 rows, the heads as n8 — no padding rows, half
+//     the mmas and scores (ncu at 1 x 128K: 632 -> 316 instructions a warp's 16-key group, with
+//     the changes above). MOESHARD_ATTN_DECODE_T=0 keeps the plain form.
 // MOESHARD_ATTN_DECODE_SPLIT=0 (or SetAttentionDecodeSplitKernel(0)) runs attention_decode_tc.cu's
 // split kernel instead.
 #include <cuda.h>

@@ -127,6 +127,23 @@ TEST(ModelConfigTest, SlidingKvPoolForModelsWithBothLayerKinds) {
   // Window 8, blocks of 4: 64 sequences x (ceil(7 / 4) + 2) + 2 x ceil(512 / 4) = 256 + 256.
   EXPECT_EQ(DefaultSlidingKvBlocks(*mixed, 1024, 4, 64, 512), 512);
   EXPECT_EQ(DefaultSlidingKvBlocks(*mixed, 512, 4, 64, 512), 0);  // not smaller than the full pool
+
+  // One sequence's KV by kind (bench-model's memory plan), 10 bytes a token a layer.
+  const KvBytesByKind one = SequenceKvBytes(*qwen, 10, 1000, 16);  // one kind: every position, every layer
+  EXPECT_EQ(one.full_layers, static_cast<int64_t>(qwen->layers.size()));
+  EXPECT_EQ(one.sliding_layers, 0);
+  EXPECT_DOUBLE_EQ(one.full_bytes, 10.0 * 1000 * static_cast<double>(qwen->layers.size()));
+  EXPECT_DOUBLE_EQ(one.sliding_bytes, 0);
+  EXPECT_EQ(SequenceKvBytes(*all_sliding, 10, 1000, 16).sliding_layers, 0);  // one pool keeps every position
+  // Window 8, blocks of 4: a sliding layer holds ceil(7 / 4) + 1 = 3 blocks (12 tokens) at most.
+  const KvBytesByKind at100 = SequenceKvBytes(*mixed, 10, 100, 4), at1000 = SequenceKvBytes(*mixed, 10, 1000, 4);
+  EXPECT_EQ(at100.full_layers, 2);
+  EXPECT_EQ(at100.sliding_layers, 2);
+  EXPECT_DOUBLE_EQ(at100.full_bytes, 2 * 100 * 10.0);
+  EXPECT_DOUBLE_EQ(at100.sliding_bytes, 2 * 12 * 10.0);
+  EXPECT_DOUBLE_EQ(at1000.full_bytes, 2 * 1000 * 10.0);
+  EXPECT_DOUBLE_EQ(at1000.sliding_bytes, at100.sliding_bytes);                      // flat past the window
+  EXPECT_DOUBLE_EQ(SequenceKvBytes(*mixed, 10, 5, 4).sliding_bytes, 2 * 8 * 10.0);  // 5 tokens: 2 blocks
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/model/kv_pools.h"
 #include "common/status.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gemm.h"
@@ -132,6 +133,15 @@ absl::StatusOr<std::string> RunModelBench(const ModelConfig& c, const ModelBench
       c.model_type, c.num_layers, H, c.num_experts, c.top_k, Lw, I, WeightFormatName(o.expert_format),
       dense_elem == act ? (bf16 ? "bf16" : "f32") : "q8_0", runner->backend(), ro.kv_dtype == KvDType::kFp8E4M3 ? "fp8" : bf16 ? "bf16" : "fp32", copy_gbs, tflops, load_s);
   absl::StrAppend(&rep, absl::StrFormat("KV cache: %.0f bytes per token (all layers)\n", kv_per_token_layer * c.num_layers));
+  // The memory plan by layer kind (what a serving pool holds for one sequence at this context).
+  const KvBytesByKind kinds = SequenceKvBytes(c, kv_per_token_layer, o.prompt_len, ro.block_size);
+  absl::StrAppend(&rep, absl::StrFormat("KV of one sequence at %d tokens: %d full-attention layers %.1f MB",
+                                        o.prompt_len, kinds.full_layers, kinds.full_bytes / 1e6));
+  if (kinds.sliding_layers > 0) {
+    absl::StrAppend(&rep, absl::StrFormat("; %d sliding-window layers (window %d) %.1f MB, flat past the window",
+                                          kinds.sliding_layers, c.sliding_window, kinds.sliding_bytes / 1e6));
+  }
+  absl::StrAppend(&rep, "\n");
 
   // Prefill: warm up once, then time one prompt.
   {
