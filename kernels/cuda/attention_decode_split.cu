@@ -93,6 +93,20 @@ __device__ __forceinline__ int TileOffset(int r, int j) {
   }
 }
 
+// The V rows of a warp's stage (keys c0 ..) outside [kb, ke) zeroed by the warp: P is 0 there, and
+// 0 times a NaN such a row may hold would not be.
+template <int HD, KvElem E>
+__device__ __forceinline__ void ZeroVRowsOutside(uint8_t* vst, int c0, int kb, int ke, int lane) {
+  constexpr int kPieces = Geo<HD, E>::kRowBytes / 16;
+  for (int i = lane; i < kKeys * kPieces; i += 32) {
+    const int row = i / kPieces, piece = i % kPieces;
+    if (c0 + row < kb || c0 + row >= ke) {
+      *reinterpret_cast<uint4*>(vst + TileOffset<HD, E>(row, piece)) = make_uint4(0, 0, 0, 0);
+    }
+  }
+  __syncwarp();
+}
+
 __device__ __forceinline__ void FenceProxyAsync() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 __device__ __forceinline__ void LdMatrixX4Addr(uint32_t a, uint32_t (&r)[4], bool trans) {
@@ -375,15 +389,7 @@ __global__ void __launch_bounds__(kThreads, E == KvElem::kFp8E4M3 ? 3 : 2)
       const float va = vscale[gq], vb = vscale[gq + 8];
       // P^T's B fragments: P's words (key gq or gq + 8, heads 2 cq and + 1) transposed.
       const uint32_t pb0 = MovTrans(Pack<true>(s[0] * va, s[1] * va)), pb1 = MovTrans(Pack<true>(s[2] * vb, s[3] * vb));
-      if (edge) {  // V rows of keys outside [kb, ke) zeroed (0 times what they hold may be NaN)
-        for (int i = lane; i < kKeys * (G::kRowBytes / 16); i += 32) {
-          const int row = i / (G::kRowBytes / 16), piece = i % (G::kRowBytes / 16);
-          if (c0 + row < kb || c0 + row >= ke) {
-            *reinterpret_cast<uint4*>(vst + TileOffset<HD, E>(row, piece)) = make_uint4(0, 0, 0, 0);
-          }
-        }
-        __syncwarp();
-      }
+      if (edge) ZeroVRowsOutside<HD, E>(vst, c0, kb, ke, lane);
       PvT<HD>(SharedAddr(vst), lane, pb0, pb1, o);
       __syncwarp();  // every lane is done with the slot
       if (c + S < nc) {
@@ -526,17 +532,7 @@ __global__ void __launch_bounds__(kThreads, E == KvElem::kFp8E4M3 ? 3 : 2)
     pa[1] = Pack<F16>(s[0][2], s[0][3]);
     pa[2] = Pack<F16>(s[1][0], s[1][1]);
     pa[3] = Pack<F16>(s[1][2], s[1][3]);
-    // Keys outside [kb, ke): their V rows zeroed (P is 0 there, and 0 times a NaN such a row may
-    // hold would not be).
-    if (edge) {
-      for (int i = lane; i < kKeys * (G::kRowBytes / 16); i += 32) {
-        const int row = i / (G::kRowBytes / 16), piece = i % (G::kRowBytes / 16);
-        if (c0 + row < kb || c0 + row >= ke) {
-          *reinterpret_cast<uint4*>(vst + TileOffset<HD, E>(row, piece)) = make_uint4(0, 0, 0, 0);
-        }
-      }
-      __syncwarp();
-    }
+    if (edge) ZeroVRowsOutside<HD, E>(vst, c0, kb, ke, lane);
     const uint32_t vbase = SharedAddr(vst);
     const int vrow = lane % 8 + ((lane / 8) % 2) * 8;
     if constexpr (F16) {

@@ -192,7 +192,7 @@ __device__ __forceinline__ void MergeWarpRows(const AttentionParams& p, const De
   const int tid = threadIdx.x;
   const int64_t H = p.num_heads, hd = p.cache.head_dim;
   const float* Ow = reinterpret_cast<const float*>(smem);
-  float* Mw = const_cast<float*>(Ow) + 4 * kRows * HD;  // m, then the weights
+  float* Mw = reinterpret_cast<float*>(smem) + 4 * kRows * HD;  // m, then the weights
   float* Lw = Mw + 4 * kRows;                            // l, then l times the weight
   float* Mr = Lw + 4 * kRows;                            // each row's M
   float* Pm = Po + kRows * HD;
