@@ -15,7 +15,7 @@
 #       [--prefill-len 4096] [--requests N] [--llama-dir DIR] [--skip-build] [--build-only]
 #       [--no-llama-bench] [--no-bench-model] [--keep-models] [--jobs N] [--cpu-smoke]
 #       [--step-tokens N] [--no-serve] [--long 32768,131072] [--long-output 32] [--long-kv bf16,fp8]
-#       [--long-llama-kv f16,q8_0] [--long-step-tokens 16384]
+#       [--long-llama-kv f16,q8_0] [--long-step-tokens 16384] [--expert-layout auto|stream|stored]
 #
 # --bin: the folder with moeshard, moeshard-worker, -coordinator, -router (default: where
 #   `moeshard` is on PATH, else build/). On the GPU machine: build here, pack with
@@ -28,6 +28,8 @@
 # --step-tokens: moeshard's --max-tokens-per-step for the serve runs (default: `up`'s, 4096 on a GPU).
 # --no-serve: skip the concurrency and 4096-prefill runs (e.g. for a call that only runs --long).
 # --no-bench-model: skip the engine-to-engine decode (bench-model and llama-batched-bench).
+# --expert-layout: moeshard's experts as stored or repacked for the streaming kernels (`up` and
+#   bench-model take it; default auto: MXFP4 as stored; stream: MXFP4 repacked, the throughput layout).
 # --long LENS: long prompts (issue 19): for each engine a server with one sequence and room for the
 #   longest length, one request per length (prompt L, --long-output greedy tokens): TTFT, prefill
 #   tok/s and decode speed at L. moeshard once per --long-kv KV dtype (bf16, fp8; auto = bf16 on
@@ -44,7 +46,7 @@ shared=$repo/../shared; [ -d "$shared" ] || shared=$repo/shared
 bin="" work=/tmp/vs-llamacpp out="" variants=mxfp4,q8_0 engines=moeshard,llamacpp conc=1,4,16,64
 prompt=512 output=128 prefill=4096 requests="" llama_dir="" skip_build=0 build_only=0 llama_bench=1
 bench_model=1 keep=0 jobs=$(nproc) smoke=0 step_tokens="" do_serve=1 long="" long_out=32 long_kv=bf16
-long_llama_kv=f16 long_step=16384
+long_llama_kv=f16 long_step=16384 expert_layout=auto
 die() { echo "vs_llamacpp: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -73,6 +75,7 @@ while [ $# -gt 0 ]; do
     --long-kv) long_kv=$2; shift ;;
     --long-llama-kv) long_llama_kv=$2; shift ;;
     --long-step-tokens) long_step=$2; shift ;;
+    --expert-layout) expert_layout=$2; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (--help)" ;;
   esac
@@ -86,6 +89,9 @@ for k in ${long_kv//,/ }; do [[ $k == bf16 || $k == fp8 || $k == auto || $k == f
 for k in ${long_llama_kv//,/ }; do [[ $k == f16 || $k == q8_0 || $k == bf16 ]] || die "--long-llama-kv: f16, q8_0, bf16 (got '$k')"; done
 for n in "$long_out" "$long_step"; do [[ $n =~ ^[1-9][0-9]*$ ]] || die "--long-output and --long-step-tokens: positive counts"; done
 [ -z "$step_tokens" ] || [[ $step_tokens =~ ^[1-9][0-9]*$ ]] || die "--step-tokens: a positive count"
+[[ $expert_layout == auto || $expert_layout == stream || $expert_layout == stored ]] ||
+  die "--expert-layout: auto, stream, stored (got '$expert_layout')"
+layout_flag=(); [ "$expert_layout" != auto ] && layout_flag=(--expert-layout "$expert_layout")
 device=cuda preset=full
 if [ $smoke = 1 ]; then
   device=cpu preset=tiny engines=moeshard llama_bench=0 bench_model=0
@@ -257,7 +263,7 @@ long_runs() {
       serve "$tag" "$v" "" /ready "$out/up-long-$k-$v.log" bench_long \
         "$moeshard" up --model "$model" --device "$device" --workers 1 --max-model-len "$long_ctx" --max-num-seqs 1 \
         --num-kv-blocks $(( long_ctx / 16 + 16 )) --max-tokens-per-step "$long_step" \
-        --max-batch-tokens $(( long_step > 8192 ? long_step : 8192 )) --kv-dtype "$k" || rc=1
+        --max-batch-tokens $(( long_step > 8192 ? long_step : 8192 )) --kv-dtype "$k" "${layout_flag[@]}" || rc=1
     done
   fi
   if has "$engines" llamacpp; then
@@ -290,7 +296,7 @@ for v in ${variants//,/ }; do
     # KV for every stream's whole context (the coordinator's default pool is 1,024 blocks).
     serve moeshard "$v" "" /ready "$out/up-$v.log" bench \
       "$moeshard" up --model "$model" --device "$device" --workers 1 --max-model-len "$ctx" --max-num-seqs "$maxc" \
-      --num-kv-blocks $(( (ctx / 16 + 1) * maxc + 16 )) "${step_flag[@]}" || status=1
+      --num-kv-blocks $(( (ctx / 16 + 1) * maxc + 16 )) "${step_flag[@]}" "${layout_flag[@]}" || status=1
   fi
   if [ $do_serve = 1 ] && has "$engines" llamacpp; then
     port=$(free_port)
@@ -308,7 +314,8 @@ for v in ${variants//,/ }; do
   if [ $bench_model = 1 ] && has "$engines" moeshard; then
     log "moeshard bench-model, Qwen3-30B-A3B shape, experts $v, streams $conc, context $((prompt + output))"
     "$moeshard" bench-model --arch qwen3_moe --preset full-layer --layers 48 --expert-format "$v" \
-      --dense-format q8_0 --prompt-len $((prompt + output)) --streams "$conc" > "$out/bench-model-$v.txt" 2>&1 ||
+      --dense-format q8_0 --prompt-len $((prompt + output)) --streams "$conc" "${layout_flag[@]}" \
+      > "$out/bench-model-$v.txt" 2>&1 ||
       { tail -5 "$out/bench-model-$v.txt"; status=1; }
   fi
   if [ $bench_model = 1 ] && has "$engines" llamacpp; then

@@ -20,7 +20,7 @@ constexpr char kUsage[] =
     "       [--experts E] [--top-k K] [--hidden H] [--vocab V] [--expert-format nvfp4|mxfp4|q8_0|bf16]\n"
     "       [--dense-format bf16|q8_0]\n"
     "       [--prompt-len 4096] [--decode-steps 32] [--streams 1,4] [--gpu N] [--dtype bfloat16|float32]\n"
-    "       [--kv-dtype auto|bfloat16|fp8] [--seed S]\n"
+    "       [--kv-dtype auto|bfloat16|fp8] [--expert-layout auto|stream|stored] [--seed S]\n"
     "  weights are random and made on the GPU; prints a table of each phase against its floor\n";
 
 absl::StatusOr<WeightFormat> ParseFormat(const std::string& s) {
@@ -72,11 +72,12 @@ absl::Status Run(const Args& a) {
 }  // namespace
 
 int BenchModelCommand(const std::vector<std::string>& argv) {
-  auto a = Args::Parse(argv,
-                       {"arch", "preset", "layers", "vocab", "hidden", "experts", "top-k", "intermediate", "latent",
-                        "expert-format", "dense-format", "prompt-len", "decode-steps", "streams", "seed", "device", "gpu", "dtype",
-                        "kv-dtype", "max-batch-tokens"},
-                       {"help"});
+  auto a = Args::Parse(
+      argv,
+      {"arch",         "preset", "layers",        "vocab",        "hidden",     "experts",       "top-k",
+       "intermediate", "latent", "expert-format", "dense-format", "prompt-len", "decode-steps",  "streams",
+       "seed",         "device", "gpu",           "dtype",        "kv-dtype",   "expert-layout", "max-batch-tokens"},
+      {"help"});
   if (!a.ok() || a->Flag("help")) {
     std::fprintf(stderr, "%s%s\n", kUsage, a.ok() ? "" : std::string(a.status().message()).c_str());
     return a.ok() ? 0 : 2;

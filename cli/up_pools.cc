@@ -30,6 +30,7 @@ const std::vector<Key>& Keys() {
       {"mode", Kind::kString, Target::kSelf, 0, {"layer-split", "tensor-parallel"}},
       {"layer_split", Kind::kString, Target::kSelf},
       {"kv_dtype", Kind::kString, Target::kWorker, 0, {"auto", "float32", "bfloat16", "fp8"}},
+      {"expert_layout", Kind::kString, Target::kWorker, 0, {"auto", "stream", "stored"}},
       {"dtype", Kind::kString, Target::kWorker, 0, {"float32", "bfloat16"}},
       {"max_batch_tokens", Kind::kInt, Target::kWorker, 1},
       {"num_kv_blocks", Kind::kInt, Target::kCoordinator, 1},

@@ -28,6 +28,13 @@ absl::StatusOr<KvDType> ParseKvDType(const std::string& s) {
   return absl::InvalidArgumentError(absl::StrCat("unknown KV cache dtype '", s, "' (auto, float32, bfloat16 or fp8)"));
 }
 
+absl::StatusOr<ExpertLayout> ParseExpertLayout(const std::string& s) {
+  if (s == "auto") return ExpertLayout::kAuto;
+  if (s == "stream") return ExpertLayout::kStream;
+  if (s == "stored") return ExpertLayout::kStored;
+  return absl::InvalidArgumentError(absl::StrCat("unknown expert layout '", s, "' (auto, stream or stored)"));
+}
+
 absl::Status CheckBlockTable(const std::vector<int32_t>& table, int64_t n, int64_t num_blocks, int64_t block_size,
                              int64_t first_block) {
   const int64_t need = (n + block_size - 1) / block_size;

@@ -46,6 +46,11 @@ enum class Device : uint8_t { kCpu, kCuda };
 enum class ActPrecision : uint8_t { kFloat32, kBFloat16 };
 // KV cache element type (GPU): kAuto = the activation precision.
 enum class KvDType : uint8_t { kAuto, kFloat32, kBFloat16, kFp8E4M3 };
+// How the GPU backend keeps MoE experts (worker/gpu/expert_repack.h). kAuto: NVFP4 experts
+// repacked for the streaming kernels, MXFP4 as stored (the decode GEMV over the stored blocks is
+// faster at 1-4 streams); kStream: MXFP4 repacked too (faster from 16 streams: a throughput
+// deployment); kStored: nothing repacked.
+enum class ExpertLayout : uint8_t { kAuto, kStream, kStored };
 
 struct RunnerOptions {
   int64_t num_kv_blocks = 256;
@@ -58,6 +63,7 @@ struct RunnerOptions {
   int gpu_index = 0;
   ActPrecision precision = ActPrecision::kBFloat16;
   KvDType kv_dtype = KvDType::kAuto;
+  ExpertLayout expert_layout = ExpertLayout::kAuto;
   int64_t max_batch_tokens = 8192;  // GPU: scratch memory is sized for this many tokens per step
   bool profile = false;             // GPU: time each step's regions (ProfileReport, SetProfiling)
 };
@@ -65,6 +71,7 @@ struct RunnerOptions {
 absl::StatusOr<Device> ParseDevice(const std::string& s);           // cpu | cuda
 absl::StatusOr<ActPrecision> ParsePrecision(const std::string& s);  // float32 | bfloat16
 absl::StatusOr<KvDType> ParseKvDType(const std::string& s);         // auto | float32 | bfloat16 | fp8
+absl::StatusOr<ExpertLayout> ParseExpertLayout(const std::string& s);  // auto | stream | stored
 
 // Checks that a block table covers `num_positions` with block ids below `num_blocks` (from
 // table index first_block on: a sliding table's earlier entries are never read).

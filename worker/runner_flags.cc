@@ -25,6 +25,13 @@ absl::StatusOr<RunnerOptions> ParseRunnerFlags(const Args& a, RunnerOptions ro) 
           "the CPU backend keeps its KV cache in float32 (--kv-dtype auto|float32, or --device cuda)");
     }
   }
+  if (a.Has("expert-layout")) {
+    ASSIGN_OR_RETURN(ro.expert_layout, ParseExpertLayout(a.Get("expert-layout")));
+    if (ro.device == Device::kCpu && ro.expert_layout != ExpertLayout::kAuto) {
+      return absl::InvalidArgumentError(
+          "the CPU backend keeps experts as stored (--expert-layout auto, or --device cuda)");
+    }
+  }
   ASSIGN_OR_RETURN(ro.max_batch_tokens, a.GetInt("max-batch-tokens", ro.max_batch_tokens));
   if (ro.max_batch_tokens <= 0) return absl::InvalidArgumentError("--max-batch-tokens must be positive");
   return ro;

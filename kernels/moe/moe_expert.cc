@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
@@ -101,6 +102,15 @@ absl::Status Validate(const MoeExpertParams& p) {
   }
   if (reinterpret_cast<uintptr_t>(p.workspace) % kAlign != 0) {
     return absl::InvalidArgumentError("MoeExpertStep: workspace must be 256-byte aligned");
+  }
+  if ((p.expert_formats & kMoeMxfp4Repacked) && !(p.expert_formats & kMoeNvfp4Repacked)) {
+    return absl::InvalidArgumentError("MoeExpertStep: kMoeMxfp4Repacked needs kMoeNvfp4Repacked");
+  }
+  // Repacked views are NVFP4-format views (MoeRepackNvfp4 / MoeRepackMxfp4): a hint computed from
+  // the stored views instead would send them down a path that cannot read them.
+  if ((p.expert_formats & kMoeNvfp4Repacked) && !(p.expert_formats & MoeFormatBit(WeightFormat::kNVFP4))) {
+    return absl::InvalidArgumentError(
+        "MoeExpertStep: kMoeNvfp4Repacked without the NVFP4 format bit (compute the hint from the repacked views)");
   }
   if ((p.expert_formats & kMoeNvfp4Repacked) &&
       (p.act_dtype != ActDType::kBF16 || reinterpret_cast<uintptr_t>(p.x) % 16 != 0 || p.width % 256 != 0 ||
@@ -213,7 +223,7 @@ cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStr
   // qualifies for a fast path that is on for this call.
   bool need_generic = true;
   if (known && (fmts & kMoeAllViewsFast) && bf16) {
-    const uint32_t present = fmts & ~(kMoeAllViewsFast | kMoeNvfp4Repacked);
+    const uint32_t present = fmts & ~kMoeHintFlags;
     uint32_t covered = 0;
     if (w.fast_allowed) covered |= nvfp4_bit;
     if (w.gemv_allowed) covered |= gemv_bits;
@@ -221,8 +231,7 @@ cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStr
   }
   // Decode-sized steps whose experts all take the GEMV/mma path skip the route stage.
   w.direct = DirectEnabled() && w.gemv_allowed && !need_generic && known &&
-             (fmts & ~(kMoeAllViewsFast | kMoeNvfp4Repacked | gemv_bits)) == 0 &&
-             p.num_tokens * p.top_k <= kMoeDirectMaxPairs;
+             (fmts & ~(kMoeHintFlags | gemv_bits)) == 0 && p.num_tokens * p.top_k <= kMoeDirectMaxPairs;
   w.direct_v2 = w.direct && DirectV2Enabled() && (fmts & MoeFormatBit(WeightFormat::kBF16)) == 0 &&
                 ((fmts & MoeFormatBit(WeightFormat::kQ8_0)) == 0 || DirectV2Q8Enabled());
   // Prefill sizes on Hopper: the GEMV/mma path's experts through the wgmma GEMMs, when the
@@ -232,6 +241,7 @@ cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStr
             WgmmaShape(p.num_local_experts, p.width, p.inter, w.capacity);
   // Repacked NVFP4 weights: the streaming kernels read x and h as they are (no gather).
   const bool repacked = known && (fmts & kMoeNvfp4Repacked);
+  w.stream_mx = repacked && (fmts & kMoeMxfp4Repacked);
   using Launch = cudaError_t (*)(const MoeExpertParams&, const MoeWork&, cudaStream_t);
   enum Need { kAlways, kFast, kFastOld, kGemv, kGeneric };
   const struct {
@@ -261,20 +271,23 @@ cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStr
   return cudaSuccess;
 }
 
-absl::StatusOr<WeightRef> MoeRepackNvfp4(const WeightRef& src, void* dst_data, void* dst_scale, GpuStream stream) {
-  if (!MoeRepackNvfp4Eligible(src)) {
+namespace {
+
+// MoeRepackNvfp4 / MoeRepackMxfp4: the checks, the launch and the dense NVFP4-format view.
+absl::StatusOr<WeightRef> Repack(const char* name, bool eligible, const char* need, const WeightRef& src,
+                                 void* dst_data, void* dst_scale, float scale2,
+                                 cudaError_t (*launch)(const WeightRef&, void*, void*, cudaStream_t),
+                                 GpuStream stream) {
+  if (!eligible) {
     return absl::InvalidArgumentError(
-        absl::StrCat("MoeRepackNvfp4: needs an NVFP4 view with rows % 16 == 0, cols % 256 ",
-                     "== 0 and col_offset % 16 == 0; got ", src.rows, " x ", src.cols, " at column ", src.col_offset));
+        absl::StrCat(name, ": needs ", need, "; got ", src.rows, " x ", src.cols, " at column ", src.col_offset));
   }
   if (!dst_data || !dst_scale || reinterpret_cast<uintptr_t>(dst_data) % 16 != 0 ||
       reinterpret_cast<uintptr_t>(dst_scale) % 16 != 0) {
-    return absl::InvalidArgumentError("MoeRepackNvfp4: destinations must be non-null and 16-byte aligned");
+    return absl::InvalidArgumentError(absl::StrCat(name, ": destinations must be non-null and 16-byte aligned"));
   }
-  if (absl::Status s = CudaStatus(LaunchMoeRepackNvfp4(src, dst_data, dst_scale, stream), "MoeRepackNvfp4 launch");
-      !s.ok()) {
-    return s;
-  }
+  const std::string what = absl::StrCat(name, " launch");
+  if (absl::Status s = CudaStatus(launch(src, dst_data, dst_scale, stream), what.c_str()); !s.ok()) return s;
   WeightRef r;
   r.format = WeightFormat::kNVFP4;
   r.rows = src.rows;
@@ -283,8 +296,36 @@ absl::StatusOr<WeightRef> MoeRepackNvfp4(const WeightRef& src, void* dst_data, v
   r.row_stride_bytes = src.cols / 2;
   r.scale = static_cast<const uint8_t*>(dst_scale);
   r.scale_row_stride = src.cols / 16;
-  r.scale2 = src.scale2;
+  r.scale2 = scale2;
   return r;
+}
+
+}  // namespace
+
+absl::StatusOr<WeightRef> MoeRepackNvfp4(const WeightRef& src, void* dst_data, void* dst_scale, GpuStream stream) {
+  return Repack("MoeRepackNvfp4", MoeRepackNvfp4Eligible(src),
+                "an NVFP4 view with rows % 16 == 0, cols % 256 == 0 and col_offset % 16 == 0", src, dst_data, dst_scale,
+                src.scale2, LaunchMoeRepackNvfp4, stream);
+}
+
+absl::StatusOr<WeightRef> MoeRepackMxfp4(const WeightRef& src, void* dst_data, void* dst_scale, GpuStream stream) {
+  return Repack("MoeRepackMxfp4", MoeRepackMxfp4Eligible(src),
+                "an MXFP4 view with rows % 16 == 0, cols % 256 == 0 and col_offset % 32 == 0", src, dst_data, dst_scale,
+                1.0f, LaunchMoeRepackMxfp4, stream);
+}
+
+absl::StatusOr<bool> MoeMxfp4Repackable(const WeightRef& src, GpuStream stream) {
+  if (!MoeRepackMxfp4Eligible(src)) return false;
+  int* bad = nullptr;
+  if (absl::Status s = CudaStatus(cudaMalloc(&bad, sizeof(int)), "MoeMxfp4Repackable alloc"); !s.ok()) return s;
+  absl::Status st = CudaStatus(cudaMemsetAsync(bad, 0, sizeof(int), stream), "MoeMxfp4Repackable memset");
+  if (st.ok()) st = CudaStatus(LaunchMoeMxfp4ScaleCheck(src, bad, stream), "MoeMxfp4Repackable launch");
+  int host = 1;
+  if (st.ok()) st = CudaStatus(cudaMemcpyAsync(&host, bad, sizeof(int), cudaMemcpyDeviceToHost, stream), "copy");
+  if (st.ok()) st = CudaStatus(cudaStreamSynchronize(stream), "MoeMxfp4Repackable sync");
+  cudaFree(bad);
+  if (!st.ok()) return st;
+  return host == 0;
 }
 
 absl::Status MoeExpertStep(const MoeExpertParams& p, GpuStream stream) {

@@ -49,6 +49,8 @@ struct MoeWork {
   // With direct, when every expert is Q8_0 or MXFP4 (MOESHARD_MOE_DIRECT_V2=0 off): the direct
   // GEMV of moe_direct.cu instead of moe_gemv.cu's (same sums, fewer instructions).
   bool direct_v2 = false;
+  // The repacked streaming kernels read MXFP4 scale bytes (kMoeMxfp4Repacked), not e4m3.
+  bool stream_mx = false;
   // Prefill-sized steps on Hopper (moe_wgmma.cu): the GEMV/mma path's experts through bf16
   // weights expanded into wexp and warpgroup-MMA GEMMs instead of moe_gemv.cu.
   bool wgmma = false;
@@ -70,6 +72,9 @@ cudaError_t LaunchMoeStreamGateUp(const MoeExpertParams& p, const MoeWork& w, cu
 cudaError_t LaunchMoeStreamDown(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
 bool MoeRepackNvfp4Eligible(const WeightRef& w);
 cudaError_t LaunchMoeRepackNvfp4(const WeightRef& src, void* dst_data, void* dst_scale, cudaStream_t stream);
+bool MoeRepackMxfp4Eligible(const WeightRef& w);
+cudaError_t LaunchMoeMxfp4ScaleCheck(const WeightRef& src, int* bad, cudaStream_t stream);
+cudaError_t LaunchMoeRepackMxfp4(const WeightRef& src, void* dst_data, void* dst_scale, cudaStream_t stream);
 // The wgmma path (moe_wgmma.cu): whether this build and GPU run it (sm_90a), and its launches in
 // place of LaunchMoeGemvGateUp / LaunchMoeGemvDown.
 constexpr int kMoeWgmmaMaxExperts = 4096;

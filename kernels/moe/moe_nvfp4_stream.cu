@@ -23,6 +23,13 @@
 // block scale · 2^118 (one bf16x2 multiply) → e2m1 · scale · 2^-8; the epilogue multiplies
 // by scale2 · 2^8.
 //
+// MXFP4 (MoeRepackMxfp4): the same codes (e2m1) in the same layout; each 16-column block's
+// scale byte is its 32-column block's e8m0 exponent s as the biased bf16 exponent of
+// 2^(s-127) · 2^118, i.e. s + 118 (MoeWork::stream_mx: the consumers shift it into place
+// instead of converting e4m3), and scale2 is 1. Exact for 3 ≤ s ≤ 136 (the scale times the
+// smallest code stays a bf16 subnormal or above, the bf16 exponent below 255), which the
+// repack checks first (MoeMxfp4Repackable): every real checkpoint's scales are far inside.
+//
 // Pipeline. A block is CW consumer warps (4, or 8 above 512 tokens) and 1 producer warp;
 // the ring holds 2 stages of 256 columns (3 blocks per SM with CW = 4, 2 with CW = 8). The
 // producer walks the block's pieces of work (Cursor, below) and, per chunk, fills a ring
@@ -181,7 +188,7 @@ __device__ __forceinline__ const WeightRef& SliceOf(const MoeExpertWeights& ew, 
 
 // One 256-column stage: M slices × NT n8 tiles.
 template <int M, int NT, int CW>
-__device__ __forceinline__ void ComputeStage(const uint8_t* sb, int warp, int lane, float (&acc)[NT][M][4]) {
+__device__ __forceinline__ void ComputeStage(const uint8_t* sb, int warp, int lane, bool mx, float (&acc)[NT][M][4]) {
   constexpr uint32_t k2p119 = 0x7B007B00u;
   const int g = lane >> 2, c = lane & 3;
 #pragma unroll
@@ -192,10 +199,11 @@ __device__ __forceinline__ void ComputeStage(const uint8_t* sb, int warp, int la
     for (int m = 0; m < M; ++m) {
       const int l = warp * M + m;
       wd[m] = Lds128(sb + l * kSliceData + (q * 32 + lane) * 16);
-      const uint32_t sc = *reinterpret_cast<const uint32_t*>(sb + StageA(CW, M) + l * kSliceScale + lane * (2 * kQuads) +
-                                                             (q >> 1) * 4);
-      const uint32_t tiny = __byte_perm(sc, 0, (q & 1) == 0 ? 0x4140 : 0x4342) << 4;  // e4m3 · 2^-120 per half
-      const uint32_t both = MulBf16x2(MulBf16x2(tiny, k2p119), k2p119);               // rows g, g+8
+      const uint32_t sc =
+          *reinterpret_cast<const uint32_t*>(sb + StageA(CW, M) + l * kSliceScale + lane * (2 * kQuads) + (q >> 1) * 4);
+      const uint32_t pair = __byte_perm(sc, 0, (q & 1) == 0 ? 0x4140 : 0x4342);  // rows g, g+8
+      // e4m3 · 2^-120 per half, times 2^238; or the e8m0 scale's bf16 exponent put in place
+      const uint32_t both = mx ? pair << 7 : MulBf16x2(MulBf16x2(pair << 4, k2p119), k2p119);
       s2[m][0] = __byte_perm(both, 0, 0x1010);
       s2[m][1] = __byte_perm(both, 0, 0x3232);
     }
@@ -332,7 +340,7 @@ __device__ __forceinline__ void ConsumeItem(const MoeExpertParams& p, const MoeW
 #pragma unroll 1
   for (int kc = kc0; kc < kc1; ++kc) {
     MbarWait(&ring.full[ring.stage], ring.phase);
-    if (probe != 2) ComputeStage<M, NT, CW>(ring.stages + ring.stage * StageBytes(CW, M), warp, lane, acc);
+    if (probe != 2) ComputeStage<M, NT, CW>(ring.stages + ring.stage * StageBytes(CW, M), warp, lane, w.stream_mx, acc);
     __syncwarp();
     if (lane == 0) MbarArrive(&ring.empty[ring.stage]);
     ring.Advance();
@@ -585,8 +593,8 @@ cudaError_t LaunchStream(const MoeExpertParams& p, const MoeWork& w, cudaStream_
   const int64_t max_tiles = std::min<int64_t>(p.num_local_experts, pairs) + pairs / kMoeTileTokens;
   const int64_t units = max_tiles * (N / ItemRows<kGateUp, M, CW>()) * (K / kKc);
   if (units > int64_t{1} << 30) return cudaErrorInvalidValue;  // the kernel counts units in 32 bits
-  const int64_t grid = std::max<int64_t>(
-      1, std::min<int64_t>({units, int64_t{blocks_per_sm} * w.num_sms, int64_t{kMoeFixBlocks}}));
+  const int64_t grid =
+      std::max<int64_t>(1, std::min<int64_t>({units, int64_t{blocks_per_sm} * w.num_sms, int64_t{kMoeFixBlocks}}));
   StreamKernel<kGateUp, M, CW><<<static_cast<unsigned>(grid), Threads(CW), SmemBytes(CW, M, stages), stream>>>(
       p, w, stages, Probe(), SplitMode(), kGateUp ? w.num_sms : 0);
   return cudaGetLastError();
@@ -607,6 +615,35 @@ bool LargeItems(const MoeExpertParams& p) {
 
 // ---- repack ------------------------------------------------------------------------------
 
+// The stored codes of columns col .. col + 7 of a row (col a multiple of 8), code i at bits
+// 4i .. 4i + 3: NVFP4 packs two columns a byte; MXFP4's 17-byte blocks hold the e8m0 scale, then
+// in byte j column j (low nibble) and column j + 16 (high).
+template <bool kMx>
+__device__ __forceinline__ uint32_t StoredCodes(const WeightRef& src, int64_t row, int64_t col) {
+  const uint8_t* rp = src.data + row * src.row_stride_bytes;
+  if constexpr (kMx) {
+    const int j0 = static_cast<int>(col % 32);
+    const uint8_t* b = rp + col / 32 * 17 + 1 + (j0 & 15);
+    uint32_t in = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) in |= uint32_t{j0 < 16 ? b[i] & 15u : b[i] >> 4u} << (4 * i);
+    return in;
+  } else {
+    const uint8_t* b = rp + col / 2;
+    return uint32_t{b[0]} | uint32_t{b[1]} << 8 | uint32_t{b[2]} << 16 | uint32_t{b[3]} << 24;
+  }
+}
+
+// The repacked scale byte of the 16 columns from col16: NVFP4's e4m3 without its sign; MXFP4's
+// 32-column block's e8m0 exponent s as s + 118 (the header: MoeWork::stream_mx).
+template <bool kMx>
+__device__ __forceinline__ uint32_t StoredScale(const WeightRef& src, int64_t row, int64_t col16) {
+  if constexpr (kMx) return uint32_t{src.data[row * src.row_stride_bytes + col16 / 32 * 17]} + 118u;
+  return src.scale[row * src.scale_row_stride + col16 / 16] & 0x7Fu;
+}
+
+// One thread a repacked word (and a lane's scale word); kMx: from MXFP4's 17-byte blocks.
+template <bool kMx>
 __global__ void RepackKernel(WeightRef src, uint8_t* dst_data, uint8_t* dst_scale) {
   constexpr int kWordsPerChunk = kSliceData / 4, kWordsPerQuad = 128;
   const int64_t chunks = src.cols / kKc;
@@ -618,8 +655,7 @@ __global__ void RepackKernel(WeightRef src, uint8_t* dst_data, uint8_t* dst_scal
     const int j = wi >> 1, h = wi & 1, g = lane >> 2, c = lane & 3;
     const int64_t s = chunk / chunks, kc = chunk % chunks;
     const int64_t row = 16 * s + g + 8 * h, col = src.col_offset + kc * kKc + q * 64 + 16 * c + 8 * j;
-    const uint8_t* b = src.data + row * src.row_stride_bytes + col / 2;
-    const uint32_t in = uint32_t{b[0]} | uint32_t{b[1]} << 8 | uint32_t{b[2]} << 16 | uint32_t{b[3]} << 24;
+    const uint32_t in = StoredCodes<kMx>(src, row, col);
     uint32_t out = 0;
 #pragma unroll
     for (int bit = 0; bit < 32; ++bit) out |= ((in >> kRepackBit[bit]) & 1u) << bit;
@@ -629,15 +665,45 @@ __global__ void RepackKernel(WeightRef src, uint8_t* dst_data, uint8_t* dst_scal
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int qq = q + (i >> 1), hh = i & 1;
-        const int64_t r = 16 * s + g + 8 * hh, blk = (src.col_offset + kc * kKc + qq * 64) / 16 + c;
-        sc |= uint32_t{src.scale[r * src.scale_row_stride + blk] & 0x7Fu} << (8 * i);
+        const int64_t r = 16 * s + g + 8 * hh, col16 = src.col_offset + kc * kKc + qq * 64 + 16 * c;
+        sc |= StoredScale<kMx>(src, r, col16) << (8 * i);
       }
       reinterpret_cast<uint32_t*>(dst_scale)[(chunk * 32 + lane) * (kQuads / 2) + q / 2] = sc;
     }
   }
 }
 
+// Sets *bad when a block scale of the view lies outside [3, 136] (the MXFP4 repack's exact range).
+__global__ void MxScaleRangeKernel(WeightRef src, int* bad) {
+  const int64_t per_row = src.cols / 32, n = src.rows * per_row;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / per_row, b = i % per_row;
+    const uint32_t e = src.data[r * src.row_stride_bytes + (src.col_offset / 32 + b) * 17];
+    if (e < 3 || e > 136) atomicOr(bad, 1);
+  }
+}
+
 }  // namespace
+
+bool MoeRepackMxfp4Eligible(const WeightRef& w) {
+  return w.format == WeightFormat::kMXFP4 && w.rows > 0 && w.rows % 16 == 0 && w.cols > 0 && w.cols % kKc == 0 &&
+         w.col_offset % 32 == 0 && w.data;
+}
+
+cudaError_t LaunchMoeMxfp4ScaleCheck(const WeightRef& src, int* bad, cudaStream_t stream) {
+  const int64_t n = src.rows * (src.cols / 32);
+  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((n + 255) / 256, 1024));
+  MxScaleRangeKernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(src, bad);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchMoeRepackMxfp4(const WeightRef& src, void* dst_data, void* dst_scale, cudaStream_t stream) {
+  const int64_t words = src.rows * src.cols / 8;
+  const int64_t blocks = std::min<int64_t>((words + 255) / 256, 4096);
+  RepackKernel<true><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(src, static_cast<uint8_t*>(dst_data),
+                                                                        static_cast<uint8_t*>(dst_scale));
+  return cudaGetLastError();
+}
 
 bool MoeRepackNvfp4Eligible(const WeightRef& w) {
   return w.format == WeightFormat::kNVFP4 && w.rows > 0 && w.rows % 16 == 0 && w.cols > 0 && w.cols % kKc == 0 &&
@@ -647,8 +713,8 @@ bool MoeRepackNvfp4Eligible(const WeightRef& w) {
 cudaError_t LaunchMoeRepackNvfp4(const WeightRef& src, void* dst_data, void* dst_scale, cudaStream_t stream) {
   const int64_t words = src.rows * src.cols / 8;
   const int64_t blocks = std::min<int64_t>((words + 255) / 256, 4096);
-  RepackKernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(src, static_cast<uint8_t*>(dst_data),
-                                                                  static_cast<uint8_t*>(dst_scale));
+  RepackKernel<false><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(src, static_cast<uint8_t*>(dst_data),
+                                                                         static_cast<uint8_t*>(dst_scale));
   return cudaGetLastError();
 }
 

@@ -59,6 +59,11 @@ constexpr uint32_t kMoeAllViewsFast = 1u << 31;
 // reference), so each of them must also pass MoeNvfp4Eligible, and the step needs bf16
 // activations (MoeExpertStep rejects anything else).
 constexpr uint32_t kMoeNvfp4Repacked = 1u << 30;
+// Set with kMoeNvfp4Repacked when the repacked views came from MXFP4 weights (MoeRepackMxfp4:
+// NVFP4-format views whose scale bytes are e8m0 exponents); every expert of the layer alike.
+constexpr uint32_t kMoeMxfp4Repacked = 1u << 29;
+// The hint's bits that are not weight formats.
+constexpr uint32_t kMoeHintFlags = kMoeAllViewsFast | kMoeNvfp4Repacked | kMoeMxfp4Repacked;
 
 // The NVFP4 tensor-core path (moe_nvfp4.cu) takes this view [rows, cols] (with bf16
 // activations, L and I multiples of 256 and x 16-byte aligned).

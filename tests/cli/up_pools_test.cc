@@ -22,7 +22,7 @@ TEST(UpPoolsTest, PerPoolSettingsGoToTheirProcesses) {
       {"name": "short", "max_model_len": 32768, "workers": 2, "mode": "tensor-parallel"},
       {"name": "long", "max_model_len": 262144, "replicas": 2, "layer_split": "3,1", "kv_dtype": "fp8",
        "num_kv_blocks": 20000, "num_sliding_kv_blocks": 512, "max_batch_tokens": 8192, "max_num_seqs": 4,
-       "max_tokens_per_step": 4096, "dtype": "bfloat16"}]})");
+       "max_tokens_per_step": 4096, "dtype": "bfloat16", "expert_layout": "stream"}]})");
   ASSERT_TRUE(pools.ok()) << pools.status();
   ASSERT_EQ(pools->size(), 2u);
   const UpPool& s = (*pools)[0];
@@ -40,8 +40,8 @@ TEST(UpPoolsTest, PerPoolSettingsGoToTheirProcesses) {
   EXPECT_EQ(l.mode, "layer-split");
   EXPECT_EQ(l.layer_split, "3,1");
   // nlohmann's objects iterate in key order.
-  EXPECT_THAT(l.worker_flags,
-              ElementsAre(Pair("dtype", "bfloat16"), Pair("kv-dtype", "fp8"), Pair("max-batch-tokens", "8192")));
+  EXPECT_THAT(l.worker_flags, ElementsAre(Pair("dtype", "bfloat16"), Pair("expert-layout", "stream"),
+                                          Pair("kv-dtype", "fp8"), Pair("max-batch-tokens", "8192")));
   EXPECT_THAT(l.coordinator_flags, ElementsAre(Pair("max-num-seqs", "4"), Pair("max-tokens-per-step", "4096"),
                                                Pair("num-kv-blocks", "20000"), Pair("num-sliding-kv-blocks", "512")));
 }
@@ -82,6 +82,8 @@ TEST(UpPoolsTest, RefusesMalformedFilesWithTheReason) {
   ExpectError(R"({"pools": [{"name": "a", "kv_dtype": "fp4"}]})",
               "kv_dtype \"fp4\" is not one of auto, float32, bfloat16, fp8");
   ExpectError(R"({"pools": [{"name": "a", "kv_dtype": 8}]})", "kv_dtype must be a string");
+  ExpectError(R"({"pools": [{"name": "a", "expert_layout": "repacked"}]})",
+              "expert_layout \"repacked\" is not one of auto, stream, stored");
   ExpectError(R"({"pools": [{"name": "a", "max_model_len": "32k"}]})", "max_model_len must be an integer");
   ExpectError(R"({"pools": [{"name": "a", "max_model_len": 1.5}]})", "max_model_len must be an integer");
   ExpectError(R"({"pools": [{"name": "a", "max_model_len": -1}]})", "max_model_len must be >= 0 (got -1)");

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/moe_ref.h"
 #include "kernels/cpu/quantize.h"
@@ -252,18 +253,26 @@ void RunCase(const Shape& s, WeightFormat f, ActDType act, bool norm, std::mt199
     EXPECT_EQ(std::memcmp(got.data(), again.data(), T * L * 4), 0) << "the format hint changed the result";
   }
 
-  // NVFP4 with bf16 activations on the tensor-core path: the same step on weights repacked
-  // by MoeRepackNvfp4 (the streaming kernels) must meet the same tolerance and repeat run
-  // to run bit for bit.
+  // NVFP4 with bf16 activations on the tensor-core path, and MXFP4 where the streaming layout
+  // takes the shape (L and I multiples of 256, the window on the 32-column grid): the same step
+  // on weights repacked by MoeRepackNvfp4 / MoeRepackMxfp4 (the streaming kernels) must meet
+  // the same tolerance and repeat run to run bit for bit.
   std::vector<std::vector<float>> results = {got};
-  if (f == WeightFormat::kNVFP4 && act == ActDType::kBF16 && all_fast) {
+  const bool mx_repack = f == WeightFormat::kMXFP4 && L % 256 == 0 && I % 256 == 0 && s.c0 % 32 == 0;
+  if ((f == WeightFormat::kNVFP4 || mx_repack) && act == ActDType::kBF16 && all_fast) {
     std::vector<std::unique_ptr<DeviceMem>> keep;
     std::vector<gpu::MoeExpertWeights> rdev = dev;
     for (auto& ew : rdev) {
       for (WeightRef* v : {&ew.gate, &ew.up, &ew.down}) {
         keep.push_back(std::make_unique<DeviceMem>(v->rows * v->cols / 2));
         keep.push_back(std::make_unique<DeviceMem>(v->rows * v->cols / 16));
-        auto r = gpu::MoeRepackNvfp4(*v, keep[keep.size() - 2]->ptr, keep.back()->ptr, nullptr);
+        if (mx_repack) {  // the test's weights are quantized from normal values: scales in range
+          auto ok = gpu::MoeMxfp4Repackable(*v, nullptr);
+          ASSERT_TRUE(ok.ok()) << ok.status();
+          ASSERT_TRUE(*ok) << "MXFP4 scales out of the repack's range";
+        }
+        auto r = mx_repack ? gpu::MoeRepackMxfp4(*v, keep[keep.size() - 2]->ptr, keep.back()->ptr, nullptr)
+                           : gpu::MoeRepackNvfp4(*v, keep[keep.size() - 2]->ptr, keep.back()->ptr, nullptr);
         ASSERT_TRUE(r.ok()) << r.status();
         *v = *r;
       }
@@ -272,7 +281,9 @@ void RunCase(const Shape& s, WeightFormat f, ActDType act, bool norm, std::mt199
     CUDA_OK(cudaMemcpy(d_rexperts.ptr, rdev.data(), sizeof(gpu::MoeExpertWeights) * s.E, cudaMemcpyHostToDevice));
     gpu::MoeExpertParams pr = p;
     pr.experts = static_cast<const gpu::MoeExpertWeights*>(d_rexperts.ptr);
-    pr.expert_formats = hint | gpu::kMoeNvfp4Repacked;
+    // The repacked views are NVFP4-format views: the hint says so, as the worker's does.
+    pr.expert_formats = gpu::MoeExpertFormats(rdev.data(), s.E, L, I) | gpu::kMoeNvfp4Repacked |
+                        (mx_repack ? gpu::kMoeMxfp4Repacked : 0u);
     for (std::vector<float>* dst : {&got, &again}) {
       CUDA_OK(cudaMemset(d_out.ptr, 0xff, T * L * 4));
       absl::Status st = gpu::MoeExpertStep(pr, nullptr);
@@ -389,6 +400,34 @@ TEST(MoeExpertNoDeviceTest, RejectsBadParams) {
   p.num_tokens = 4;
   EXPECT_EQ(gpu::MoeExpertStep(p, nullptr).code(), absl::StatusCode::kInvalidArgument);  // null pointers
   EXPECT_GT(gpu::MoeExpertWorkspaceBytes(32, 4096, 4096, 8, 8), size_t{8 * 8 * 4096 * 10});
+}
+
+// Hints that would send repacked views down a path that cannot read them are refused before any
+// launch (Validate; the pointers are never dereferenced).
+TEST(MoeExpertNoDeviceTest, RejectsInconsistentRepackHints) {
+  gpu::MoeExpertParams p;
+  p.num_local_experts = 2;
+  p.width = p.inter = 256;
+  p.top_k = 2;
+  p.num_tokens = 4;
+  alignas(256) static uint8_t fake[256];
+  p.experts = reinterpret_cast<const gpu::MoeExpertWeights*>(fake);
+  p.expert_ids = reinterpret_cast<const int32_t*>(fake);
+  p.weights = reinterpret_cast<const float*>(fake);
+  p.x = fake;
+  p.out = reinterpret_cast<float*>(fake);
+  p.workspace = fake;
+  p.act_dtype = ActDType::kBF16;
+  const uint32_t nvfp4 = gpu::MoeFormatBit(WeightFormat::kNVFP4), mxfp4 = gpu::MoeFormatBit(WeightFormat::kMXFP4);
+  auto says = [&](uint32_t hint) {
+    p.expert_formats = hint;
+    return std::string(gpu::MoeExpertStep(p, nullptr).message());
+  };
+  EXPECT_THAT(says(mxfp4 | gpu::kMoeMxfp4Repacked), ::testing::HasSubstr("kMoeMxfp4Repacked needs kMoeNvfp4Repacked"));
+  EXPECT_THAT(says(mxfp4 | gpu::kMoeNvfp4Repacked | gpu::kMoeMxfp4Repacked),
+              ::testing::HasSubstr("without the NVFP4 format bit"));
+  // A consistent hint passes these checks and stops at the next one (the workspace's size).
+  EXPECT_THAT(says(nvfp4 | gpu::kMoeNvfp4Repacked | gpu::kMoeMxfp4Repacked), ::testing::HasSubstr("workspace of 0"));
 }
 
 }  // namespace

@@ -33,6 +33,12 @@ for kv in fp8 bfloat16; do
   grep -q "keeps its KV cache in float32" "$check_out" || { echo "FAIL: --kv-dtype $kv on the CPU does not say why"; fail=1; }
 done
 run 0 "$td/qwen3moe-tiny" "$td/qwen3moe-tiny/goldens.safetensors" --kv-dtype float32
+# The GPU's expert layouts mean nothing on the CPU: refused with the reason; an unknown one too.
+run 2 "$td/qwen3moe-tiny" "$td/qwen3moe-tiny/goldens.safetensors" --expert-layout stream
+grep -q "keeps experts as stored" "$check_out" || { echo "FAIL: --expert-layout stream on the CPU does not say why"; fail=1; }
+run 2 "$td/qwen3moe-tiny" "$td/qwen3moe-tiny/goldens.safetensors" --expert-layout packed
+grep -q "unknown expert layout 'packed'" "$check_out" || { echo "FAIL: an unknown --expert-layout is not named"; fail=1; }
+run 0 "$td/qwen3moe-tiny" "$td/qwen3moe-tiny/goldens.safetensors" --expert-layout auto
 run 2 "$td/qwen3moe-tiny" "$td/qwen3moe-tiny/goldens.safetensors" --device tpu
 if ! command -v nvidia-smi > /dev/null || ! nvidia-smi -L > /dev/null 2>&1; then
   run 1 "$td/qwen3moe-tiny" "$td/qwen3moe-tiny/goldens.safetensors" --device cuda

@@ -7,33 +7,56 @@
 #include "kernels/moe/moe_expert.h"
 
 namespace moeshard::gpu {
+namespace {
 
-bool MayNvfp4Repack(WeightFormat format, int64_t width, int64_t inter, ActDType act) {
-  if (act != ActDType::kBF16 || format != WeightFormat::kNVFP4 || width % 256 != 0 || inter % 256 != 0) return false;
-  const char* env = std::getenv("MOESHARD_MOE_REPACK");
-  return env == nullptr || std::strcmp(env, "0") != 0;
+bool EnvOff(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, "0") == 0;
 }
 
-bool WantNvfp4Repack(const std::vector<MoeExpertWeights>& ex, int64_t width, int64_t inter, ActDType act) {
-  if (ex.empty() || !MayNvfp4Repack(ex[0].gate.format, width, inter, act)) return false;
+}  // namespace
+
+bool MayRepackExperts(WeightFormat format, int64_t width, int64_t inter, ActDType act, RepackPolicy policy) {
+  if (act != ActDType::kBF16 || width % 256 != 0 || inter % 256 != 0 || EnvOff("MOESHARD_MOE_REPACK")) return false;
+  return (format == WeightFormat::kNVFP4 && policy.nvfp4) || (format == WeightFormat::kMXFP4 && policy.mxfp4);
+}
+
+absl::StatusOr<bool> WantRepackExperts(const std::vector<MoeExpertWeights>& ex, int64_t width, int64_t inter,
+                                       ActDType act, RepackPolicy policy, GpuStream stream) {
+  if (ex.empty() || !MayRepackExperts(ex[0].gate.format, width, inter, act, policy)) return false;
+  const WeightFormat f = ex[0].gate.format;
   for (const MoeExpertWeights& e : ex) {
-    if (e.gate.format != WeightFormat::kNVFP4 || e.up.format != WeightFormat::kNVFP4 ||
-        e.down.format != WeightFormat::kNVFP4 || !MoeNvfp4Eligible(e, width, inter)) {
+    if (e.gate.format != f || e.up.format != f || e.down.format != f) return false;
+    if (f == WeightFormat::kNVFP4) {
+      if (!MoeNvfp4Eligible(e, width, inter)) return false;
+      continue;
+    }
+    if (e.gate.rows != inter || e.gate.cols != width || e.up.rows != inter || e.up.cols != width ||
+        e.down.rows != width || e.down.cols != inter) {
       return false;
+    }
+    for (const WeightRef* w : {&e.gate, &e.up, &e.down}) {
+      ASSIGN_OR_RETURN(const bool ok, MoeMxfp4Repackable(*w, stream));
+      if (!ok) return false;
     }
   }
   return true;
 }
 
-absl::Status RepackNvfp4Experts(std::vector<MoeExpertWeights>& ex, DevicePool& pool, GpuStream stream) {
+absl::StatusOr<uint32_t> RepackExperts(std::vector<MoeExpertWeights>& ex, DevicePool& pool, GpuStream stream) {
+  const bool mx = !ex.empty() && ex[0].gate.format == WeightFormat::kMXFP4;
   for (MoeExpertWeights& e : ex) {
     for (WeightRef* w : {&e.gate, &e.up, &e.down}) {
       ASSIGN_OR_RETURN(void* data, pool.Alloc(static_cast<size_t>(w->rows * w->cols / 2)));
       ASSIGN_OR_RETURN(void* scale, pool.Alloc(static_cast<size_t>(w->rows * w->cols / 16)));
-      ASSIGN_OR_RETURN(*w, MoeRepackNvfp4(*w, data, scale, stream));
+      if (mx) {
+        ASSIGN_OR_RETURN(*w, MoeRepackMxfp4(*w, data, scale, stream));
+      } else {
+        ASSIGN_OR_RETURN(*w, MoeRepackNvfp4(*w, data, scale, stream));
+      }
     }
   }
-  return absl::OkStatus();
+  return mx ? kMoeNvfp4Repacked | kMoeMxfp4Repacked : kMoeNvfp4Repacked;
 }
 
 }  // namespace moeshard::gpu

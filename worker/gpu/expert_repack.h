@@ -1,9 +1,14 @@
-// Load-time repack of a layer's NVFP4 experts for the streaming expert kernels
-// (kernels/moe/moe_nvfp4_stream.cu, MoeRepackNvfp4): their layout lets the step stream the
-// weights through shared memory and decode them with fewer instructions. The repacked views
-// are readable by those kernels only, so the repack happens only where the step will use
-// them: bf16 activations and every expert of the layer NVFP4 with sizes the kernels take.
-// MOESHARD_MOE_REPACK=0 keeps the stored layout (the previous kernels), for comparisons.
+// Load-time repack of a layer's NVFP4 or MXFP4 experts for the streaming expert kernels
+// (kernels/moe/moe_nvfp4_stream.cu, MoeRepackNvfp4 / MoeRepackMxfp4): their layout lets the step
+// stream the weights through shared memory by large bulk copies and decode them with fewer
+// instructions. The repacked views are readable by those kernels only, so the repack happens
+// only where the step will use them: bf16 activations and every expert of the layer of one
+// format with sizes the kernels take (MXFP4: every block scale in the exact range too).
+// Which formats are repacked is the deployment's choice (RepackPolicy, from the runner's
+// --expert-layout): NVFP4 by default; MXFP4 on request, since the streaming kernels serve 16-64
+// streams 1.3x faster than the GEMV kernels over the stored blocks but 1-4 streams slower (H200,
+// docs/PERFORMANCE.md "MXFP4 experts through the streaming kernels"). MOESHARD_MOE_REPACK=0
+// keeps every layer as stored whatever the policy (benchmarks' comparisons).
 #pragma once
 
 #include <cstdint>
@@ -16,18 +21,26 @@
 
 namespace moeshard::gpu {
 
-// Whether a layer of `format` experts of these sizes can be repacked at all (bf16 steps,
-// NVFP4, width and intermediate multiples of 256, MOESHARD_MOE_REPACK not 0): read from the
-// sizes alone, before any upload, so that other layers are uploaded once.
-bool MayNvfp4Repack(WeightFormat format, int64_t width, int64_t inter, ActDType act);
+// The formats a deployment repacks (worker/model_runner.h ExpertLayout).
+struct RepackPolicy {
+  bool nvfp4 = true;
+  bool mxfp4 = false;
+};
 
-// True when RepackNvfp4Experts would repack these (uploaded) experts.
-bool WantNvfp4Repack(const std::vector<MoeExpertWeights>& ex, int64_t width, int64_t inter, ActDType act);
+// Whether a layer of `format` experts of these sizes can be repacked at all (bf16 steps, a
+// format the policy repacks, width and intermediate multiples of 256): read from the
+// sizes alone, before any upload, so that other layers are uploaded once.
+bool MayRepackExperts(WeightFormat format, int64_t width, int64_t inter, ActDType act, RepackPolicy policy);
+
+// True when RepackExperts would repack these (uploaded) experts. MXFP4 experts' scales are read
+// on the device (synchronizes `stream`).
+absl::StatusOr<bool> WantRepackExperts(const std::vector<MoeExpertWeights>& ex, int64_t width, int64_t inter,
+                                       ActDType act, RepackPolicy policy, GpuStream stream);
 
 // Replaces every view of `ex` (device memory, e.g. in a temporary pool) by its repacked copy
 // allocated from `pool`, enqueued on `stream`: the sources must stay alive until the stream
-// has run it. Call only when WantNvfp4Repack; the caller then sets kMoeNvfp4Repacked in the
-// layer's expert formats.
-absl::Status RepackNvfp4Experts(std::vector<MoeExpertWeights>& ex, DevicePool& pool, GpuStream stream);
+// has run it. Call only when WantRepackExperts; returns the bits the caller adds to the
+// layer's expert formats (kMoeNvfp4Repacked, and kMoeMxfp4Repacked for MXFP4 experts).
+absl::StatusOr<uint32_t> RepackExperts(std::vector<MoeExpertWeights>& ex, DevicePool& pool, GpuStream stream);
 
 }  // namespace moeshard::gpu

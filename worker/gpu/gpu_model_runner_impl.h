@@ -102,6 +102,7 @@ class GpuModelRunner : public ModelRunner, private LayerOps {
   absl::Status UseKvCopy(int64_t li, AttentionParams* ap);
   absl::Status StartDevice();
   absl::Status InitBuffers();
+  RepackPolicy Repack() const;
   absl::Status EmbedDevice() {
     EmbedParams p{w_->embed, ids_, T_, s_};
     return gpu::Embed(p, stream_);

@@ -38,16 +38,30 @@ absl::Status GpuModelRunner::StartDevice() {
   return absl::OkStatus();
 }
 
+// The expert formats kept in the streaming kernels' layout (RunnerOptions::expert_layout).
+RepackPolicy GpuModelRunner::Repack() const {
+  switch (options_.expert_layout) {
+    case ExpertLayout::kStream:
+      return RepackPolicy{true, true};
+    case ExpertLayout::kStored:
+      return RepackPolicy{false, false};
+    case ExpertLayout::kAuto:
+      break;
+  }
+  return RepackPolicy{true, false};
+}
+
 absl::Status GpuModelRunner::Init(const TensorSource& src) {
   RETURN_IF_ERROR(StartDevice());
   ASSIGN_OR_RETURN(host_w_, LoadModelWeights(config_, src, shard_));
-  ASSIGN_OR_RETURN(w_, UploadModelWeights(*host_w_, act_, stream_));
+  ASSIGN_OR_RETURN(w_, UploadModelWeights(*host_w_, act_, stream_, Repack()));
   return InitBuffers();
 }
 
 absl::Status GpuModelRunner::InitRandom(WeightFormat expert_format, uint64_t seed, WeightFormat dense_format) {
   RETURN_IF_ERROR(StartDevice());
-  ASSIGN_OR_RETURN(auto made, RandomModelWeights(config_, shard_, act_, expert_format, seed, stream_, dense_format));
+  ASSIGN_OR_RETURN(auto made,
+                   RandomModelWeights(config_, shard_, act_, expert_format, seed, stream_, dense_format, Repack()));
   host_w_ = std::move(made.first);
   w_ = std::move(made.second);
   return InitBuffers();

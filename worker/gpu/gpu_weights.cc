@@ -113,7 +113,7 @@ absl::Status AllocGemmScratch(GpuModelWeights* g, ActDType act) {
 }
 
 absl::StatusOr<std::unique_ptr<GpuModelWeights>> UploadModelWeights(const ModelWeights& w, ActDType act,
-                                                                    GpuStream stream) {
+                                                                    GpuStream stream, RepackPolicy repack) {
   auto g = std::make_unique<GpuModelWeights>();
   Uploader up(g->pool, act, stream);
   ASSIGN_OR_RETURN(g->embed, up.Stored(w.embed));
@@ -157,15 +157,15 @@ absl::StatusOr<std::unique_ptr<GpuModelWeights>> UploadModelWeights(const ModelW
         }
         return absl::OkStatus();
       };
-      bool repacked = false;
-      if (MayNvfp4Repack(lw.experts[0].gate.format, width, inter, act)) {
+      uint32_t repacked = 0;  // the hint bits of a repacked layer
+      if (MayRepackExperts(lw.experts[0].gate.format, width, inter, act, repack)) {
         // NVFP4 experts pass through a temporary buffer into the streaming kernels' layout.
         DevicePool tmp(/*chunk_bytes=*/0);
         Uploader tu(tmp, act, stream);
         RETURN_IF_ERROR(upload(tu));
-        if (WantNvfp4Repack(ex, width, inter, act)) {
-          RETURN_IF_ERROR(RepackNvfp4Experts(ex, g->pool, stream));
-          repacked = true;
+        ASSIGN_OR_RETURN(const bool want, WantRepackExperts(ex, width, inter, act, repack, stream));
+        if (want) {
+          ASSIGN_OR_RETURN(repacked, RepackExperts(ex, g->pool, stream));
         }
         MOESHARD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));  // before tmp is freed
       }
@@ -173,7 +173,7 @@ absl::StatusOr<std::unique_ptr<GpuModelWeights>> UploadModelWeights(const ModelW
       ASSIGN_OR_RETURN(void* arr, g->pool.Upload(ex.data(), ex.size() * sizeof(MoeExpertWeights), stream));
       l.experts = static_cast<const MoeExpertWeights*>(arr);
       l.expert_formats = MoeExpertFormats(ex.data(), static_cast<int>(ex.size()), width, inter);
-      if (repacked) l.expert_formats |= kMoeNvfp4Repacked;
+      l.expert_formats |= repacked;
     }
     g->layers.push_back(l);
   }

@@ -14,6 +14,7 @@
 #include "kernels/cuda/gemm.h"
 #include "kernels/moe/moe_expert.h"
 #include "worker/gpu/device_memory.h"
+#include "worker/gpu/expert_repack.h"
 #include "worker/model_weights.h"
 
 namespace moeshard::gpu {
@@ -52,8 +53,9 @@ absl::StatusOr<DenseWeight> SplitQ8Dense(const WeightRef& q8_dev, DevicePool& po
 // Allocates g->gemm_scratch when some dense weight is split Q8 (up to 64 MiB of expanded rows).
 absl::Status AllocGemmScratch(GpuModelWeights* g, ActDType act);
 
-// `act`: the dtype dense weights are expanded to.
+// `act`: the dtype dense weights are expanded to; `repack`: the expert formats kept in the
+// streaming kernels' layout (worker/gpu/expert_repack.h).
 absl::StatusOr<std::unique_ptr<GpuModelWeights>> UploadModelWeights(const ModelWeights& w, ActDType act,
-                                                                    GpuStream stream);
+                                                                    GpuStream stream, RepackPolicy repack = {});
 
 }  // namespace moeshard::gpu

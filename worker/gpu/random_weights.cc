@@ -101,7 +101,7 @@ class Maker {
 
 absl::StatusOr<std::pair<std::unique_ptr<ModelWeights>, std::unique_ptr<GpuModelWeights>>> RandomModelWeights(
     const ModelConfig& c, const ShardSpec& shard, ActDType act, WeightFormat ef, uint64_t seed, GpuStream stream,
-    WeightFormat dense_format) {
+    WeightFormat dense_format, RepackPolicy repack) {
   RETURN_IF_ERROR(ValidateShard(c, shard));
   if ((ef == WeightFormat::kQ8_0 || ef == WeightFormat::kMXFP4 || ef == WeightFormat::kNVFP4) &&
       (c.expert_width() % 32 || c.expert_intermediate % 32)) {
@@ -170,15 +170,15 @@ absl::StatusOr<std::pair<std::unique_ptr<ModelWeights>, std::unique_ptr<GpuModel
         }
         return absl::OkStatus();
       };
-      bool repacked = false;
-      if (MayNvfp4Repack(ef, Lw, c.expert_intermediate, act)) {
+      uint32_t repacked = 0;  // the hint bits of a repacked layer
+      if (MayRepackExperts(ef, Lw, c.expert_intermediate, act, repack)) {
         // Made in a temporary buffer, then repacked for the streaming kernels (as at load).
         DevicePool tmp(/*chunk_bytes=*/0);
         Maker tmk(tmp, act, seed * 1000003 + static_cast<uint64_t>(li), stream);
         RETURN_IF_ERROR(make(tmk));
-        if (WantNvfp4Repack(ex, Lw, c.expert_intermediate, act)) {
-          RETURN_IF_ERROR(RepackNvfp4Experts(ex, g->pool, stream));
-          repacked = true;
+        ASSIGN_OR_RETURN(const bool want, WantRepackExperts(ex, Lw, c.expert_intermediate, act, repack, stream));
+        if (want) {
+          ASSIGN_OR_RETURN(repacked, RepackExperts(ex, g->pool, stream));
         }
         MOESHARD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));  // before tmp is freed
       }
@@ -186,7 +186,7 @@ absl::StatusOr<std::pair<std::unique_ptr<ModelWeights>, std::unique_ptr<GpuModel
       ASSIGN_OR_RETURN(void* arr, g->pool.Upload(ex.data(), ex.size() * sizeof(MoeExpertWeights), stream));
       l.experts = static_cast<const MoeExpertWeights*>(arr);
       l.expert_formats = MoeExpertFormats(ex.data(), static_cast<int>(ex.size()), Lw, c.expert_intermediate);
-      if (repacked) l.expert_formats |= kMoeNvfp4Repacked;
+      l.expert_formats |= repacked;
       MOESHARD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));  // `ex` leaves scope
     }
     g->layers.push_back(l);

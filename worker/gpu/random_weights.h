@@ -20,6 +20,6 @@ namespace moeshard::gpu {
 
 absl::StatusOr<std::pair<std::unique_ptr<ModelWeights>, std::unique_ptr<GpuModelWeights>>> RandomModelWeights(
     const ModelConfig& c, const ShardSpec& shard, ActDType act, WeightFormat expert_format, uint64_t seed,
-    GpuStream stream, WeightFormat dense_format = WeightFormat::kBF16);
+    GpuStream stream, WeightFormat dense_format = WeightFormat::kBF16, RepackPolicy repack = {});
 
 }  // namespace moeshard::gpu
