@@ -416,7 +416,7 @@ int main(int argc, char** argv) {
           uint8_t* d = rdata + (3 * e + j) * mat_bytes;
           uint8_t* sc = rscale + (3 * e + j) * rscale_bytes;
           if (mxfp4) {
-            auto ok = gpu::MoeMxfp4Repackable(*v[j], nullptr);
+            auto ok = gpu::MoeMxfp4Repackable(v[j], 1, nullptr);
             if (!ok.ok() || !*ok) std::fprintf(stderr, "repack: MXFP4 scales out of range\n"), std::exit(1);
           }
           auto r = mxfp4 ? gpu::MoeRepackMxfp4(*v[j], d, sc, nullptr) : gpu::MoeRepackNvfp4(*v[j], d, sc, nullptr);

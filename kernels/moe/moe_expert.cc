@@ -314,12 +314,17 @@ absl::StatusOr<WeightRef> MoeRepackMxfp4(const WeightRef& src, void* dst_data, v
                 1.0f, LaunchMoeRepackMxfp4, stream);
 }
 
-absl::StatusOr<bool> MoeMxfp4Repackable(const WeightRef& src, GpuStream stream) {
-  if (!MoeRepackMxfp4Eligible(src)) return false;
+absl::StatusOr<bool> MoeMxfp4Repackable(const WeightRef* views, int n, GpuStream stream) {
+  for (int i = 0; i < n; ++i) {
+    if (!MoeRepackMxfp4Eligible(views[i])) return false;
+  }
+  if (n == 0) return true;
   int* bad = nullptr;
   if (absl::Status s = CudaStatus(cudaMalloc(&bad, sizeof(int)), "MoeMxfp4Repackable alloc"); !s.ok()) return s;
   absl::Status st = CudaStatus(cudaMemsetAsync(bad, 0, sizeof(int), stream), "MoeMxfp4Repackable memset");
-  if (st.ok()) st = CudaStatus(LaunchMoeMxfp4ScaleCheck(src, bad, stream), "MoeMxfp4Repackable launch");
+  for (int i = 0; i < n && st.ok(); ++i) {
+    st = CudaStatus(LaunchMoeMxfp4ScaleCheck(views[i], bad, stream), "MoeMxfp4Repackable launch");
+  }
   int host = 1;
   if (st.ok()) st = CudaStatus(cudaMemcpyAsync(&host, bad, sizeof(int), cudaMemcpyDeviceToHost, stream), "copy");
   if (st.ok()) st = CudaStatus(cudaStreamSynchronize(stream), "MoeMxfp4Repackable sync");

@@ -66,11 +66,12 @@ absl::StatusOr<WeightRef> MoeRepackNvfp4(const WeightRef& src, void* dst_data, v
 
 // The same for an MXFP4 matrix (col_offset % 32 == 0, rows % 16 == 0, cols % 256 == 0): the
 // returned view has format NVFP4 and scale2 1 and is read by the streaming kernels only when
-// kMoeMxfp4Repacked is set beside kMoeNvfp4Repacked. Exact when MoeMxfp4Repackable(src).
+// kMoeMxfp4Repacked is set beside kMoeNvfp4Repacked. Exact when MoeMxfp4Repackable says so.
 absl::StatusOr<WeightRef> MoeRepackMxfp4(const WeightRef& src, void* dst_data, void* dst_scale, GpuStream stream);
-// Whether MoeRepackMxfp4 takes `src` exactly: its shape qualifies and every e8m0 block scale is
-// in [2^-124, 2^9]. Reads the scales on the device and synchronizes `stream` (load time only).
-absl::StatusOr<bool> MoeMxfp4Repackable(const WeightRef& src, GpuStream stream);
+// Whether MoeRepackMxfp4 takes each of views[0..n) exactly: its shape qualifies and every e8m0
+// block scale is in [2^-124, 2^9]. Reads the scales on the device and synchronizes `stream` once
+// (load time only: a layer's views in one call).
+absl::StatusOr<bool> MoeMxfp4Repackable(const WeightRef* views, int n, GpuStream stream);
 
 // Enqueues the whole step on `stream`: no allocation, no host synchronization.
 // InvalidArgument for bad sizes, null pointers or a short workspace; Internal for a

@@ -267,7 +267,7 @@ void RunCase(const Shape& s, WeightFormat f, ActDType act, bool norm, std::mt199
         keep.push_back(std::make_unique<DeviceMem>(v->rows * v->cols / 2));
         keep.push_back(std::make_unique<DeviceMem>(v->rows * v->cols / 16));
         if (mx_repack) {  // the test's weights are quantized from normal values: scales in range
-          auto ok = gpu::MoeMxfp4Repackable(*v, nullptr);
+          auto ok = gpu::MoeMxfp4Repackable(v, 1, nullptr);
           ASSERT_TRUE(ok.ok()) << ok.status();
           ASSERT_TRUE(*ok) << "MXFP4 scales out of the repack's range";
         }
@@ -428,6 +428,42 @@ TEST(MoeExpertNoDeviceTest, RejectsInconsistentRepackHints) {
               ::testing::HasSubstr("without the NVFP4 format bit"));
   // A consistent hint passes these checks and stops at the next one (the workspace's size).
   EXPECT_THAT(says(nvfp4 | gpu::kMoeNvfp4Repacked | gpu::kMoeMxfp4Repacked), ::testing::HasSubstr("workspace of 0"));
+}
+
+// The MXFP4 repack's shape rules, checked before any device work: an MXFP4 view on the 32-column
+// grid with rows % 16 and cols % 256; anything else refused with the rule (MoeRepackMxfp4) or
+// reported not repackable (MoeMxfp4Repackable).
+TEST(MoeExpertNoDeviceTest, MxRepackTakesOnlyItsShapes) {
+  alignas(16) static uint8_t bytes[64];
+  WeightRef v;
+  v.format = WeightFormat::kMXFP4;
+  v.rows = 32;
+  v.cols = 512;
+  v.data = bytes;
+  v.row_stride_bytes = 512 / 32 * 17;
+  WeightRef odd = v;
+  odd.col_offset = 16;  // off the 32-column grid
+  WeightRef narrow = v;
+  narrow.cols = 96;
+  WeightRef nv = v;
+  nv.format = WeightFormat::kNVFP4;
+  for (const WeightRef& w : {odd, narrow, nv}) {
+    auto r = gpu::MoeRepackMxfp4(w, bytes, bytes, nullptr);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(r.status().message()), ::testing::HasSubstr("needs an MXFP4 view with rows % 16 == 0"));
+    auto ok = gpu::MoeMxfp4Repackable(&w, 1, nullptr);
+    ASSERT_TRUE(ok.ok());
+    EXPECT_FALSE(*ok);
+  }
+  const WeightRef both[2] = {v, odd};  // one ineligible view makes the set not repackable
+  auto ok = gpu::MoeMxfp4Repackable(both, 2, nullptr);
+  ASSERT_TRUE(ok.ok());
+  EXPECT_FALSE(*ok);
+  auto none = gpu::MoeMxfp4Repackable(nullptr, 0, nullptr);
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(*none);
+  auto unaligned = gpu::MoeRepackMxfp4(v, bytes + 1, bytes, nullptr);
+  EXPECT_THAT(std::string(unaligned.status().message()), ::testing::HasSubstr("16-byte aligned"));
 }
 
 }  // namespace

@@ -25,6 +25,7 @@ absl::StatusOr<bool> WantRepackExperts(const std::vector<MoeExpertWeights>& ex, 
                                        ActDType act, RepackPolicy policy, GpuStream stream) {
   if (ex.empty() || !MayRepackExperts(ex[0].gate.format, width, inter, act, policy)) return false;
   const WeightFormat f = ex[0].gate.format;
+  std::vector<WeightRef> mx;  // MXFP4: every view, their scales checked in one pass
   for (const MoeExpertWeights& e : ex) {
     if (e.gate.format != f || e.up.format != f || e.down.format != f) return false;
     if (f == WeightFormat::kNVFP4) {
@@ -35,12 +36,10 @@ absl::StatusOr<bool> WantRepackExperts(const std::vector<MoeExpertWeights>& ex, 
         e.down.rows != width || e.down.cols != inter) {
       return false;
     }
-    for (const WeightRef* w : {&e.gate, &e.up, &e.down}) {
-      ASSIGN_OR_RETURN(const bool ok, MoeMxfp4Repackable(*w, stream));
-      if (!ok) return false;
-    }
+    mx.insert(mx.end(), {e.gate, e.up, e.down});
   }
-  return true;
+  if (mx.empty()) return true;
+  return MoeMxfp4Repackable(mx.data(), static_cast<int>(mx.size()), stream);
 }
 
 absl::StatusOr<uint32_t> RepackExperts(std::vector<MoeExpertWeights>& ex, DevicePool& pool, GpuStream stream) {
