@@ -5,7 +5,8 @@
 //      tensor-core gate/up (moe_nvfp4.cu) for the experts it takes; the GEMV/mma gate/up
 //      (moe_gemv.cu) for Q8_0, MXFP4 and BF16 experts. With kMoeNvfp4Repacked in
 //      expert_formats, the NVFP4 experts take the streaming kernels instead
-//      (moe_nvfp4_stream.cu), which read x and h in place: no gather.
+//      (moe_nvfp4_stream.cu), which read x and h in place: no gather; so do MXFP4 experts
+//      repacked by MoeRepackMxfp4 (NVFP4-format views; kMoeMxfp4Repacked: e8m0 scale bytes).
 //   3. generic gate/up (moe_generic.cu) for all other experts (its blocks of taken experts
 //      return at once).
 //   4. the same three for down.

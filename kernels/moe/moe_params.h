@@ -53,8 +53,9 @@ struct MoeExpertParams {
 
 MOESHARD_MOE_HD constexpr uint32_t MoeFormatBit(WeightFormat f) { return 1u << static_cast<unsigned>(f); }
 constexpr uint32_t kMoeAllViewsFast = 1u << 31;
-// Set by the caller (with the format bits) when every NVFP4 expert view was made by
-// MoeRepackNvfp4 (moe_expert.h): the step then streams them through the repacked kernels.
+// Set by the caller (with the format bits, computed from the repacked views) when every NVFP4
+// expert view was made by MoeRepackNvfp4 or MoeRepackMxfp4 (moe_expert.h): the step then streams
+// them through the repacked kernels.
 // Repacked views are readable by these kernels only (not the generic path, not the CPU
 // reference), so each of them must also pass MoeNvfp4Eligible, and the step needs bf16
 // activations (MoeExpertStep rejects anything else).
