@@ -72,12 +72,11 @@ absl::Status Run(const Args& a) {
 }  // namespace
 
 int BenchModelCommand(const std::vector<std::string>& argv) {
-  auto a = Args::Parse(
-      argv,
-      {"arch",         "preset", "layers",        "vocab",        "hidden",     "experts",       "top-k",
-       "intermediate", "latent", "expert-format", "dense-format", "prompt-len", "decode-steps",  "streams",
-       "seed",         "device", "gpu",           "dtype",        "kv-dtype",   "expert-layout", "max-batch-tokens"},
-      {"help"});
+  auto a = Args::Parse(argv,
+                       {"arch", "preset", "layers", "vocab", "hidden", "experts", "top-k", "intermediate", "latent",
+                        "expert-format", "dense-format", "prompt-len", "decode-steps", "streams", "seed", "device", "gpu", "dtype",
+                        "kv-dtype", "expert-layout", "max-batch-tokens"},
+                       {"help"});
   if (!a.ok() || a->Flag("help")) {
     std::fprintf(stderr, "%s%s\n", kUsage, a.ok() ? "" : std::string(a.status().message()).c_str());
     return a.ok() ? 0 : 2;

@@ -69,11 +69,12 @@ const char* KindName(Tolerance t) {
 }  // namespace
 
 int CheckCommand(const std::vector<std::string>& argv) {
-  auto a = Args::Parse(
-      argv,
-      {"model", "goldens", "tolerance", "device", "gpu", "dtype", "kv-dtype", "expert-layout", "max-batch-tokens", "tp",
-       "layer-split", "bf16-mean-kl", "bf16-top1", "decode-steps", "runs", "fp32-outliers", "bf16-outliers"},
-      {"help"});
+  auto a = Args::Parse(argv,
+                       {"model", "goldens", "tolerance", "device", "gpu", "dtype", "kv-dtype", "expert-layout",
+                        "max-batch-tokens", "tp",
+                        "layer-split", "bf16-mean-kl", "bf16-top1", "decode-steps", "runs", "fp32-outliers",
+                        "bf16-outliers"},
+                       {"help"});
   if (!a.ok() || a->Flag("help") || !a->Has("model") || !a->Has("goldens")) {
     std::fprintf(stderr, "%s%s\n", kUsage, a.ok() ? "" : std::string(a.status().message()).c_str());
     return (a.ok() && a->Flag("help")) ? 0 : 2;

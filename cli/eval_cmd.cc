@@ -193,10 +193,10 @@ absl::Status RunEval(const Args& a) {
 }  // namespace
 
 int EvalCommand(const std::vector<std::string>& argv) {
-  auto a = Args::Parse(argv,
-                       {"model", "text", "ctx", "tp", "layer-split", "save-logits", "logits-format", "compare",
-                        "max-windows", "device", "gpu", "dtype", "kv-dtype", "expert-layout", "max-batch-tokens"},
-                       {"help"});
+  auto a = Args::Parse(
+      argv, {"model", "text", "ctx", "tp", "layer-split", "save-logits", "logits-format", "compare", "max-windows",
+             "device", "gpu", "dtype", "kv-dtype", "expert-layout", "max-batch-tokens"},
+      {"help"});
   if (!a.ok() || a->Flag("help") || !a->Has("model") || !(a->Has("text") || a->Has("compare"))) {
     std::fprintf(
         stderr,

@@ -100,9 +100,8 @@ absl::Status Run(const Args& a) {
 int GenerateCommand(const std::vector<std::string>& argv) {
   std::vector<std::string> norm;
   for (auto& s : argv) norm.push_back(s == "-n" ? "--max-tokens" : s);
-  auto a = Args::Parse(norm,
-                       {"model", "prompt", "prompt-ids", "max-tokens", "temperature", "seed", "top-k", "top-p", "min-p",
-                        "stop", "device", "gpu", "dtype", "kv-dtype", "expert-layout", "max-batch-tokens"},
+  auto a = Args::Parse(norm, {"model", "prompt", "prompt-ids", "max-tokens", "temperature", "seed", "top-k", "top-p", "min-p", "stop",
+                              "device", "gpu", "dtype", "kv-dtype", "expert-layout", "max-batch-tokens"},
                        {"chat", "no-think", "help"});
   if (!a.ok() || a->Flag("help")) {
     std::fprintf(stderr,

@@ -177,66 +177,32 @@ absl::Status Up(const Args& a) {
 }  // namespace
 
 int UpCommand(const std::vector<std::string>& argv) {
-  auto a = Args::Parse(argv,
-                       {"model",
-                        "workers",
-                        "mode",
-                        "layer-split",
-                        "pools",
-                        "port",
-                        "grpc-port",
-                        "host",
-                        "api-key",
-                        "api-key-file",
-                        "served-model-name",
-                        "max-model-len",
-                        "num-kv-blocks",
-                        "num-sliding-kv-blocks",
-                        "max-num-seqs",
-                        "max-tokens-per-step",
-                        "comm-timeout-ms",
-                        "device",
-                        "gpus",
-                        "dtype",
-                        "kv-dtype",
-                        "expert-layout",
-                        "max-batch-tokens",
-                        "metric-prefix",
-                        "max-queued-requests",
-                        "max-queued-tokens",
-                        "max-queue-time-s",
-                        "step-deadline-floor-ms",
-                        "internal-host",
-                        "cluster-token-file",
-                        "internal-tls-cert",
-                        "internal-tls-key",
-                        "internal-tls-ca",
-                        "tls-cert",
-                        "tls-key",
-                        "max-prompt-bytes",
-                        "max-connections-per-client"},
+  auto a = Args::Parse(argv, {"model", "workers", "mode", "layer-split", "pools", "port", "grpc-port", "host", "api-key",
+                              "api-key-file", "served-model-name", "max-model-len", "num-kv-blocks", "num-sliding-kv-blocks", "max-num-seqs",
+                              "max-tokens-per-step", "comm-timeout-ms", "device", "gpus", "dtype", "kv-dtype", "expert-layout",
+                              "max-batch-tokens", "metric-prefix", "max-queued-requests", "max-queued-tokens",
+                              "max-queue-time-s", "step-deadline-floor-ms", "internal-host", "cluster-token-file",
+                              "internal-tls-cert", "internal-tls-key", "internal-tls-ca", "tls-cert", "tls-key",
+                              "max-prompt-bytes", "max-connections-per-client"},
                        {"help"});
   if (!a.ok() || a->Flag("help") || !a->Has("model")) {
-    std::fprintf(
-        stderr,
-        "usage: moeshard up --model PATH [--workers N] [--mode layer-split|tensor-parallel] [--layer-split 2,1]\n"
-        "       [--pools FILE] [--port P] [--grpc-port P] [--host 127.0.0.1] [--internal-host 127.0.0.1]\n"
-        "       [--api-key-file FILE] [--tls-cert PEM --tls-key PEM] [--max-prompt-bytes N] "
-        "[--max-connections-per-client N]\n"
-        "       [--max-model-len N]\n"
-        "       [--cluster-token-file FILE] [--internal-tls-cert PEM --internal-tls-key PEM --internal-tls-ca PEM]\n"
-        "       [--device cpu|cuda] [--gpus N] [--dtype bfloat16|float32] [--kv-dtype auto|float32|bfloat16|fp8]\n"
-        "       [--expert-layout auto|stream|stored]\n"
-        "       [--metric-prefix moeshard_|moeshard:] [--max-queued-requests N] [--max-queued-tokens N]\n"
-        "       [--max-queue-time-s S] [--step-deadline-floor-ms MS]\n"
-        "       [--max-tokens-per-step N] [--max-batch-tokens N] [--num-kv-blocks N] [--max-num-seqs N]\n"
-        "  --max-tokens-per-step: a coordinator's step budget (chunked prefill); default 512 on CPUs and\n"
-        "  4096 with --device cuda, never above the GPU workers' --max-batch-tokens (default 8192)\n"
-        "  --pools FILE: {\"pools\": [{\"name\": \"long\", \"max_model_len\": 131072, \"workers\": 2, ...}]}; a pool\n"
-        "  may set replicas, workers, mode, layer_split, kv_dtype, expert_layout, dtype, max_batch_tokens, "
-        "num_kv_blocks,\n"
-        "  num_sliding_kv_blocks, max_num_seqs and max_tokens_per_step for itself\n%s\n",
-        a.ok() ? "" : std::string(a.status().message()).c_str());
+    std::fprintf(stderr,
+                 "usage: moeshard up --model PATH [--workers N] [--mode layer-split|tensor-parallel] [--layer-split 2,1]\n"
+                 "       [--pools FILE] [--port P] [--grpc-port P] [--host 127.0.0.1] [--internal-host 127.0.0.1]\n"
+                 "       [--api-key-file FILE] [--tls-cert PEM --tls-key PEM] [--max-prompt-bytes N] [--max-connections-per-client N]\n"
+                 "       [--max-model-len N]\n"
+                 "       [--cluster-token-file FILE] [--internal-tls-cert PEM --internal-tls-key PEM --internal-tls-ca PEM]\n"
+                 "       [--device cpu|cuda] [--gpus N] [--dtype bfloat16|float32] [--kv-dtype auto|float32|bfloat16|fp8]\n"
+                 "       [--expert-layout auto|stream|stored]\n"
+                 "       [--metric-prefix moeshard_|moeshard:] [--max-queued-requests N] [--max-queued-tokens N]\n"
+                 "       [--max-queue-time-s S] [--step-deadline-floor-ms MS]\n"
+                 "       [--max-tokens-per-step N] [--max-batch-tokens N] [--num-kv-blocks N] [--max-num-seqs N]\n"
+                 "  --max-tokens-per-step: a coordinator's step budget (chunked prefill); default 512 on CPUs and\n"
+                 "  4096 with --device cuda, never above the GPU workers' --max-batch-tokens (default 8192)\n"
+                 "  --pools FILE: {\"pools\": [{\"name\": \"long\", \"max_model_len\": 131072, \"workers\": 2, ...}]}; a pool\n"
+                 "  may set replicas, workers, mode, layer_split, kv_dtype, expert_layout, dtype, max_batch_tokens, num_kv_blocks,\n"
+                 "  num_sliding_kv_blocks, max_num_seqs and max_tokens_per_step for itself\n%s\n",
+                 a.ok() ? "" : std::string(a.status().message()).c_str());
     return (a.ok() && a->Flag("help")) ? 0 : 2;
   }
   signal(SIGINT, OnSignal);

@@ -22,20 +22,14 @@ void OnSignal(int) {
 
 int main(int argc, char** argv) {
   using namespace moeshard;
-  auto a = Args::Parse(std::vector<std::string>(argv + 1, argv + argc),
-                       {"model", "host", "port", "metrics-port", "device", "gpu", "dtype", "kv-dtype", "expert-layout",
-                        "max-batch-tokens", "tp-comm", "metric-prefix", "cluster-token-file", "internal-tls-cert",
-                        "internal-tls-key", "internal-tls-ca"},
-                       {"help"});
+  auto a = Args::Parse(std::vector<std::string>(argv + 1, argv + argc), {"model", "host", "port", "metrics-port", "device", "gpu", "dtype", "kv-dtype", "expert-layout", "max-batch-tokens", "tp-comm", "metric-prefix",
+                                                                            "cluster-token-file", "internal-tls-cert", "internal-tls-key", "internal-tls-ca"}, {"help"});
   if (!a.ok() || a->Flag("help") || !a->Has("model")) {
-    std::fprintf(
-        stderr,
-        "usage: moeshard-worker --model PATH [--host 127.0.0.1] [--port 0] [--metrics-port 0]\n"
-        "       [--device cpu|cuda] [--gpu N] [--dtype bfloat16|float32] [--kv-dtype auto|float32|bfloat16|fp8]\n"
-        "       [--expert-layout auto|stream|stored]\n"
-        "       [--max-batch-tokens N] [--tp-comm auto|nccl|host] [--metric-prefix moeshard_|moeshard:]\n       "
-        "%s\n%s\n",
-        kInternalSecurityUsage, a.ok() ? "" : std::string(a.status().message()).c_str());
+    std::fprintf(stderr, "usage: moeshard-worker --model PATH [--host 127.0.0.1] [--port 0] [--metrics-port 0]\n"
+                 "       [--device cpu|cuda] [--gpu N] [--dtype bfloat16|float32] [--kv-dtype auto|float32|bfloat16|fp8]\n"
+                 "       [--expert-layout auto|stream|stored]\n"
+                 "       [--max-batch-tokens N] [--tp-comm auto|nccl|host] [--metric-prefix moeshard_|moeshard:]\n       %s\n%s\n",
+                 kInternalSecurityUsage, a.ok() ? "" : std::string(a.status().message()).c_str());
     return 2;
   }
   if (absl::Status st = SetMetricPrefix(a->Get("metric-prefix", kDefaultMetricPrefix)); !st.ok()) {

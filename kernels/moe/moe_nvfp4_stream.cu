@@ -199,8 +199,8 @@ __device__ __forceinline__ void ComputeStage(const uint8_t* sb, int warp, int la
     for (int m = 0; m < M; ++m) {
       const int l = warp * M + m;
       wd[m] = Lds128(sb + l * kSliceData + (q * 32 + lane) * 16);
-      const uint32_t sc =
-          *reinterpret_cast<const uint32_t*>(sb + StageA(CW, M) + l * kSliceScale + lane * (2 * kQuads) + (q >> 1) * 4);
+      const uint32_t sc = *reinterpret_cast<const uint32_t*>(sb + StageA(CW, M) + l * kSliceScale + lane * (2 * kQuads) +
+                                                             (q >> 1) * 4);
       const uint32_t pair = __byte_perm(sc, 0, (q & 1) == 0 ? 0x4140 : 0x4342);  // rows g, g+8
       // e4m3 · 2^-120 per half, times 2^238; or the e8m0 scale's bf16 exponent put in place
       const uint32_t both = mx ? pair << 7 : MulBf16x2(MulBf16x2(pair << 4, k2p119), k2p119);
@@ -593,8 +593,8 @@ cudaError_t LaunchStream(const MoeExpertParams& p, const MoeWork& w, cudaStream_
   const int64_t max_tiles = std::min<int64_t>(p.num_local_experts, pairs) + pairs / kMoeTileTokens;
   const int64_t units = max_tiles * (N / ItemRows<kGateUp, M, CW>()) * (K / kKc);
   if (units > int64_t{1} << 30) return cudaErrorInvalidValue;  // the kernel counts units in 32 bits
-  const int64_t grid =
-      std::max<int64_t>(1, std::min<int64_t>({units, int64_t{blocks_per_sm} * w.num_sms, int64_t{kMoeFixBlocks}}));
+  const int64_t grid = std::max<int64_t>(
+      1, std::min<int64_t>({units, int64_t{blocks_per_sm} * w.num_sms, int64_t{kMoeFixBlocks}}));
   StreamKernel<kGateUp, M, CW><<<static_cast<unsigned>(grid), Threads(CW), SmemBytes(CW, M, stages), stream>>>(
       p, w, stages, Probe(), SplitMode(), kGateUp ? w.num_sms : 0);
   return cudaGetLastError();
