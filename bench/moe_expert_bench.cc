@@ -19,9 +19,9 @@
 // one GPU); T defaults to 1, 4, 8, 64, 4096. --format picks the experts' weight format (the
 // random bytes are made sane: see bench::SaneWeights). The step gets the caller's format hint
 // (MoeExpertParams::expert_formats) unless --no-hint; with it, the workspace has room for the
-// wgmma path's expanded weights (MOESHARD_MOE_WGMMA=0 keeps the GEMV/mma kernels). NVFP4 and MXFP4 weights are
-// repacked at load (MoeRepackNvfp4 / MoeRepackMxfp4: the streaming kernels) unless --no-repack or --no-hint; the
-// reference check reads the original weights.
+// wgmma path's expanded weights (MOESHARD_MOE_WGMMA=0 keeps the GEMV/mma kernels). NVFP4, MXFP4 and Q8_0
+// weights are repacked at load (MoeRepackNvfp4 / MoeRepackMxfp4 / MoeRepackQ8: the streaming kernels)
+// unless --no-repack or --no-hint; the reference check reads the original weights.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -386,11 +386,12 @@ int main(int argc, char** argv) {
   std::printf("ceilings: copy %.0f GB/s (read + write), bf16 cuBLAS GEMM %.0f TFLOP/s\n", copy_gbs, gemm_tflops);
 
   // Weights: kSets sets of kE experts; kBaseSets of them also expanded to bf16.
-  const bool nvfp4 = kFormat == WeightFormat::kNVFP4, mxfp4 = kFormat == WeightFormat::kMXFP4;
+  const bool nvfp4 = kFormat == WeightFormat::kNVFP4, mxfp4 = kFormat == WeightFormat::kMXFP4,
+             q8 = kFormat == WeightFormat::kQ8_0;
   const size_t mat_bytes = kI * WeightRowBytes(kFormat, kL), scale_bytes = nvfp4 ? kI * kL / 16 : 0;
   std::printf("shape: E_local %d of %d, top-%d, L %ld, I %ld, format %s, hint %s, repack %s\n", kE, kEAll, kTopK,
               long(kL), long(kI), WeightFormatName(kFormat), kUseHint ? "on" : "off",
-              kRepack && kUseHint && (nvfp4 || mxfp4) ? "on" : "off");
+              kRepack && kUseHint && (nvfp4 || mxfp4 || q8) ? "on" : "off");
   std::vector<WeightSet> sets(kSets);
   for (int s = 0; s < kSets; ++s) {
     uint8_t* data = DevAlloc(3 * kE * mat_bytes);
@@ -406,7 +407,7 @@ int main(int argc, char** argv) {
     }
     sets[s].hint = gpu::MoeExpertFormats(sets[s].host.data(), kE, kL, kI);
     std::vector<gpu::MoeExpertWeights> kernel_view = sets[s].host;
-    if ((nvfp4 || mxfp4) && kRepack && kUseHint) {  // as the worker does at load (worker/gpu/expert_repack.h)
+    if ((nvfp4 || mxfp4 || q8) && kRepack && kUseHint) {  // as the worker does at load (worker/gpu/expert_repack.h)
       const size_t rscale_bytes = size_t(kI) * kL / 16;
       uint8_t* rdata = DevAlloc(3 * kE * mat_bytes);
       uint8_t* rscale = DevAlloc(3 * kE * rscale_bytes);
@@ -419,14 +420,16 @@ int main(int argc, char** argv) {
             auto ok = gpu::MoeMxfp4Repackable(v[j], 1, nullptr);
             if (!ok.ok() || !*ok) std::fprintf(stderr, "repack: MXFP4 scales out of range\n"), std::exit(1);
           }
-          auto r = mxfp4 ? gpu::MoeRepackMxfp4(*v[j], d, sc, nullptr) : gpu::MoeRepackNvfp4(*v[j], d, sc, nullptr);
+          auto r = mxfp4 ? gpu::MoeRepackMxfp4(*v[j], d, sc, nullptr)
+                   : q8  ? gpu::MoeRepackQ8(*v[j], d, sc, nullptr)
+                         : gpu::MoeRepackNvfp4(*v[j], d, sc, nullptr);
           if (!r.ok()) std::fprintf(stderr, "repack: %s\n", std::string(r.status().message()).c_str()), std::exit(1);
           *v[j] = *r;
         }
       }
       // The repacked views are NVFP4-format views: the hint is theirs (as the worker's is).
       sets[s].hint = gpu::MoeExpertFormats(kernel_view.data(), kE, kL, kI) | gpu::kMoeNvfp4Repacked |
-                     (mxfp4 ? gpu::kMoeMxfp4Repacked : 0u);
+                     (mxfp4 ? gpu::kMoeMxfp4Repacked : 0u) | (q8 ? gpu::kMoeQ8Repacked : 0u);
     }
     sets[s].dev = DevAlloc<gpu::MoeExpertWeights>(sizeof(gpu::MoeExpertWeights) * kE);
     CK(cudaMemcpy(sets[s].dev, kernel_view.data(), sizeof(gpu::MoeExpertWeights) * kE, cudaMemcpyHostToDevice));

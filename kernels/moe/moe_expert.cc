@@ -5,8 +5,9 @@
 //      tensor-core gate/up (moe_nvfp4.cu) for the experts it takes; the GEMV/mma gate/up
 //      (moe_gemv.cu) for Q8_0, MXFP4 and BF16 experts. With kMoeNvfp4Repacked in
 //      expert_formats, the NVFP4 experts take the streaming kernels instead
-//      (moe_nvfp4_stream.cu), which read x and h in place: no gather; so do MXFP4 experts
-//      repacked by MoeRepackMxfp4 (NVFP4-format views; kMoeMxfp4Repacked: e8m0 scale bytes).
+//      (moe_stream.cuh), which read x and h in place: no gather; so do MXFP4 experts
+//      repacked by MoeRepackMxfp4 (NVFP4-format views; kMoeMxfp4Repacked: e8m0 scale bytes) and
+//      Q8_0 experts repacked by MoeRepackQ8 (kMoeQ8Repacked: int8 codes, moe_q8_stream.cu).
 //   3. generic gate/up (moe_generic.cu) for all other experts (its blocks of taken experts
 //      return at once).
 //   4. the same three for down.
@@ -106,6 +107,12 @@ absl::Status Validate(const MoeExpertParams& p) {
   }
   if ((p.expert_formats & kMoeMxfp4Repacked) && !(p.expert_formats & kMoeNvfp4Repacked)) {
     return absl::InvalidArgumentError("MoeExpertStep: kMoeMxfp4Repacked needs kMoeNvfp4Repacked");
+  }
+  if ((p.expert_formats & kMoeQ8Repacked) && !(p.expert_formats & kMoeNvfp4Repacked)) {
+    return absl::InvalidArgumentError("MoeExpertStep: kMoeQ8Repacked needs kMoeNvfp4Repacked");
+  }
+  if ((p.expert_formats & kMoeQ8Repacked) && (p.expert_formats & kMoeMxfp4Repacked)) {
+    return absl::InvalidArgumentError("MoeExpertStep: kMoeQ8Repacked and kMoeMxfp4Repacked exclude each other");
   }
   // Repacked views are NVFP4-format views (MoeRepackNvfp4 / MoeRepackMxfp4): a hint computed from
   // the stored views instead would send them down a path that cannot read them.
@@ -243,6 +250,7 @@ cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStr
   // Repacked NVFP4 weights: the streaming kernels read x and h as they are (no gather).
   const bool repacked = known && (fmts & kMoeNvfp4Repacked);
   w.stream_mx = repacked && (fmts & kMoeMxfp4Repacked);
+  w.stream_q8 = repacked && (fmts & kMoeQ8Repacked);
   using Launch = cudaError_t (*)(const MoeExpertParams&, const MoeWork&, cudaStream_t);
   enum Need { kAlways, kFast, kFastOld, kGemv, kGeneric };
   const struct {
@@ -274,9 +282,10 @@ cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStr
 
 namespace {
 
-// MoeRepackNvfp4 / MoeRepackMxfp4: the checks, the launch and the dense NVFP4-format view.
+// MoeRepackNvfp4 / MoeRepackMxfp4 / MoeRepackQ8: the checks, the launch and the dense NVFP4-format
+// view (code_bits 4, or 8 for Q8_0's int8 codes).
 absl::StatusOr<WeightRef> Repack(const char* name, bool eligible, const char* need, const WeightRef& src,
-                                 void* dst_data, void* dst_scale, float scale2,
+                                 void* dst_data, void* dst_scale, float scale2, int code_bits,
                                  cudaError_t (*launch)(const WeightRef&, void*, void*, cudaStream_t),
                                  GpuStream stream) {
   if (!eligible) {
@@ -294,7 +303,7 @@ absl::StatusOr<WeightRef> Repack(const char* name, bool eligible, const char* ne
   r.rows = src.rows;
   r.cols = src.cols;
   r.data = static_cast<const uint8_t*>(dst_data);
-  r.row_stride_bytes = src.cols / 2;
+  r.row_stride_bytes = src.cols * code_bits / 8;
   r.scale = static_cast<const uint8_t*>(dst_scale);
   r.scale_row_stride = src.cols / 16;
   r.scale2 = scale2;
@@ -306,14 +315,22 @@ absl::StatusOr<WeightRef> Repack(const char* name, bool eligible, const char* ne
 absl::StatusOr<WeightRef> MoeRepackNvfp4(const WeightRef& src, void* dst_data, void* dst_scale, GpuStream stream) {
   return Repack("MoeRepackNvfp4", MoeRepackNvfp4Eligible(src),
                 "an NVFP4 view with rows % 16 == 0, cols % 256 == 0 and col_offset % 16 == 0", src, dst_data, dst_scale,
-                src.scale2, LaunchMoeRepackNvfp4, stream);
+                src.scale2, 4, LaunchMoeRepackNvfp4, stream);
 }
 
 absl::StatusOr<WeightRef> MoeRepackMxfp4(const WeightRef& src, void* dst_data, void* dst_scale, GpuStream stream) {
   return Repack("MoeRepackMxfp4", MoeRepackMxfp4Eligible(src),
                 "an MXFP4 view with rows % 16 == 0, cols % 256 == 0 and col_offset % 32 == 0", src, dst_data, dst_scale,
-                1.0f, LaunchMoeRepackMxfp4, stream);
+                1.0f, 4, LaunchMoeRepackMxfp4, stream);
 }
+
+absl::StatusOr<WeightRef> MoeRepackQ8(const WeightRef& src, void* dst_data, void* dst_scale, GpuStream stream) {
+  return Repack("MoeRepackQ8", MoeRepackQ8Eligible(src),
+                "a Q8_0 view with rows % 16 == 0, cols % 256 == 0 and col_offset % 32 == 0", src, dst_data, dst_scale,
+                1.0f / 256, 8, LaunchMoeRepackQ8, stream);
+}
+
+bool MoeQ8Repackable(const WeightRef& view) { return MoeRepackQ8Eligible(view); }
 
 absl::StatusOr<bool> MoeMxfp4Repackable(const WeightRef* views, int n, GpuStream stream) {
   for (int i = 0; i < n; ++i) {

@@ -73,6 +73,16 @@ absl::StatusOr<WeightRef> MoeRepackMxfp4(const WeightRef& src, void* dst_data, v
 // (load time only: a layer's views in one call).
 absl::StatusOr<bool> MoeMxfp4Repackable(const WeightRef* views, int n, GpuStream stream);
 
+// The same for a Q8_0 matrix (col_offset % 32 == 0, rows % 16 == 0, cols % 256 == 0) into the int8
+// streaming layout (moe_q8_stream_layout.h): dst_data rows · cols bytes, dst_scale rows · cols / 16
+// bytes. The returned view has format NVFP4 and scale2 2^-8 and is read by the streaming kernels
+// only when kMoeQ8Repacked is set beside kMoeNvfp4Repacked. Codes and scales are copied exactly;
+// the kernels multiply exact bf16 codes by the activations and scale each 32-column block's
+// partial sums by its fp16 d in fp32, as the GEMV kernels over the stored blocks do.
+absl::StatusOr<WeightRef> MoeRepackQ8(const WeightRef& src, void* dst_data, void* dst_scale, GpuStream stream);
+// Whether MoeRepackQ8 takes this view (its shape and grid; nothing is read).
+bool MoeQ8Repackable(const WeightRef& view);
+
 // Enqueues the whole step on `stream`: no allocation, no host synchronization.
 // InvalidArgument for bad sizes, null pointers or a short workspace; Internal for a
 // failed launch.

@@ -51,6 +51,8 @@ struct MoeWork {
   bool direct_v2 = false;
   // The repacked streaming kernels read MXFP4 scale bytes (kMoeMxfp4Repacked), not e4m3.
   bool stream_mx = false;
+  // The repacked streaming kernels read Q8_0's layout (kMoeQ8Repacked: moe_q8_stream.cu).
+  bool stream_q8 = false;
   // Prefill-sized steps on Hopper (moe_wgmma.cu): the GEMV/mma path's experts through bf16
   // weights expanded into wexp and warpgroup-MMA GEMMs instead of moe_gemv.cu.
   bool wgmma = false;
@@ -67,7 +69,7 @@ cudaError_t LaunchMoeFastDown(const MoeExpertParams& p, const MoeWork& w, cudaSt
 cudaError_t LaunchMoeGemvGateUp(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
 cudaError_t LaunchMoeGemvDown(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
 cudaError_t LaunchMoeDirect(bool gate_up, const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
-// The streaming NVFP4 kernels (moe_nvfp4_stream.cu) over repacked weights, and the repack.
+// The streaming kernels (moe_stream.cuh; moe_nvfp4_stream.cu) over repacked weights, and the repack.
 cudaError_t LaunchMoeStreamGateUp(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
 cudaError_t LaunchMoeStreamDown(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
 bool MoeRepackNvfp4Eligible(const WeightRef& w);
@@ -75,6 +77,11 @@ cudaError_t LaunchMoeRepackNvfp4(const WeightRef& src, void* dst_data, void* dst
 bool MoeRepackMxfp4Eligible(const WeightRef& w);
 cudaError_t LaunchMoeMxfp4ScaleCheck(const WeightRef& src, int* bad, cudaStream_t stream);
 cudaError_t LaunchMoeRepackMxfp4(const WeightRef& src, void* dst_data, void* dst_scale, cudaStream_t stream);
+// The same kernels over Q8_0's int8 layout (moe_q8_stream.cu), and its repack.
+cudaError_t LaunchMoeStreamQ8GateUp(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
+cudaError_t LaunchMoeStreamQ8Down(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
+bool MoeRepackQ8Eligible(const WeightRef& w);
+cudaError_t LaunchMoeRepackQ8(const WeightRef& src, void* dst_data, void* dst_scale, cudaStream_t stream);
 // The wgmma path (moe_wgmma.cu): whether this build and GPU run it (sm_90a), and its launches in
 // place of LaunchMoeGemvGateUp / LaunchMoeGemvDown.
 constexpr int kMoeWgmmaMaxExperts = 4096;

@@ -54,8 +54,8 @@ struct MoeExpertParams {
 MOESHARD_MOE_HD constexpr uint32_t MoeFormatBit(WeightFormat f) { return 1u << static_cast<unsigned>(f); }
 constexpr uint32_t kMoeAllViewsFast = 1u << 31;
 // Set by the caller (with the format bits, computed from the repacked views) when every NVFP4
-// expert view was made by MoeRepackNvfp4 or MoeRepackMxfp4 (moe_expert.h): the step then streams
-// them through the repacked kernels.
+// expert view was made by MoeRepackNvfp4, MoeRepackMxfp4 or MoeRepackQ8 (moe_expert.h): the
+// step then streams them through the repacked kernels.
 // Repacked views are readable by these kernels only (not the generic path, not the CPU
 // reference), so each of them must also pass MoeNvfp4Eligible, and the step needs bf16
 // activations (MoeExpertStep rejects anything else).
@@ -63,8 +63,11 @@ constexpr uint32_t kMoeNvfp4Repacked = 1u << 30;
 // Set with kMoeNvfp4Repacked when the repacked views came from MXFP4 weights (MoeRepackMxfp4:
 // NVFP4-format views whose scale bytes are e8m0 exponents); every expert of the layer alike.
 constexpr uint32_t kMoeMxfp4Repacked = 1u << 29;
+// Set with kMoeNvfp4Repacked when the repacked views came from Q8_0 weights (MoeRepackQ8:
+// NVFP4-format views over int8 codes and fp16 scales); every expert of the layer alike.
+constexpr uint32_t kMoeQ8Repacked = 1u << 28;
 // The hint's bits that are not weight formats.
-constexpr uint32_t kMoeHintFlags = kMoeAllViewsFast | kMoeNvfp4Repacked | kMoeMxfp4Repacked;
+constexpr uint32_t kMoeHintFlags = kMoeAllViewsFast | kMoeNvfp4Repacked | kMoeMxfp4Repacked | kMoeQ8Repacked;
 
 // The NVFP4 tensor-core path (moe_nvfp4.cu) takes this view [rows, cols] (with bf16
 // activations, L and I multiples of 256 and x 16-byte aligned).

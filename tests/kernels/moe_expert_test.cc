@@ -253,26 +253,30 @@ void RunCase(const Shape& s, WeightFormat f, ActDType act, bool norm, std::mt199
     EXPECT_EQ(std::memcmp(got.data(), again.data(), T * L * 4), 0) << "the format hint changed the result";
   }
 
-  // NVFP4 with bf16 activations on the tensor-core path, and MXFP4 where the streaming layout
-  // takes the shape (L and I multiples of 256, the window on the 32-column grid): the same step
-  // on weights repacked by MoeRepackNvfp4 / MoeRepackMxfp4 (the streaming kernels) must meet
-  // the same tolerance and repeat run to run bit for bit.
+  // NVFP4 with bf16 activations on the tensor-core path, and MXFP4 and Q8_0 where the streaming
+  // layouts take the shape (L and I multiples of 256, the window on the 32-column grid): the same
+  // step on weights repacked by MoeRepackNvfp4 / MoeRepackMxfp4 / MoeRepackQ8 (the streaming
+  // kernels) must meet the same tolerance and repeat run to run bit for bit.
   std::vector<std::vector<float>> results = {got};
-  const bool mx_repack = f == WeightFormat::kMXFP4 && L % 256 == 0 && I % 256 == 0 && s.c0 % 32 == 0;
-  if ((f == WeightFormat::kNVFP4 || mx_repack) && act == ActDType::kBF16 && all_fast) {
+  const bool grid256 = L % 256 == 0 && I % 256 == 0 && s.c0 % 32 == 0;
+  const bool mx_repack = f == WeightFormat::kMXFP4 && grid256;
+  const bool q8_repack = f == WeightFormat::kQ8_0 && grid256;
+  if ((f == WeightFormat::kNVFP4 || mx_repack || q8_repack) && act == ActDType::kBF16 && all_fast) {
     std::vector<std::unique_ptr<DeviceMem>> keep;
     std::vector<gpu::MoeExpertWeights> rdev = dev;
     for (auto& ew : rdev) {
       for (WeightRef* v : {&ew.gate, &ew.up, &ew.down}) {
-        keep.push_back(std::make_unique<DeviceMem>(v->rows * v->cols / 2));
+        keep.push_back(std::make_unique<DeviceMem>(v->rows * v->cols / (q8_repack ? 1 : 2)));
         keep.push_back(std::make_unique<DeviceMem>(v->rows * v->cols / 16));
         if (mx_repack) {  // the test's weights are quantized from normal values: scales in range
           auto ok = gpu::MoeMxfp4Repackable(v, 1, nullptr);
           ASSERT_TRUE(ok.ok()) << ok.status();
           ASSERT_TRUE(*ok) << "MXFP4 scales out of the repack's range";
         }
-        auto r = mx_repack ? gpu::MoeRepackMxfp4(*v, keep[keep.size() - 2]->ptr, keep.back()->ptr, nullptr)
-                           : gpu::MoeRepackNvfp4(*v, keep[keep.size() - 2]->ptr, keep.back()->ptr, nullptr);
+        void* data = keep[keep.size() - 2]->ptr;
+        auto r = mx_repack   ? gpu::MoeRepackMxfp4(*v, data, keep.back()->ptr, nullptr)
+                 : q8_repack ? gpu::MoeRepackQ8(*v, data, keep.back()->ptr, nullptr)
+                             : gpu::MoeRepackNvfp4(*v, data, keep.back()->ptr, nullptr);
         ASSERT_TRUE(r.ok()) << r.status();
         *v = *r;
       }
@@ -283,7 +287,7 @@ void RunCase(const Shape& s, WeightFormat f, ActDType act, bool norm, std::mt199
     pr.experts = static_cast<const gpu::MoeExpertWeights*>(d_rexperts.ptr);
     // The repacked views are NVFP4-format views: the hint says so, as the worker's does.
     pr.expert_formats = gpu::MoeExpertFormats(rdev.data(), s.E, L, I) | gpu::kMoeNvfp4Repacked |
-                        (mx_repack ? gpu::kMoeMxfp4Repacked : 0u);
+                        (mx_repack ? gpu::kMoeMxfp4Repacked : 0u) | (q8_repack ? gpu::kMoeQ8Repacked : 0u);
     for (std::vector<float>* dst : {&got, &again}) {
       CUDA_OK(cudaMemset(d_out.ptr, 0xff, T * L * 4));
       absl::Status st = gpu::MoeExpertStep(pr, nullptr);
@@ -426,8 +430,12 @@ TEST(MoeExpertNoDeviceTest, RejectsInconsistentRepackHints) {
   EXPECT_THAT(says(mxfp4 | gpu::kMoeMxfp4Repacked), ::testing::HasSubstr("kMoeMxfp4Repacked needs kMoeNvfp4Repacked"));
   EXPECT_THAT(says(mxfp4 | gpu::kMoeNvfp4Repacked | gpu::kMoeMxfp4Repacked),
               ::testing::HasSubstr("without the NVFP4 format bit"));
+  EXPECT_THAT(says(nvfp4 | gpu::kMoeQ8Repacked), ::testing::HasSubstr("kMoeQ8Repacked needs kMoeNvfp4Repacked"));
+  EXPECT_THAT(says(nvfp4 | gpu::kMoeNvfp4Repacked | gpu::kMoeQ8Repacked | gpu::kMoeMxfp4Repacked),
+              ::testing::HasSubstr("exclude each other"));
   // A consistent hint passes these checks and stops at the next one (the workspace's size).
   EXPECT_THAT(says(nvfp4 | gpu::kMoeNvfp4Repacked | gpu::kMoeMxfp4Repacked), ::testing::HasSubstr("workspace of 0"));
+  EXPECT_THAT(says(nvfp4 | gpu::kMoeNvfp4Repacked | gpu::kMoeQ8Repacked), ::testing::HasSubstr("workspace of 0"));
 }
 
 // The MXFP4 repack's shape rules, checked before any device work: an MXFP4 view on the 32-column
@@ -463,6 +471,36 @@ TEST(MoeExpertNoDeviceTest, MxRepackTakesOnlyItsShapes) {
   ASSERT_TRUE(none.ok());
   EXPECT_TRUE(*none);
   auto unaligned = gpu::MoeRepackMxfp4(v, bytes + 1, bytes, nullptr);
+  EXPECT_THAT(std::string(unaligned.status().message()), ::testing::HasSubstr("16-byte aligned"));
+}
+
+// The Q8_0 repack's shape rules, likewise: a Q8_0 view on the 32-column grid with rows % 16 and
+// cols % 256 (MoeQ8Repackable says so without reading anything); anything else refused with the rule.
+TEST(MoeExpertNoDeviceTest, Q8RepackTakesOnlyItsShapes) {
+  alignas(16) static uint8_t bytes[64];
+  WeightRef v;
+  v.format = WeightFormat::kQ8_0;
+  v.rows = 32;
+  v.cols = 512;
+  v.col_offset = 32;
+  v.data = bytes;
+  v.row_stride_bytes = 576 / 32 * 34;
+  EXPECT_TRUE(gpu::MoeQ8Repackable(v));
+  WeightRef odd = v;
+  odd.col_offset = 16;
+  WeightRef narrow = v;
+  narrow.cols = 96;
+  WeightRef short_rows = v;
+  short_rows.rows = 24;
+  WeightRef mx = v;
+  mx.format = WeightFormat::kMXFP4;
+  for (const WeightRef& w : {odd, narrow, short_rows, mx}) {
+    EXPECT_FALSE(gpu::MoeQ8Repackable(w));
+    auto r = gpu::MoeRepackQ8(w, bytes, bytes, nullptr);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(r.status().message()), ::testing::HasSubstr("needs a Q8_0 view with rows % 16 == 0"));
+  }
+  auto unaligned = gpu::MoeRepackQ8(v, bytes, bytes + 2, nullptr);
   EXPECT_THAT(std::string(unaligned.status().message()), ::testing::HasSubstr("16-byte aligned"));
 }
 

@@ -18,7 +18,8 @@ bool EnvOff(const char* name) {
 
 bool MayRepackExperts(WeightFormat format, int64_t width, int64_t inter, ActDType act, RepackPolicy policy) {
   if (act != ActDType::kBF16 || width % 256 != 0 || inter % 256 != 0 || EnvOff("MOESHARD_MOE_REPACK")) return false;
-  return (format == WeightFormat::kNVFP4 && policy.nvfp4) || (format == WeightFormat::kMXFP4 && policy.mxfp4);
+  return (format == WeightFormat::kNVFP4 && policy.nvfp4) || (format == WeightFormat::kMXFP4 && policy.mxfp4) ||
+         (format == WeightFormat::kQ8_0 && policy.q8);
 }
 
 absl::StatusOr<bool> WantRepackExperts(const std::vector<MoeExpertWeights>& ex, int64_t width, int64_t inter,
@@ -36,6 +37,10 @@ absl::StatusOr<bool> WantRepackExperts(const std::vector<MoeExpertWeights>& ex, 
         e.down.rows != width || e.down.cols != inter) {
       return false;
     }
+    if (f == WeightFormat::kQ8_0) {  // every scale and code is copied as it is: the shape decides
+      if (!MoeQ8Repackable(e.gate) || !MoeQ8Repackable(e.up) || !MoeQ8Repackable(e.down)) return false;
+      continue;
+    }
     mx.insert(mx.end(), {e.gate, e.up, e.down});
   }
   if (mx.empty()) return true;
@@ -43,19 +48,25 @@ absl::StatusOr<bool> WantRepackExperts(const std::vector<MoeExpertWeights>& ex, 
 }
 
 absl::StatusOr<uint32_t> RepackExperts(std::vector<MoeExpertWeights>& ex, DevicePool& pool, GpuStream stream) {
-  const bool mx = !ex.empty() && ex[0].gate.format == WeightFormat::kMXFP4;
+  const WeightFormat f = ex.empty() ? WeightFormat::kNVFP4 : ex[0].gate.format;
   for (MoeExpertWeights& e : ex) {
     for (WeightRef* w : {&e.gate, &e.up, &e.down}) {
-      ASSIGN_OR_RETURN(void* data, pool.Alloc(static_cast<size_t>(w->rows * w->cols / 2)));
+      // Codes: 4 bits a weight (8 for Q8_0); scales: one byte per 16 weights (Q8_0: 2 per 32).
+      const int code_bits = f == WeightFormat::kQ8_0 ? 8 : 4;
+      ASSIGN_OR_RETURN(void* data, pool.Alloc(static_cast<size_t>(w->rows * w->cols * code_bits / 8)));
       ASSIGN_OR_RETURN(void* scale, pool.Alloc(static_cast<size_t>(w->rows * w->cols / 16)));
-      if (mx) {
+      if (f == WeightFormat::kMXFP4) {
         ASSIGN_OR_RETURN(*w, MoeRepackMxfp4(*w, data, scale, stream));
+      } else if (f == WeightFormat::kQ8_0) {
+        ASSIGN_OR_RETURN(*w, MoeRepackQ8(*w, data, scale, stream));
       } else {
         ASSIGN_OR_RETURN(*w, MoeRepackNvfp4(*w, data, scale, stream));
       }
     }
   }
-  return mx ? kMoeNvfp4Repacked | kMoeMxfp4Repacked : kMoeNvfp4Repacked;
+  if (f == WeightFormat::kMXFP4) return kMoeNvfp4Repacked | kMoeMxfp4Repacked;
+  if (f == WeightFormat::kQ8_0) return kMoeNvfp4Repacked | kMoeQ8Repacked;
+  return kMoeNvfp4Repacked;
 }
 
 }  // namespace moeshard::gpu

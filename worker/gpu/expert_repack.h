@@ -1,13 +1,14 @@
-// Load-time repack of a layer's NVFP4 or MXFP4 experts for the streaming expert kernels
-// (kernels/moe/moe_nvfp4_stream.cu, MoeRepackNvfp4 / MoeRepackMxfp4): their layout lets the step
-// stream the weights through shared memory by large bulk copies and decode them with fewer
+// Load-time repack of a layer's NVFP4, MXFP4 or Q8_0 experts for the streaming expert kernels
+// (kernels/moe/moe_stream.cuh; MoeRepackNvfp4 / MoeRepackMxfp4 / MoeRepackQ8): their layout lets
+// the step stream the weights through shared memory by large bulk copies and decode them with fewer
 // instructions. The repacked views are readable by those kernels only, so the repack happens
 // only where the step will use them: bf16 activations and every expert of the layer of one
 // format with sizes the kernels take (MXFP4: every block scale in the exact range too).
 // Which formats are repacked is the deployment's choice (RepackPolicy, from the runner's
 // --expert-layout): NVFP4 by default; MXFP4 on request, since the streaming kernels serve 16-64
 // streams 1.3x faster than the GEMV kernels over the stored blocks but 1-4 streams slower (H200,
-// docs/PERFORMANCE.md "MXFP4 experts through the streaming kernels"). MOESHARD_MOE_REPACK=0
+// docs/PERFORMANCE.md "MXFP4 experts through the streaming kernels"); Q8_0 with it when
+// MOESHARD_MOE_STREAM_Q8=1 (not yet run on a GPU). MOESHARD_MOE_REPACK=0
 // keeps every layer as stored whatever the policy (benchmarks' comparisons).
 #pragma once
 
@@ -25,6 +26,7 @@ namespace moeshard::gpu {
 struct RepackPolicy {
   bool nvfp4 = true;
   bool mxfp4 = false;
+  bool q8 = false;  // Q8_0 into the int8 streaming layout (MoeRepackQ8)
 };
 
 // Whether a layer of `format` experts of these sizes can be repacked at all (bf16 steps, a
@@ -40,7 +42,8 @@ absl::StatusOr<bool> WantRepackExperts(const std::vector<MoeExpertWeights>& ex, 
 // Replaces every view of `ex` (device memory, e.g. in a temporary pool) by its repacked copy
 // allocated from `pool`, enqueued on `stream`: the sources must stay alive until the stream
 // has run it. Call only when WantRepackExperts; returns the bits the caller adds to the
-// layer's expert formats (kMoeNvfp4Repacked, and kMoeMxfp4Repacked for MXFP4 experts).
+// layer's expert formats (kMoeNvfp4Repacked, and kMoeMxfp4Repacked for MXFP4 experts or
+// kMoeQ8Repacked for Q8_0 ones).
 absl::StatusOr<uint32_t> RepackExperts(std::vector<MoeExpertWeights>& ex, DevicePool& pool, GpuStream stream);
 
 }  // namespace moeshard::gpu

@@ -41,14 +41,17 @@ absl::Status GpuModelRunner::StartDevice() {
 // The expert formats kept in the streaming kernels' layout (RunnerOptions::expert_layout).
 RepackPolicy GpuModelRunner::Repack() const {
   switch (options_.expert_layout) {
-    case ExpertLayout::kStream:
-      return RepackPolicy{true, true};
+    case ExpertLayout::kStream: {
+      // Q8_0's int8 streaming layout only on request until it has run on a GPU (moe_q8_stream.cu).
+      const char* q8 = std::getenv("MOESHARD_MOE_STREAM_Q8");
+      return RepackPolicy{true, true, q8 != nullptr && std::string(q8) == "1"};
+    }
     case ExpertLayout::kStored:
-      return RepackPolicy{false, false};
+      return RepackPolicy{false, false, false};
     case ExpertLayout::kAuto:
       break;
   }
-  return RepackPolicy{true, false};
+  return RepackPolicy{true, false, false};
 }
 
 absl::Status GpuModelRunner::Init(const TensorSource& src) {
