@@ -69,6 +69,19 @@ __device__ __forceinline__ void DecodeNvfp4Word(uint32_t w, uint32_t s2, uint32_
   out[3] = MulBf16x2(((w >> 6) & kMag) | (w & kSign), s2);
 }
 
+// The 4 bf16x2 slots of a repacked word, times s2 (above: e2m1 · 2^-126 · s2), in the
+// streaming layout (moe_nvfp4_stream.cu, moe_stream_direct.cu).
+// Six LOP3 (the ALU pipe, the one that bounds this loop) and five shifts written as integer
+// multiplies (IMAD, the FMA pipe): slots 1 and 3 are whole shifts of the word, slots 0 and
+// 2 take their magnitude and sign bits from two different shifts.
+__device__ __forceinline__ void DecodeRepacked(uint32_t w, uint32_t s2, uint32_t out[4]) {
+  constexpr uint32_t kEm = 0x01C001C0u, kSign = 0x80008000u, kAll = kEm | kSign;
+  out[0] = MulBf16x2((__umulhi(w, 1u << 26) & kEm) | ((w * 16u) & kSign), s2);  // w >> 6, w << 4
+  out[1] = MulBf16x2(w & kAll, s2);
+  out[2] = MulBf16x2(((w * 8u) & kEm) | ((w * 32u) & kSign), s2);  // w << 3, w << 5
+  out[3] = MulBf16x2((w * 64u) & kAll, s2);                        // w << 6
+}
+
 // Zeroes mma accumulators [token tiles][16-row slices][4].
 template <int M, int NT>
 __device__ __forceinline__ void ZeroAcc(float (&acc)[NT][M][4]) {

@@ -160,6 +160,16 @@ bool DirectV2Q8Enabled() {
   return on;
 }
 
+// The direct GEMV over the e2m1 streaming layout (moe_stream_direct.cu) on request
+// (MOESHARD_MOE_STREAM_DIRECT=1) until it has run on a GPU.
+bool StreamDirectEnabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("MOESHARD_MOE_STREAM_DIRECT");
+    return v && std::strcmp(v, "1") == 0;
+  }();
+  return on;
+}
+
 bool GemvEnabled() {
   static const bool on = [] {
     const char* v = std::getenv("MOESHARD_MOE_GEMV");
@@ -251,6 +261,11 @@ cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStr
   const bool repacked = known && (fmts & kMoeNvfp4Repacked);
   w.stream_mx = repacked && (fmts & kMoeMxfp4Repacked);
   w.stream_q8 = repacked && (fmts & kMoeQ8Repacked);
+  // Decode sizes of repacked experts: the direct GEMV over the streaming layout, no route.
+  if (repacked && !w.stream_q8 && w.fast_allowed && !need_generic && DirectEnabled() && StreamDirectEnabled() &&
+      w.capacity <= kMoeDirectMaxPairs) {
+    w.direct = w.stream_direct = true;
+  }
   using Launch = cudaError_t (*)(const MoeExpertParams&, const MoeWork&, cudaStream_t);
   enum Need { kAlways, kFast, kFastOld, kGemv, kGeneric };
   const struct {
@@ -260,17 +275,25 @@ cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStr
   } stages[] = {
       {kMoeStageRoute, kAlways, LaunchMoeRoute},
       {kMoeStageGather, kFastOld, LaunchMoeGatherX},
-      {kMoeStageFastGateUp, kFast, repacked ? LaunchMoeStreamGateUp : LaunchMoeFastGateUp},
+      {kMoeStageFastGateUp, kFast,
+       w.stream_direct ? LaunchMoeStreamDirectGateUp
+       : repacked      ? LaunchMoeStreamGateUp
+                       : LaunchMoeFastGateUp},
       {kMoeStageGemvGateUp, kGemv, w.wgmma ? LaunchMoeWgmmaGateUp : LaunchMoeGemvGateUp},
       {kMoeStageGenericGateUp, kGeneric, LaunchMoeGenericGateUp},
-      {kMoeStageFastDown, kFast, repacked ? LaunchMoeStreamDown : LaunchMoeFastDown},
+      {kMoeStageFastDown, kFast,
+       w.stream_direct ? LaunchMoeStreamDirectDown
+       : repacked      ? LaunchMoeStreamDown
+                       : LaunchMoeFastDown},
       {kMoeStageGemvDown, kGemv, w.wgmma ? LaunchMoeWgmmaDown : LaunchMoeGemvDown},
       {kMoeStageGenericDown, kGeneric, LaunchMoeGenericDown},
       {kMoeStageCombine, kAlways, LaunchMoeCombine},
   };
   for (const auto& s : stages) {
     if (!(mask & s.stage)) continue;
-    if (w.direct && (s.stage == kMoeStageRoute || s.need == kFast || s.need == kFastOld)) continue;
+    if (w.direct && (s.stage == kMoeStageRoute || s.need == kFastOld || (s.need == kFast && !w.stream_direct))) {
+      continue;
+    }
     if (((s.need == kFast || s.need == kFastOld) && !w.fast_allowed) || (s.need == kFastOld && repacked) ||
         (s.need == kGemv && !w.gemv_allowed) || (s.need == kGeneric && !need_generic)) {
       continue;

@@ -53,6 +53,10 @@ struct MoeWork {
   bool stream_mx = false;
   // The repacked streaming kernels read Q8_0's layout (kMoeQ8Repacked: moe_q8_stream.cu).
   bool stream_q8 = false;
+  // With direct: the experts are repacked (e2m1 codes) and moe_stream_direct.cu's GEMV reads them
+  // in place of the route and the streaming kernels (MOESHARD_MOE_STREAM_DIRECT=1: not yet run on
+  // a GPU, so off by default).
+  bool stream_direct = false;
   // Prefill-sized steps on Hopper (moe_wgmma.cu): the GEMV/mma path's experts through bf16
   // weights expanded into wexp and warpgroup-MMA GEMMs instead of moe_gemv.cu.
   bool wgmma = false;
@@ -82,6 +86,8 @@ cudaError_t LaunchMoeStreamQ8GateUp(const MoeExpertParams& p, const MoeWork& w, 
 cudaError_t LaunchMoeStreamQ8Down(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
 bool MoeRepackQ8Eligible(const WeightRef& w);
 cudaError_t LaunchMoeRepackQ8(const WeightRef& src, void* dst_data, void* dst_scale, cudaStream_t stream);
+cudaError_t LaunchMoeStreamDirectGateUp(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
+cudaError_t LaunchMoeStreamDirectDown(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
 // The wgmma path (moe_wgmma.cu): whether this build and GPU run it (sm_90a), and its launches in
 // place of LaunchMoeGemvGateUp / LaunchMoeGemvDown.
 constexpr int kMoeWgmmaMaxExperts = 4096;

@@ -144,6 +144,10 @@ constexpr Shape kShapes[] = {
     // (≤ 8 tokens per expert, 1 n8 tile), and groups of 9-16 and 17-32 tokens with tails
     // (several 32-token groups per expert); I = 96 or 192 is off the NVFP4 path's 256 grid.
     {"gemv decode", 4, 8, 16, 32, 512, 192, 0, 3},
+    // 48 pairs of repacked NVFP4 / MXFP4 experts: the direct GEMV over the streaming layout
+    // (moe_stream_direct.cu), half the slots on other GPUs, a window at column 32, an idle
+    // expert, gate/up's K one 256-column chunk (three of its four K quarters empty), down's two.
+    {"repacked decode", 6, 8, 6, 12, 256, 512, 32, 5},
     // A wider decode step (L = 1024) through the direct GEMV kernels.
     {"gemv decode wide", 2, 8, 8, 16, 1024, 64, 0, -1},
     // The direct kernels' compile-time phases: I = 384 puts the down GEMV's four warps at

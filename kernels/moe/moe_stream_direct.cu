@@ -1,0 +1,250 @@
+// The direct decode GEMV over repacked experts (MoeWork::stream_direct): steps of at most
+// kMoeDirectMaxPairs (token, expert) pairs whose experts were repacked for the streaming kernels
+// (MoeRepackNvfp4 / MoeRepackMxfp4), without the route and without the streaming kernels' items.
+//
+// Why. The streaming kernels run 16-64 streams at 2.5-2.7x llama.cpp with MXFP4 experts, but a
+// decode step of 1-4 streams through them pays the route and items that start one DRAM round trip
+// at a time (bench-model, H200, 2026-12-04: 1 stream 3.66 ms a step against 2.51 for the GEMV
+// kernels over the stored blocks). This kernel does for the repacked layout what moe_direct.cu
+// does for the stored one: a block of 8 warps takes one (pair, row tile) unit — gate/up: 16 rows
+// of gate (warps 0-3) and of up (4-7); down: rows 0-15 (warps 0-3) and 16-31 (4-7) of a 32-row
+// tile — each warp one quarter of K in 256-column chunks, the quarters summed in order in shared
+// memory. The grid is one resident wave; each block takes units blockIdx.x, + gridDim.x, ...,
+// and each warp's two-slot ring (one bulk copy of 2,048 code bytes and one of 256 scale bytes a
+// chunk) runs across unit boundaries. The units' expert ids and the experts' views sit in shared
+// memory. Each chunk is moe_stream.cuh's ComputeStageE2m1 for one slice and one token, its B
+// fragments (16 consecutive activations a lane and quad) read in place.
+//
+// Written 2026-12-04 after the device time ended: compiled, never run on a GPU, so taken only
+// with MOESHARD_MOE_STREAM_DIRECT=1 (moe_expert_test_stream_direct: moe_expert_test with it, whose
+// "repacked decode" shape is meant for it; then bench-model at 1-8 streams, --expert-layout stream).
+// Q8_0's int8 layout (kMoeQ8Repacked) keeps the route and the streaming kernels.
+#include <algorithm>
+
+#include "kernels/cuda/mbarrier.cuh"
+#include "kernels/cuda/pdl.cuh"
+#include "kernels/moe/moe_device.cuh"
+#include "kernels/moe/moe_launch.h"
+
+namespace moeshard::gpu {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kMinBlocks = 4;
+constexpr int kData = 2048, kScale = 256, kCols = 256;  // one chunk of a 16-row slice
+constexpr int kStage = kData + kScale;
+// Dynamic shared memory: each warp's two stages, the split-K sums, the barriers, the tables.
+constexpr int kRedOffset = kWarps * 2 * kStage;
+constexpr int kRedBytes = 2 * 4 * 4 * 32 * 4;  // [slice][quarter][element][lane] floats
+constexpr int kBarOffset = kRedOffset + kRedBytes;
+constexpr int kTableOffset = kBarOffset + kWarps * 2 * 8;
+
+extern __shared__ __align__(128) uint8_t smem[];
+
+// One expert's two views of this launch (gate and up; down twice), repacked and dense.
+struct Views {
+  const uint8_t* data[2];
+  const uint8_t* scale[2];
+  int64_t chunks[2];  // 256-column chunks a 16-row slice
+  float fin[2];       // what the sums are multiplied by: scale2 · 2^8
+};
+
+__host__ __device__ constexpr int TableBytes(int E, int64_t pairs) {
+  return static_cast<int>(E * sizeof(Views) + 4 * pairs);
+}
+
+template <bool kGateUp>
+struct Direct {
+  const MoeExpertParams& p;
+  const MoeWork& w;
+  const Views* tab;
+  const int32_t* ids;  // the pairs' local experts (-1: another GPU's)
+  int R;               // row tiles an expert
+  int warp, lane, g, c, slice, kc_begin, kc_end;
+
+  // This warp's first row in the unit's view.
+  __device__ __forceinline__ int64_t FirstRow(int64_t rt) const { return kGateUp ? 16 * rt : 32 * rt + 16 * slice; }
+
+  // Chunk kc of unit (pair, rt) into this warp's buffer `buf` (no bytes for another GPU's pair).
+  __device__ __forceinline__ void Stage(uint32_t buf, uint64_t* bar, int e, int64_t rt, int kc) const {
+    if (lane == 0) MbarrierArriveExpectTx(bar, e >= 0 ? kStage : 0);
+    if (e >= 0 && lane < 2) {
+      const Views& v = tab[e];
+      const int64_t idx = FirstRow(rt) / 16 * v.chunks[slice] + kc;
+      if (lane == 0) BulkCopyToShared(smem + buf, v.data[slice] + idx * kData, kData, bar);
+      if (lane == 1) BulkCopyToShared(smem + buf + kData, v.scale[slice] + idx * kScale, kScale, bar);
+    }
+  }
+
+  // Chunk kc from `buf` into acc: moe_stream.cuh's ComputeStageE2m1, one slice, one token.
+  __device__ __forceinline__ void Compute(uint32_t buf, int64_t pair, int kc, float (&acc)[4]) const {
+    constexpr uint32_t k2p119 = 0x7B007B00u;
+    const uint16_t* brow = (kGateUp ? static_cast<const uint16_t*>(p.x) + pair / p.top_k * p.width
+                                    : static_cast<const uint16_t*>(w.h) + pair * p.inter) +
+                           int64_t{kCols} * kc;
+    const uint8_t* sb = smem + buf;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const uint4 wd = *reinterpret_cast<const uint4*>(sb + (q * 32 + lane) * 16);
+      const uint32_t sc = *reinterpret_cast<const uint32_t*>(sb + kData + lane * 8 + (q >> 1) * 4);
+      const uint32_t pr = __byte_perm(sc, 0, (q & 1) == 0 ? 0x4140 : 0x4342);  // rows g, g+8
+      const uint32_t both = w.stream_mx ? pr << 7 : MulBf16x2(MulBf16x2(pr << 4, k2p119), k2p119);
+      const uint32_t s2a = __byte_perm(both, 0, 0x1010), s2b = __byte_perm(both, 0, 0x3232);
+      const uint4* bp = reinterpret_cast<const uint4*>(brow + q * 64 + 16 * c);
+      const uint4 bq[2] = {__ldg(bp), __ldg(bp + 1)};
+#pragma unroll
+      for (int jw = 0; jw < 2; ++jw) {
+        uint32_t ag[4], ag8[4];
+        DecodeRepacked(jw == 0 ? wd.x : wd.z, s2a, ag);
+        DecodeRepacked(jw == 0 ? wd.y : wd.w, s2b, ag8);
+        MmaBf16(acc, ag[0], ag8[0], ag[1], ag8[1], bq[jw].x, bq[jw].y);
+        MmaBf16(acc, ag[2], ag8[2], ag[3], ag8[3], bq[jw].z, bq[jw].w);
+      }
+    }
+  }
+
+  // The unit's quarters summed in order; warps 0-3 store element q of both slices (one token:
+  // column 0 of the n8 tile, lanes with c == 0).
+  __device__ __forceinline__ void Finish(int e, int64_t pair, int64_t rt, const float (&acc)[4]) const {
+    float* red = reinterpret_cast<float*>(smem + kRedOffset);
+    const int quarter = warp & 3;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) red[((slice * 4 + quarter) * 4 + q) * 32 + lane] = acc[q];
+    __syncthreads();
+    const int q = warp;
+    if (e >= 0 && q < 4 && c == 0 && (q & 1) == 0) {
+      float s[2];
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        s[m] = 0.f;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) s[m] += red[((m * 4 + k) * 4 + q) * 32 + lane];
+        s[m] *= tab[e].fin[m];
+      }
+      const int64_t r = g + 8 * (q >> 1);
+      if constexpr (kGateUp) {
+        const float gv = RoundBf16(s[0]), uv = RoundBf16(s[1]);
+        static_cast<uint16_t*>(w.h)[pair * p.inter + 16 * rt + r] = DevF32ToBf16(Silu(gv) * uv);
+      } else {
+        w.y[pair * p.width + 32 * rt + r] = s[0];
+        w.y[pair * p.width + 32 * rt + 16 + r] = s[1];
+      }
+    }
+    __syncthreads();  // the sums are read before the next unit's overwrite them
+  }
+};
+
+template <bool kGateUp>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) StreamDirectKernel(MoeExpertParams p, MoeWork w) {
+  const int E = p.num_local_experts;
+  const int64_t pairs = p.num_tokens * p.top_k;
+  Views* tab = reinterpret_cast<Views*>(smem + kTableOffset);
+  int32_t* ids = reinterpret_cast<int32_t*>(tab + E);
+  // The experts' views: fixed weights, read before the wait (pdl.cuh rule 1).
+  for (int i = threadIdx.x; i < E; i += kThreads) {
+    const MoeExpertWeights& ew = p.experts[i];
+    const WeightRef& v0 = kGateUp ? ew.gate : ew.down;
+    const WeightRef& v1 = kGateUp ? ew.up : ew.down;
+    tab[i] = Views{{v0.data, v1.data},
+                   {v0.scale, v1.scale},
+                   {v0.cols / kCols, v1.cols / kCols},
+                   {v0.scale2 * 256.f, v1.scale2 * 256.f}};
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  uint64_t* const bar = reinterpret_cast<uint64_t*>(smem + kBarOffset) + 2 * warp;  // buffer i: bar + i
+  if (lane == 0) {
+    MbarrierInit(bar, 1);
+    MbarrierInit(bar + 1, 1);
+    FenceMbarrierInit();
+  }
+  PdlWait();
+  PdlTrigger();
+  for (int64_t i = threadIdx.x; i < pairs; i += kThreads) ids[i] = __ldcg(p.expert_ids + i);
+  __syncthreads();
+  if constexpr (kGateUp) {  // the combine's pos: the pair, or -1 (another GPU's expert)
+    for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < pairs; i += int64_t{gridDim.x} * kThreads) {
+      w.pos[i] = ids[i] >= 0 ? static_cast<int32_t>(i) : -1;
+    }
+  }
+
+  Direct<kGateUp> d{p, w, tab, ids};
+  d.R = static_cast<int>((kGateUp ? p.inter / 16 : p.width / 32));
+  d.warp = warp, d.lane = lane, d.g = lane >> 2, d.c = lane & 3, d.slice = warp >> 2;
+  const int nk = static_cast<int>((kGateUp ? p.width : p.inter) / kCols), quarter = warp & 3;
+  d.kc_begin = quarter * nk / 4, d.kc_end = (quarter + 1) * nk / 4;
+  const int mine = d.kc_end - d.kc_begin;
+  const int nch = max((nk + 3) / 4, 1);  // every warp counts the largest quarter's chunks
+  const int64_t units = pairs * d.R;
+  const int64_t my_units = blockIdx.x < units ? (units - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+  const int64_t total = my_units * nch;
+  const uint32_t base = warp * 2 * kStage;
+
+  // Stage cursor: chunk sc of the flattened (unit, chunk) sequence.
+  int64_t sc = 0;
+  auto stage_next = [&]() {
+    if (sc >= total) return;
+    const int64_t u = blockIdx.x + (sc / nch) * gridDim.x;
+    const int j = static_cast<int>(sc % nch);
+    const int64_t pair = u / d.R, rt = u % d.R;
+    const int e = j < mine ? ids[pair] : -1;  // a short quarter counts an empty chunk
+    d.Stage(base + (sc & 1) * kStage, bar + (sc & 1), e, rt, d.kc_begin + j);
+    ++sc;
+  };
+  stage_next();
+  stage_next();
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 1
+  for (int64_t cc = 0; cc < total; ++cc) {
+    const int64_t u = blockIdx.x + (cc / nch) * gridDim.x;
+    const int j = static_cast<int>(cc % nch);
+    const int64_t pair = u / d.R, rt = u % d.R;
+    const int e = ids[pair];
+    MbarrierWait(bar + (cc & 1), static_cast<uint32_t>((cc >> 1) & 1));
+    __syncwarp();
+    if (e >= 0 && j < mine) d.Compute(base + (cc & 1) * kStage, pair, d.kc_begin + j, acc);
+    __syncwarp();  // every lane is done with this buffer before the copy engine refills it
+    stage_next();
+    if (j == nch - 1) {
+      d.Finish(e, pair, rt, acc);
+      acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
+    }
+  }
+}
+
+template <bool kGateUp>
+cudaError_t Launch(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
+  const int64_t pairs = p.num_tokens * p.top_k;
+  const int smem_bytes = kTableOffset + TableBytes(p.num_local_experts, pairs);
+  static int attr_bytes = 0;  // the largest size set so far (the attribute is per kernel)
+  if (smem_bytes > attr_bytes) {
+    if (cudaError_t e =
+            cudaFuncSetAttribute(StreamDirectKernel<kGateUp>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+        e != cudaSuccess) {
+      return e;
+    }
+    attr_bytes = smem_bytes;
+  }
+  int per_sm = 0;
+  if (cudaError_t e =
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, StreamDirectKernel<kGateUp>, kThreads, smem_bytes);
+      e != cudaSuccess) {
+    return e;
+  }
+  const int64_t units = pairs * (kGateUp ? p.inter / 16 : p.width / 32);
+  const int64_t wave = std::max<int64_t>(1, int64_t{per_sm} * std::max(w.num_sms, 1));
+  const int64_t grid = std::max<int64_t>(1, std::min(units, wave));
+  return LaunchPdl(StreamDirectKernel<kGateUp>, static_cast<unsigned>(grid), kThreads, smem_bytes, stream, p, w);
+}
+
+}  // namespace
+
+cudaError_t LaunchMoeStreamDirectGateUp(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
+  return Launch<true>(p, w, stream);
+}
+
+cudaError_t LaunchMoeStreamDirectDown(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
+  return Launch<false>(p, w, stream);
+}
+
+}  // namespace moeshard::gpu
