@@ -234,7 +234,8 @@ __device__ __forceinline__ void ComputeStageQ8(const uint8_t* sb, int warp, int 
   const int g = lane >> 2;
   const uint8_t* scales = sb + StageA<true>(CW, M);
   const uint8_t* brow = sb + StageA<true>(CW, M) + StageS(CW, M) + g * BRow<true>();
-#pragma unroll 4
+// A quad at a time: fully unrolled, the hoisted loads spill at ptxas's cap of 168 registers.
+#pragma unroll 2
   for (int b = 0; b < kQ8StreamCols / 32; ++b) {
     uint32_t a[M][2][4];  // [slice][step][a0..a3]
     float d[M][2];        // [slice][row g, g + 8]: block b's scales
