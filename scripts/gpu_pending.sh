@@ -9,7 +9,8 @@
 #       layout (default), the same with MOESHARD_MOE_STREAM_DIRECT=1, and the stored blocks.
 #   part 2 (bench-model, the 48-layer Qwen3-30B shape, dense Q8_0, 640 tokens of context, 1 / 4 / 16 /
 #     64 streams, ~5 min): MXFP4 experts stored (auto), repacked (stream), repacked with the direct
-#     GEMV; Q8_0 experts stored, repacked (stream with MOESHARD_MOE_STREAM_Q8=1); and Muse Spark's 8
+#     GEMV; Q8_0 experts stored, repacked (stream with MOESHARD_MOE_STREAM_Q8=1), repacked with the
+#     direct GEMV; and Muse Spark's 8
 #     full-width NVFP4 layers at 4K context, 1 / 4 streams, with and without the direct GEMV.
 # Each run's output goes to OUT/NAME.log; OUT/summary.txt lists each step's verdict and time, and
 # the lines of each log that carry its result.
@@ -51,8 +52,8 @@ if [ "$part" = 1 ] || [ "$part" = all ]; then
   for fmt in mxfp4 q8_0; do
     common=(--shape qwen30b --format "$fmt" --t 1,4,16,64 --skip-baseline --stages)
     step "bench_$fmt-stream" measure '^ *(uniform|zipf)|shape:|ceilings' -- "$bin/moe_expert_bench" "${common[@]}"
-    [ "$fmt" = mxfp4 ] && step "bench_$fmt-stream-direct" measure '^ *(uniform|zipf)|shape:' \
-      MOESHARD_MOE_STREAM_DIRECT=1 -- "$bin/moe_expert_bench" "${common[@]}"
+    step "bench_$fmt-stream-direct" measure '^ *(uniform|zipf)|shape:' MOESHARD_MOE_STREAM_DIRECT=1 -- \
+      "$bin/moe_expert_bench" "${common[@]}"
     step "bench_$fmt-stored" measure '^ *(uniform|zipf)|shape:' -- "$bin/moe_expert_bench" "${common[@]}" --no-repack
   done
 fi
@@ -70,6 +71,8 @@ if [ "$part" = 2 ] || [ "$part" = all ]; then
     --expert-layout auto
   step bm_q8_0-stream measure "$pattern" MOESHARD_MOE_STREAM_Q8=1 -- "$bin/moeshard" bench-model "${model[@]}" \
     --expert-format q8_0 --expert-layout stream
+  step bm_q8_0-stream-direct measure "$pattern" MOESHARD_MOE_STREAM_Q8=1 MOESHARD_MOE_STREAM_DIRECT=1 -- \
+    "$bin/moeshard" bench-model "${model[@]}" --expert-format q8_0 --expert-layout stream
   # Muse Spark, 8 full-width NVFP4 layers (repacked by default): the direct GEMV against the route.
   spark=(--arch muse_spark --preset full-layer --layers 8 --expert-format nvfp4 --prompt-len 4096 --decode-steps 32
     --streams 1,4)

@@ -82,6 +82,14 @@ __device__ __forceinline__ void DecodeRepacked(uint32_t w, uint32_t s2, uint32_t
   out[3] = MulBf16x2((w * 64u) & kAll, s2);                        // w << 6
 }
 
+// Two fp16 scales (low half first) as fp32, exactly: the magnitude bits moved into place are the
+// value · 2^-112 (subnormals too), the multiply restores it. An infinite or NaN scale (never in a
+// checkpoint) reads as a large finite one.
+__device__ __forceinline__ void F16x2ToF32(uint32_t x, float& lo, float& hi) {
+  lo = __uint_as_float(__float_as_uint(__uint_as_float((x & 0x7fffu) << 13) * 0x1p112f) | ((x & 0x8000u) << 16));
+  hi = __uint_as_float(__float_as_uint(__uint_as_float((x >> 3) & 0x0fffe000u) * 0x1p112f) | (x & 0x80000000u));
+}
+
 // Zeroes mma accumulators [token tiles][16-row slices][4].
 template <int M, int NT>
 __device__ __forceinline__ void ZeroAcc(float (&acc)[NT][M][4]) {

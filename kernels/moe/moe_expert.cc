@@ -262,7 +262,7 @@ cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStr
   w.stream_mx = repacked && (fmts & kMoeMxfp4Repacked);
   w.stream_q8 = repacked && (fmts & kMoeQ8Repacked);
   // Decode sizes of repacked experts: the direct GEMV over the streaming layout, no route.
-  if (repacked && !w.stream_q8 && w.fast_allowed && !need_generic && DirectEnabled() && StreamDirectEnabled() &&
+  if (repacked && w.fast_allowed && !need_generic && DirectEnabled() && StreamDirectEnabled() &&
       w.capacity <= kMoeDirectMaxPairs) {
     w.direct = w.stream_direct = true;
   }

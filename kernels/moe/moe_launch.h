@@ -53,7 +53,7 @@ struct MoeWork {
   bool stream_mx = false;
   // The repacked streaming kernels read Q8_0's layout (kMoeQ8Repacked: moe_q8_stream.cu).
   bool stream_q8 = false;
-  // With direct: the experts are repacked (e2m1 codes) and moe_stream_direct.cu's GEMV reads them
+  // With direct: the experts are repacked (any layout) and moe_stream_direct.cu's GEMV reads them
   // in place of the route and the streaming kernels (MOESHARD_MOE_STREAM_DIRECT=1: not yet run on
   // a GPU, so off by default).
   bool stream_direct = false;

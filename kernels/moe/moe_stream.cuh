@@ -219,14 +219,6 @@ __device__ __forceinline__ void ComputeStageE2m1(const uint8_t* sb, int warp, in
   }
 }
 
-// Two fp16 scales (low half first) as fp32, exactly: the magnitude bits moved into place are the
-// value · 2^-112 (subnormals too), the multiply restores it. An infinite or NaN scale (never in a
-// checkpoint) reads as a large finite one.
-__device__ __forceinline__ void F16x2ToF32(uint32_t x, float& lo, float& hi) {
-  lo = __uint_as_float(__float_as_uint(__uint_as_float((x & 0x7fffu) << 13) * 0x1p112f) | ((x & 0x8000u) << 16));
-  hi = __uint_as_float(__float_as_uint(__uint_as_float((x >> 3) & 0x0fffe000u) * 0x1p112f) | (x & 0x80000000u));
-}
-
 // One 256-column stage of int8 codes (Q8_0, moe_q8_stream_layout.h): per 32-column block, two
 // k16 steps into a fresh accumulator, added to the sums times the block's scale (rows g, g + 8).
 template <int M, int NT, int CW>

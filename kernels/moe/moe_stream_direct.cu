@@ -18,27 +18,39 @@
 // Written 2026-12-04 after the device time ended: compiled, never run on a GPU, so taken only
 // with MOESHARD_MOE_STREAM_DIRECT=1 (moe_expert_test_stream_direct: moe_expert_test with it, whose
 // "repacked decode" shape is meant for it; then bench-model at 1-8 streams, --expert-layout stream).
-// Q8_0's int8 layout (kMoeQ8Repacked) keeps the route and the streaming kernels.
+// Q8_0 experts in their int8 layout (kMoeQ8Repacked, moe_q8_stream_layout.h) take the kQ8 kernels:
+// 4,096 code bytes a chunk, each 32-column block's two k16 steps into a fresh accumulator added
+// times the block's fp16 scale, as moe_stream.cuh's ComputeStageQ8 (2026-12-05, likewise unrun).
 #include <algorithm>
 
 #include "kernels/cuda/mbarrier.cuh"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/moe/moe_device.cuh"
 #include "kernels/moe/moe_launch.h"
+#include "kernels/moe/moe_q8_stream_layout.h"
 
 namespace moeshard::gpu {
 namespace {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kMinBlocks = 4;
-constexpr int kData = 2048, kScale = 256, kCols = 256;  // one chunk of a 16-row slice
-constexpr int kStage = kData + kScale;
+constexpr int kScale = 256, kCols = 256;  // one chunk of a 16-row slice: its scale bytes, columns
+// Its code bytes: e2m1 (NVFP4, MXFP4) or int8 (Q8_0).
+template <bool kQ8>
+constexpr int kData = kQ8 ? kQ8StreamSliceBytes : 2048;
+template <bool kQ8>
+constexpr int kStage = kData<kQ8> + kScale;
+// Blocks an SM: the stages' shared memory (37 KB, or 70 KB for Q8_0) allows 4 (3).
+template <bool kQ8>
+constexpr int kMinBlocks = kQ8 ? 3 : 4;
 // Dynamic shared memory: each warp's two stages, the split-K sums, the barriers, the tables.
-constexpr int kRedOffset = kWarps * 2 * kStage;
+template <bool kQ8>
+constexpr int kRedOffset = kWarps * 2 * kStage<kQ8>;
 constexpr int kRedBytes = 2 * 4 * 4 * 32 * 4;  // [slice][quarter][element][lane] floats
-constexpr int kBarOffset = kRedOffset + kRedBytes;
-constexpr int kTableOffset = kBarOffset + kWarps * 2 * 8;
+template <bool kQ8>
+constexpr int kBarOffset = kRedOffset<kQ8> + kRedBytes;
+template <bool kQ8>
+constexpr int kTableOffset = kBarOffset<kQ8> + kWarps * 2 * 8;
 
 extern __shared__ __align__(128) uint8_t smem[];
 
@@ -54,7 +66,7 @@ __host__ __device__ constexpr int TableBytes(int E, int64_t pairs) {
   return static_cast<int>(E * sizeof(Views) + 4 * pairs);
 }
 
-template <bool kGateUp>
+template <bool kGateUp, bool kQ8>
 struct Direct {
   const MoeExpertParams& p;
   const MoeWork& w;
@@ -68,26 +80,52 @@ struct Direct {
 
   // Chunk kc of unit (pair, rt) into this warp's buffer `buf` (no bytes for another GPU's pair).
   __device__ __forceinline__ void Stage(uint32_t buf, uint64_t* bar, int e, int64_t rt, int kc) const {
-    if (lane == 0) MbarrierArriveExpectTx(bar, e >= 0 ? kStage : 0);
+    if (lane == 0) MbarrierArriveExpectTx(bar, e >= 0 ? kStage<kQ8> : 0);
     if (e >= 0 && lane < 2) {
       const Views& v = tab[e];
       const int64_t idx = FirstRow(rt) / 16 * v.chunks[slice] + kc;
-      if (lane == 0) BulkCopyToShared(smem + buf, v.data[slice] + idx * kData, kData, bar);
-      if (lane == 1) BulkCopyToShared(smem + buf + kData, v.scale[slice] + idx * kScale, kScale, bar);
+      if (lane == 0) BulkCopyToShared(smem + buf, v.data[slice] + idx * kData<kQ8>, kData<kQ8>, bar);
+      if (lane == 1) BulkCopyToShared(smem + buf + kData<kQ8>, v.scale[slice] + idx * kScale, kScale, bar);
     }
   }
 
-  // Chunk kc from `buf` into acc: moe_stream.cuh's ComputeStageE2m1, one slice, one token.
+  // Chunk kc from `buf` into acc: moe_stream.cuh's ComputeStageE2m1 (or ComputeStageQ8), one
+  // slice, one token.
   __device__ __forceinline__ void Compute(uint32_t buf, int64_t pair, int kc, float (&acc)[4]) const {
-    constexpr uint32_t k2p119 = 0x7B007B00u;
     const uint16_t* brow = (kGateUp ? static_cast<const uint16_t*>(p.x) + pair / p.top_k * p.width
                                     : static_cast<const uint16_t*>(w.h) + pair * p.inter) +
                            int64_t{kCols} * kc;
     const uint8_t* sb = smem + buf;
+    if constexpr (kQ8) {
+#pragma unroll 2
+      for (int b = 0; b < kCols / 32; ++b) {
+        const uint4 v = *reinterpret_cast<const uint4*>(sb + Q8StreamLaneCodes(b, lane));
+        uint32_t a[2][4];
+        I8x4ToBf16(v.x, a[0][0], a[0][2]);  // row g, columns 8c .. 8c + 3: step 0
+        I8x4ToBf16(v.z, a[0][1], a[0][3]);  // row g + 8
+        I8x4ToBf16(v.y, a[1][0], a[1][2]);  // columns 8c + 4 .. 8c + 7: step 1
+        I8x4ToBf16(v.w, a[1][1], a[1][3]);
+        const uint32_t sc =
+            *reinterpret_cast<const uint32_t*>(sb + kData<kQ8> + Q8StreamLaneScales(b / 2, lane) + 4 * (b % 2));
+        float dg, d8;  // rows g and g + 8
+        F16x2ToF32(sc, dg, d8);
+        // Q8StreamLaneB's byte offset, in activations: columns 32b + 8c .. + 7 of the chunk.
+        const uint4 x = __ldg(reinterpret_cast<const uint4*>(brow + Q8StreamLaneB(b, lane) / 2));
+        float part[4];
+        MmaBf16Zero(part, a[0][0], a[0][1], a[0][2], a[0][3], x.x, x.y);
+        MmaBf16(part, a[1][0], a[1][1], a[1][2], a[1][3], x.z, x.w);
+        acc[0] = fmaf(part[0], dg, acc[0]);
+        acc[1] = fmaf(part[1], dg, acc[1]);
+        acc[2] = fmaf(part[2], d8, acc[2]);
+        acc[3] = fmaf(part[3], d8, acc[3]);
+      }
+      return;
+    }
+    constexpr uint32_t k2p119 = 0x7B007B00u;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const uint4 wd = *reinterpret_cast<const uint4*>(sb + (q * 32 + lane) * 16);
-      const uint32_t sc = *reinterpret_cast<const uint32_t*>(sb + kData + lane * 8 + (q >> 1) * 4);
+      const uint32_t sc = *reinterpret_cast<const uint32_t*>(sb + kData<kQ8> + lane * 8 + (q >> 1) * 4);
       const uint32_t pr = __byte_perm(sc, 0, (q & 1) == 0 ? 0x4140 : 0x4342);  // rows g, g+8
       const uint32_t both = w.stream_mx ? pr << 7 : MulBf16x2(MulBf16x2(pr << 4, k2p119), k2p119);
       const uint32_t s2a = __byte_perm(both, 0, 0x1010), s2b = __byte_perm(both, 0, 0x3232);
@@ -107,7 +145,7 @@ struct Direct {
   // The unit's quarters summed in order; warps 0-3 store element q of both slices (one token:
   // column 0 of the n8 tile, lanes with c == 0).
   __device__ __forceinline__ void Finish(int e, int64_t pair, int64_t rt, const float (&acc)[4]) const {
-    float* red = reinterpret_cast<float*>(smem + kRedOffset);
+    float* red = reinterpret_cast<float*>(smem + kRedOffset<kQ8>);
     const int quarter = warp & 3;
 #pragma unroll
     for (int q = 0; q < 4; ++q) red[((slice * 4 + quarter) * 4 + q) * 32 + lane] = acc[q];
@@ -135,11 +173,11 @@ struct Direct {
   }
 };
 
-template <bool kGateUp>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) StreamDirectKernel(MoeExpertParams p, MoeWork w) {
+template <bool kGateUp, bool kQ8>
+__global__ void __launch_bounds__(kThreads, kMinBlocks<kQ8>) StreamDirectKernel(MoeExpertParams p, MoeWork w) {
   const int E = p.num_local_experts;
   const int64_t pairs = p.num_tokens * p.top_k;
-  Views* tab = reinterpret_cast<Views*>(smem + kTableOffset);
+  Views* tab = reinterpret_cast<Views*>(smem + kTableOffset<kQ8>);
   int32_t* ids = reinterpret_cast<int32_t*>(tab + E);
   // The experts' views: fixed weights, read before the wait (pdl.cuh rule 1).
   for (int i = threadIdx.x; i < E; i += kThreads) {
@@ -152,7 +190,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) StreamDirectKernel(MoeEx
                    {v0.scale2 * 256.f, v1.scale2 * 256.f}};
   }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  uint64_t* const bar = reinterpret_cast<uint64_t*>(smem + kBarOffset) + 2 * warp;  // buffer i: bar + i
+  uint64_t* const bar = reinterpret_cast<uint64_t*>(smem + kBarOffset<kQ8>) + 2 * warp;  // buffer i: bar + i
   if (lane == 0) {
     MbarrierInit(bar, 1);
     MbarrierInit(bar + 1, 1);
@@ -168,7 +206,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) StreamDirectKernel(MoeEx
     }
   }
 
-  Direct<kGateUp> d{p, w, tab, ids};
+  Direct<kGateUp, kQ8> d{p, w, tab, ids};
   d.R = static_cast<int>((kGateUp ? p.inter / 16 : p.width / 32));
   d.warp = warp, d.lane = lane, d.g = lane >> 2, d.c = lane & 3, d.slice = warp >> 2;
   const int nk = static_cast<int>((kGateUp ? p.width : p.inter) / kCols), quarter = warp & 3;
@@ -178,7 +216,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) StreamDirectKernel(MoeEx
   const int64_t units = pairs * d.R;
   const int64_t my_units = blockIdx.x < units ? (units - 1 - blockIdx.x) / gridDim.x + 1 : 0;
   const int64_t total = my_units * nch;
-  const uint32_t base = warp * 2 * kStage;
+  const uint32_t base = warp * 2 * kStage<kQ8>;
 
   // Stage cursor: chunk sc of the flattened (unit, chunk) sequence.
   int64_t sc = 0;
@@ -188,7 +226,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) StreamDirectKernel(MoeEx
     const int j = static_cast<int>(sc % nch);
     const int64_t pair = u / d.R, rt = u % d.R;
     const int e = j < mine ? ids[pair] : -1;  // a short quarter counts an empty chunk
-    d.Stage(base + (sc & 1) * kStage, bar + (sc & 1), e, rt, d.kc_begin + j);
+    d.Stage(base + (sc & 1) * kStage<kQ8>, bar + (sc & 1), e, rt, d.kc_begin + j);
     ++sc;
   };
   stage_next();
@@ -202,7 +240,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) StreamDirectKernel(MoeEx
     const int e = ids[pair];
     MbarrierWait(bar + (cc & 1), static_cast<uint32_t>((cc >> 1) & 1));
     __syncwarp();
-    if (e >= 0 && j < mine) d.Compute(base + (cc & 1) * kStage, pair, d.kc_begin + j, acc);
+    if (e >= 0 && j < mine) d.Compute(base + (cc & 1) * kStage<kQ8>, pair, d.kc_begin + j, acc);
     __syncwarp();  // every lane is done with this buffer before the copy engine refills it
     stage_next();
     if (j == nch - 1) {
@@ -212,39 +250,39 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) StreamDirectKernel(MoeEx
   }
 }
 
-template <bool kGateUp>
-cudaError_t Launch(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
+template <bool kGateUp, bool kQ8>
+cudaError_t LaunchT(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
   const int64_t pairs = p.num_tokens * p.top_k;
-  const int smem_bytes = kTableOffset + TableBytes(p.num_local_experts, pairs);
+  const int smem_bytes = kTableOffset<kQ8> + TableBytes(p.num_local_experts, pairs);
   static int attr_bytes = 0;  // the largest size set so far (the attribute is per kernel)
   if (smem_bytes > attr_bytes) {
-    if (cudaError_t e =
-            cudaFuncSetAttribute(StreamDirectKernel<kGateUp>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+    if (cudaError_t e = cudaFuncSetAttribute(StreamDirectKernel<kGateUp, kQ8>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
         e != cudaSuccess) {
       return e;
     }
     attr_bytes = smem_bytes;
   }
   int per_sm = 0;
-  if (cudaError_t e =
-          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, StreamDirectKernel<kGateUp>, kThreads, smem_bytes);
+  if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, StreamDirectKernel<kGateUp, kQ8>, kThreads,
+                                                                    smem_bytes);
       e != cudaSuccess) {
     return e;
   }
   const int64_t units = pairs * (kGateUp ? p.inter / 16 : p.width / 32);
   const int64_t wave = std::max<int64_t>(1, int64_t{per_sm} * std::max(w.num_sms, 1));
   const int64_t grid = std::max<int64_t>(1, std::min(units, wave));
-  return LaunchPdl(StreamDirectKernel<kGateUp>, static_cast<unsigned>(grid), kThreads, smem_bytes, stream, p, w);
+  return LaunchPdl(StreamDirectKernel<kGateUp, kQ8>, static_cast<unsigned>(grid), kThreads, smem_bytes, stream, p, w);
 }
 
 }  // namespace
 
 cudaError_t LaunchMoeStreamDirectGateUp(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
-  return Launch<true>(p, w, stream);
+  return w.stream_q8 ? LaunchT<true, true>(p, w, stream) : LaunchT<true, false>(p, w, stream);
 }
 
 cudaError_t LaunchMoeStreamDirectDown(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
-  return Launch<false>(p, w, stream);
+  return w.stream_q8 ? LaunchT<false, true>(p, w, stream) : LaunchT<false, false>(p, w, stream);
 }
 
 }  // namespace moeshard::gpu
