@@ -114,8 +114,8 @@ absl::Status Validate(const MoeExpertParams& p) {
   if ((p.expert_formats & kMoeQ8Repacked) && (p.expert_formats & kMoeMxfp4Repacked)) {
     return absl::InvalidArgumentError("MoeExpertStep: kMoeQ8Repacked and kMoeMxfp4Repacked exclude each other");
   }
-  // Repacked views are NVFP4-format views (MoeRepackNvfp4 / MoeRepackMxfp4): a hint computed from
-  // the stored views instead would send them down a path that cannot read them.
+  // Repacked views are NVFP4-format views (MoeRepackNvfp4 / MoeRepackMxfp4 / MoeRepackQ8): a hint
+  // computed from the stored views instead would send them down a path that cannot read them.
   if ((p.expert_formats & kMoeNvfp4Repacked) && !(p.expert_formats & MoeFormatBit(WeightFormat::kNVFP4))) {
     return absl::InvalidArgumentError(
         "MoeExpertStep: kMoeNvfp4Repacked without the NVFP4 format bit (compute the hint from the repacked views)");
@@ -160,7 +160,7 @@ bool DirectV2Q8Enabled() {
   return on;
 }
 
-// The direct GEMV over the e2m1 streaming layout (moe_stream_direct.cu) on request
+// The direct GEMV over the repacked layouts (moe_stream_direct.cu) on request
 // (MOESHARD_MOE_STREAM_DIRECT=1) until it has run on a GPU.
 bool StreamDirectEnabled() {
   static const bool on = [] {
