@@ -88,10 +88,10 @@ class GpuModelRunner : public ModelRunner, private LayerOps {
   std::string ProfileReport() const override { return prof_.Report(); }
   void ResetProfile() override { prof_.Reset(); }
   void SetProfiling(bool on) override { prof_.SetActive(on && options_.profile); }
-  std::string backend() const override {
-    return absl::StrCat("cuda:", options_.gpu_index, act_ == ActDType::kF32 ? " float32" : " bfloat16", " kv ",
-                        kv_elem_ == KvElem::kF32 ? "float32" : kv_elem_ == KvElem::kBF16 ? "bfloat16" : "fp8");
-  }
+  // "cuda:0 bfloat16 kv bfloat16", and for MoE models where the experts are kept: ", experts
+  // stored" or ", experts streaming" (repacked for the streaming kernels: --expert-layout), or how
+  // many of the layers each.
+  std::string backend() const override;
 
  private:
   absl::Status Prepare(const std::vector<SeqChunk>& batch);

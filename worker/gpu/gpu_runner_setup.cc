@@ -38,6 +38,28 @@ absl::Status GpuModelRunner::StartDevice() {
   return absl::OkStatus();
 }
 
+std::string GpuModelRunner::backend() const {
+  std::string s = absl::StrCat("cuda:", options_.gpu_index, act_ == ActDType::kF32 ? " float32" : " bfloat16", " kv ",
+                               kv_elem_ == KvElem::kF32    ? "float32"
+                               : kv_elem_ == KvElem::kBF16 ? "bfloat16"
+                                                           : "fp8");
+  int moe = 0, streaming = 0;
+  if (w_) {
+    for (const GpuLayerWeights& l : w_->layers) {
+      if (!l.experts) continue;
+      ++moe;
+      if (l.expert_formats & kMoeNvfp4Repacked) ++streaming;
+    }
+  }
+  if (moe > 0) {
+    absl::StrAppend(&s, ", experts ",
+                    streaming == moe ? "streaming"
+                    : streaming == 0 ? "stored"
+                                     : absl::StrCat("streaming in ", streaming, " of ", moe, " MoE layers"));
+  }
+  return s;
+}
+
 // The expert formats kept in the streaming kernels' layout (RunnerOptions::expert_layout).
 RepackPolicy GpuModelRunner::Repack() const {
   switch (options_.expert_layout) {
