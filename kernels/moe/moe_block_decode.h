@@ -1,10 +1,10 @@
 // One 32-column block of a stored Q8_0, MXFP4 or BF16 weight row as 32 bf16 values in natural
 // column order, from the 4-byte words that hold it, the block starting `off` (0..3) bytes into
 // word 0 (a copy of whole words aligned down; the expansion pass of moe_wgmma.cu packs each
-// block's own bytes from word 0, off 0; BF16 blocks are 16-byte aligned: off is 0). Host and device alike: the device uses the
-// byte-permute, funnel-shift and bf16x2-multiply instructions, the host exact emulations of them,
-// so tests/kernels/moe_block_decode_test.cc checks the bit work against kernels/cpu/dequant on
-// the CPU.
+// block's own bytes from word 0, off 0; BF16 blocks are 16-byte aligned: off is 0). Host and device
+// alike: the device uses the byte-permute, funnel-shift and bf16x2-multiply instructions, the host
+// exact emulations of them (kernels/cuda/lane_ops.h), so tests/kernels/moe_block_decode_test.cc
+// checks the bit work against kernels/cpu/dequant on the CPU.
 //
 // MXFP4: byte j of the 16 code bytes holds column j (low nibble) and j + 16 (high). A pair of
 // neighbouring bytes spread over the two halves of a word (byte permute) puts two codes' three
@@ -18,6 +18,7 @@
 #include <cstring>
 
 #include "kernels/cpu/weight_ref.h"
+#include "kernels/cuda/lane_ops.h"
 
 #if defined(__CUDACC__)
 #define MOESHARD_BD_HD __host__ __device__ __forceinline__
@@ -27,57 +28,13 @@
 
 namespace moeshard::block_decode {
 
-MOESHARD_BD_HD uint32_t BytePerm(uint32_t a, uint32_t b, uint32_t sel) {
-#if defined(__CUDA_ARCH__)
-  return __byte_perm(a, b, sel);
-#else
-  const uint64_t x = (uint64_t{b} << 32) | a;
-  uint32_t r = 0;
-  for (int i = 0; i < 4; ++i) r |= static_cast<uint32_t>((x >> (8 * ((sel >> (4 * i)) & 7))) & 0xff) << (8 * i);
-  return r;
-#endif
-}
-
-// The low 32 bits of (hi:lo) >> (shift % 32).
-MOESHARD_BD_HD uint32_t FunnelShiftR(uint32_t lo, uint32_t hi, int shift) {
-#if defined(__CUDA_ARCH__)
-  return __funnelshift_r(lo, hi, shift);
-#else
-  return static_cast<uint32_t>(((uint64_t{hi} << 32) | lo) >> (shift & 31));
-#endif
-}
-
-// The bits of one 32-bit type read as another (memcpy: no aliasing rules broken, on host or device).
-template <typename To, typename From>
-MOESHARD_BD_HD To BitCast(From v) {
-  static_assert(sizeof(To) == sizeof(From), "same size");
-  To t;
-  std::memcpy(&t, &v, sizeof(t));
-  return t;
-}
-MOESHARD_BD_HD float Bits(uint32_t u) { return BitCast<float>(u); }
-MOESHARD_BD_HD uint32_t FloatBits(float f) { return BitCast<uint32_t>(f); }
-
-// fp32 -> bf16, to nearest, ties to even; NaN stays NaN.
-MOESHARD_BD_HD uint16_t ToBf16(float f) {
-  uint32_t u = FloatBits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-// Both bf16 halves multiplied, each rounded once to bf16 (the product of two bf16 values is
-// exact in fp32, so the host's fp32 multiply and one rounding match the instruction).
-MOESHARD_BD_HD uint32_t MulBf16x2(uint32_t a, uint32_t b) {
-#if defined(__CUDA_ARCH__)
-  uint32_t d;
-  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-#else
-  const float lo = Bits(a << 16) * Bits(b << 16), hi = Bits(a & 0xffff0000u) * Bits(b & 0xffff0000u);
-  return uint32_t{ToBf16(lo)} | (uint32_t{ToBf16(hi)} << 16);
-#endif
-}
+using lane::BitCast;
+using lane::Bits;
+using lane::BytePerm;
+using lane::FloatBits;
+using lane::FunnelShiftR;
+using lane::MulBf16x2;
+using lane::ToBf16;
 
 // f16 -> fp32, exact (subnormals included).
 MOESHARD_BD_HD float F16ToF32(uint16_t h) {

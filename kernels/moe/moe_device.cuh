@@ -15,10 +15,11 @@
 #include <cstdint>
 
 #include "kernels/cuda/mma_bf16.cuh"
-#include "kernels/cuda/weight_decode.cuh"
 #include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/weight_decode.cuh"
 #include "kernels/moe/moe_launch.h"
 #include "kernels/moe/moe_params.h"
+#include "kernels/moe/moe_stream_decode.h"
 
 namespace moeshard::gpu {
 
@@ -40,11 +41,7 @@ __device__ __forceinline__ float Silu(float g) { return g / (1.f + expf(-g)); }
 // bf16 round trip (round to nearest even) of an fp32 value.
 __device__ __forceinline__ float RoundBf16(float f) { return DevBf16ToF32(DevF32ToBf16(f)); }
 
-__device__ __forceinline__ uint32_t MulBf16x2(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
+using lane::MulBf16x2;  // kernels/cuda/lane_ops.h
 
 // The two e4m3 block scales in the low bytes of `s16`, each · 2^118, as bf16 in both halves
 // of out[0] and out[1]. Placing the 7 magnitude bits at bf16 bits 4..10 gives e4m3 · 2^-120
@@ -67,27 +64,6 @@ __device__ __forceinline__ void DecodeNvfp4Word(uint32_t w, uint32_t s2, uint32_
   out[1] = MulBf16x2(((w << 2) & kMag) | ((w << 8) & kSign), s2);
   out[2] = MulBf16x2(((w >> 2) & kMag) | ((w << 4) & kSign), s2);
   out[3] = MulBf16x2(((w >> 6) & kMag) | (w & kSign), s2);
-}
-
-// The 4 bf16x2 slots of a repacked word, times s2 (above: e2m1 · 2^-126 · s2), in the
-// streaming layout (moe_nvfp4_stream.cu, moe_stream_direct.cu).
-// Six LOP3 (the ALU pipe, the one that bounds this loop) and five shifts written as integer
-// multiplies (IMAD, the FMA pipe): slots 1 and 3 are whole shifts of the word, slots 0 and
-// 2 take their magnitude and sign bits from two different shifts.
-__device__ __forceinline__ void DecodeRepacked(uint32_t w, uint32_t s2, uint32_t out[4]) {
-  constexpr uint32_t kEm = 0x01C001C0u, kSign = 0x80008000u, kAll = kEm | kSign;
-  out[0] = MulBf16x2((__umulhi(w, 1u << 26) & kEm) | ((w * 16u) & kSign), s2);  // w >> 6, w << 4
-  out[1] = MulBf16x2(w & kAll, s2);
-  out[2] = MulBf16x2(((w * 8u) & kEm) | ((w * 32u) & kSign), s2);  // w << 3, w << 5
-  out[3] = MulBf16x2((w * 64u) & kAll, s2);                        // w << 6
-}
-
-// Two fp16 scales (low half first) as fp32, exactly: the magnitude bits moved into place are the
-// value · 2^-112 (subnormals too), the multiply restores it. An infinite or NaN scale (never in a
-// checkpoint) reads as a large finite one.
-__device__ __forceinline__ void F16x2ToF32(uint32_t x, float& lo, float& hi) {
-  lo = __uint_as_float(__float_as_uint(__uint_as_float((x & 0x7fffu) << 13) * 0x1p112f) | ((x & 0x8000u) << 16));
-  hi = __uint_as_float(__float_as_uint(__uint_as_float((x >> 3) & 0x0fffe000u) * 0x1p112f) | (x & 0x80000000u));
 }
 
 // Zeroes mma accumulators [token tiles][16-row slices][4].

@@ -1,7 +1,7 @@
 // The Q8_0 streaming layout (MoeRepackQ8; read by the kernels of moe_stream.cuh with kQ8): where
 // each int8 code and fp16 block scale of a repacked matrix sits. The repack (moe_q8_stream.cu)
 // writes through these functions and the kernels read through them, and
-// tests/kernels/moe_q8_stream_layout_test.cc checks on the CPU that a product computed with them
+// tests/kernels/moe_stream_layout_test.cc checks on the CPU that a product computed with them
 // and the m16n8k16 fragment rules of the PTX ISA is W · x.
 //
 // A matrix [rows, cols] (rows % 16 == 0, cols % 256 == 0) is cut into 16-row slices and 256-column

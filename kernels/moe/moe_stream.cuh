@@ -170,7 +170,6 @@ __device__ __forceinline__ const WeightRef& SliceOf(const MoeExpertWeights& ew, 
 template <int M, int NT, int CW>
 __device__ __forceinline__ void ComputeStageE2m1(const uint8_t* sb, int warp, int lane, bool mx,
                                                  float (&acc)[NT][M][4]) {
-  constexpr uint32_t k2p119 = 0x7B007B00u;
   const int g = lane >> 2, c = lane & 3;
 #pragma unroll
   for (int q = 0; q < kQuads; ++q) {
@@ -182,11 +181,7 @@ __device__ __forceinline__ void ComputeStageE2m1(const uint8_t* sb, int warp, in
       wd[m] = Lds128(sb + l * SliceData<false>() + (q * 32 + lane) * 16);
       const uint32_t sc = *reinterpret_cast<const uint32_t*>(sb + StageA<false>(CW, M) + l * kSliceScale +
                                                              lane * (2 * kQuads) + (q >> 1) * 4);
-      const uint32_t pair = __byte_perm(sc, 0, (q & 1) == 0 ? 0x4140 : 0x4342);  // rows g, g+8
-      // e4m3 · 2^-120 per half, times 2^238; or the e8m0 scale's bf16 exponent put in place
-      const uint32_t both = mx ? pair << 7 : MulBf16x2(MulBf16x2(pair << 4, k2p119), k2p119);
-      s2[m][0] = __byte_perm(both, 0, 0x1010);
-      s2[m][1] = __byte_perm(both, 0, 0x3232);
+      E2m1ScalePair(sc, q, mx, s2[m]);
     }
     uint4 bq[NT][2];
 #pragma unroll
@@ -234,10 +229,7 @@ __device__ __forceinline__ void ComputeStageQ8(const uint8_t* sb, int warp, int 
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       const uint4 v = Lds128(sb + (warp * M + m) * SliceData<true>() + Q8StreamLaneCodes(b, lane));
-      I8x4ToBf16(v.x, a[m][0][0], a[m][0][2]);  // row g, columns 8c .. 8c + 3: step 0
-      I8x4ToBf16(v.z, a[m][0][1], a[m][0][3]);  // row g + 8
-      I8x4ToBf16(v.y, a[m][1][0], a[m][1][2]);  // columns 8c + 4 .. 8c + 7: step 1
-      I8x4ToBf16(v.w, a[m][1][1], a[m][1][3]);
+      Q8LaneFragments(v.x, v.y, v.z, v.w, a[m]);
       const uint32_t sc = *reinterpret_cast<const uint32_t*>(scales + (warp * M + m) * kSliceScale +
                                                              Q8StreamLaneScales(b / 2, lane) + 4 * (b % 2));
       F16x2ToF32(sc, d[m][0], d[m][1]);

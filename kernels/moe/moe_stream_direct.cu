@@ -101,10 +101,7 @@ struct Direct {
       for (int b = 0; b < kCols / 32; ++b) {
         const uint4 v = *reinterpret_cast<const uint4*>(sb + Q8StreamLaneCodes(b, lane));
         uint32_t a[2][4];
-        I8x4ToBf16(v.x, a[0][0], a[0][2]);  // row g, columns 8c .. 8c + 3: step 0
-        I8x4ToBf16(v.z, a[0][1], a[0][3]);  // row g + 8
-        I8x4ToBf16(v.y, a[1][0], a[1][2]);  // columns 8c + 4 .. 8c + 7: step 1
-        I8x4ToBf16(v.w, a[1][1], a[1][3]);
+        Q8LaneFragments(v.x, v.y, v.z, v.w, a);
         const uint32_t sc =
             *reinterpret_cast<const uint32_t*>(sb + kData<kQ8> + Q8StreamLaneScales(b / 2, lane) + 4 * (b % 2));
         float dg, d8;  // rows g and g + 8
@@ -121,14 +118,13 @@ struct Direct {
       }
       return;
     }
-    constexpr uint32_t k2p119 = 0x7B007B00u;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const uint4 wd = *reinterpret_cast<const uint4*>(sb + (q * 32 + lane) * 16);
       const uint32_t sc = *reinterpret_cast<const uint32_t*>(sb + kData<kQ8> + lane * 8 + (q >> 1) * 4);
-      const uint32_t pr = __byte_perm(sc, 0, (q & 1) == 0 ? 0x4140 : 0x4342);  // rows g, g+8
-      const uint32_t both = w.stream_mx ? pr << 7 : MulBf16x2(MulBf16x2(pr << 4, k2p119), k2p119);
-      const uint32_t s2a = __byte_perm(both, 0, 0x1010), s2b = __byte_perm(both, 0, 0x3232);
+      uint32_t s2[2];  // rows g, g + 8
+      E2m1ScalePair(sc, q, w.stream_mx, s2);
+      const uint32_t s2a = s2[0], s2b = s2[1];
       const uint4* bp = reinterpret_cast<const uint4*>(brow + q * 64 + 16 * c);
       const uint4 bq[2] = {__ldg(bp), __ldg(bp + 1)};
 #pragma unroll
