@@ -306,9 +306,9 @@ cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStr
 namespace {
 
 // MoeRepackNvfp4 / MoeRepackMxfp4 / MoeRepackQ8: the checks, the launch and the dense NVFP4-format
-// view (code_bits 4, or 8 for Q8_0's int8 codes).
+// view (code_bits 4, or 8 for Q8_0's int8 codes; scale bytes a row: cols / scale_cols).
 absl::StatusOr<WeightRef> Repack(const char* name, bool eligible, const char* need, const WeightRef& src,
-                                 void* dst_data, void* dst_scale, float scale2, int code_bits,
+                                 void* dst_data, void* dst_scale, float scale2, int code_bits, int scale_cols,
                                  cudaError_t (*launch)(const WeightRef&, void*, void*, cudaStream_t),
                                  GpuStream stream) {
   if (!eligible) {
@@ -328,7 +328,7 @@ absl::StatusOr<WeightRef> Repack(const char* name, bool eligible, const char* ne
   r.data = static_cast<const uint8_t*>(dst_data);
   r.row_stride_bytes = src.cols * code_bits / 8;
   r.scale = static_cast<const uint8_t*>(dst_scale);
-  r.scale_row_stride = src.cols / 16;
+  r.scale_row_stride = src.cols / scale_cols;
   r.scale2 = scale2;
   return r;
 }
@@ -338,19 +338,19 @@ absl::StatusOr<WeightRef> Repack(const char* name, bool eligible, const char* ne
 absl::StatusOr<WeightRef> MoeRepackNvfp4(const WeightRef& src, void* dst_data, void* dst_scale, GpuStream stream) {
   return Repack("MoeRepackNvfp4", MoeRepackNvfp4Eligible(src),
                 "an NVFP4 view with rows % 16 == 0, cols % 256 == 0 and col_offset % 16 == 0", src, dst_data, dst_scale,
-                src.scale2, 4, LaunchMoeRepackNvfp4, stream);
+                src.scale2, 4, 16, LaunchMoeRepackNvfp4, stream);
 }
 
 absl::StatusOr<WeightRef> MoeRepackMxfp4(const WeightRef& src, void* dst_data, void* dst_scale, GpuStream stream) {
   return Repack("MoeRepackMxfp4", MoeRepackMxfp4Eligible(src),
                 "an MXFP4 view with rows % 16 == 0, cols % 256 == 0 and col_offset % 32 == 0", src, dst_data, dst_scale,
-                1.0f, 4, LaunchMoeRepackMxfp4, stream);
+                1.0f, 4, 32, LaunchMoeRepackMxfp4, stream);
 }
 
 absl::StatusOr<WeightRef> MoeRepackQ8(const WeightRef& src, void* dst_data, void* dst_scale, GpuStream stream) {
   return Repack("MoeRepackQ8", MoeRepackQ8Eligible(src),
                 "a Q8_0 view with rows % 16 == 0, cols % 256 == 0 and col_offset % 32 == 0", src, dst_data, dst_scale,
-                1.0f / 256, 8, LaunchMoeRepackQ8, stream);
+                1.0f / 256, 8, 16, LaunchMoeRepackQ8, stream);
 }
 
 bool MoeQ8Repackable(const WeightRef& view) { return MoeRepackQ8Eligible(view); }

@@ -64,9 +64,10 @@ uint32_t MoeExpertFormats(const MoeExpertWeights* experts, int num_local_experts
 // MoeExpertParams::expert_formats. `src` may be freed once the stream has run the repack.
 absl::StatusOr<WeightRef> MoeRepackNvfp4(const WeightRef& src, void* dst_data, void* dst_scale, GpuStream stream);
 
-// The same for an MXFP4 matrix (col_offset % 32 == 0, rows % 16 == 0, cols % 256 == 0): the
-// returned view has format NVFP4 and scale2 1 and is read by the streaming kernels only when
-// kMoeMxfp4Repacked is set beside kMoeNvfp4Repacked. Exact when MoeMxfp4Repackable says so.
+// The same for an MXFP4 matrix (col_offset % 32 == 0, rows % 16 == 0, cols % 256 == 0), with
+// dst_scale rows · cols / 32 bytes (one scale a 32-column block, as stored): the returned view has
+// format NVFP4 and scale2 1 and is read by the streaming kernels only when kMoeMxfp4Repacked is set
+// beside kMoeNvfp4Repacked. Exact when MoeMxfp4Repackable says so.
 absl::StatusOr<WeightRef> MoeRepackMxfp4(const WeightRef& src, void* dst_data, void* dst_scale, GpuStream stream);
 // Whether MoeRepackMxfp4 takes each of views[0..n) exactly: its shape qualifies and every e8m0
 // block scale is in [2^-124, 2^9]. Reads the scales on the device and synchronizes `stream` once

@@ -25,8 +25,10 @@
 // block scale · 2^118 (one bf16x2 multiply) → e2m1 · scale · 2^-8; the epilogue multiplies
 // by scale2 · 2^8.
 //
-// MXFP4 (MoeRepackMxfp4): the same codes (e2m1) in the same layout; each 16-column block's
-// scale byte is its 32-column block's e8m0 exponent s as the biased bf16 exponent of
+// MXFP4 (MoeRepackMxfp4): the same codes (e2m1) in the same layout; the scales 128 bytes a
+// chunk, one a 32-column block, the word that lanes c and c ^ 1 share at (g · 2 + c / 2) · 8
+// (moe_stream_decode.h E2m1ScaleWord; 4.25 bits a weight, as stored). A scale byte is the
+// block's e8m0 exponent s as the biased bf16 exponent of
 // 2^(s-127) · 2^118, i.e. s + 118 (MoeWork::stream_mx: the consumers shift it into place
 // instead of converting e4m3), and scale2 is 1. Exact for 3 ≤ s ≤ 136 (the scale times the
 // smallest code stays a bf16 subnormal or above, the bf16 exponent below 255), which the
@@ -179,8 +181,8 @@ __device__ __forceinline__ void ComputeStageE2m1(const uint8_t* sb, int warp, in
     for (int m = 0; m < M; ++m) {
       const int l = warp * M + m;
       wd[m] = Lds128(sb + l * SliceData<false>() + (q * 32 + lane) * 16);
-      const uint32_t sc = *reinterpret_cast<const uint32_t*>(sb + StageA<false>(CW, M) + l * kSliceScale +
-                                                             lane * (2 * kQuads) + (q >> 1) * 4);
+      const uint32_t sc =
+          *reinterpret_cast<const uint32_t*>(sb + StageA<false>(CW, M) + l * kSliceScale + E2m1ScaleWord(lane, q, mx));
       E2m1ScalePair(sc, q, mx, s2[m]);
     }
     uint4 bq[NT][2];
@@ -506,12 +508,14 @@ __global__ void __launch_bounds__(Threads(CW), kMinBlocks<CW, kQ8>)
       GetItem(w, per_tile, item, e, it);
       const MoeExpertWeights& ew = p.experts[it.e];
       const uint8_t *dsrc = nullptr, *ssrc = nullptr, *bsrc = nullptr;
+      // A slice's scale bytes a chunk: Q8_0's fp16, NVFP4's e4m3 a 16 columns, MXFP4's e8m0 a 32.
+      const uint32_t sbytes = kQ8 ? kSliceScale : E2m1ScaleBytes(w.stream_mx);
       if (lane < CW * M) {
         int64_t row;
         const WeightRef& wr = SliceOf<kGateUp, M, CW>(ew, it.rb, lane, row);
         const int64_t idx = (row / 16) * (wr.cols / kKc);
         dsrc = wr.data + idx * SliceData<kQ8>();
-        ssrc = wr.scale + idx * kSliceScale;
+        ssrc = wr.scale + idx * sbytes;
       }
       if (lane < it.ntok) {
         const int32_t r = it.row0 + lane;
@@ -519,7 +523,7 @@ __global__ void __launch_bounds__(Threads(CW), kMinBlocks<CW, kQ8>)
                                                           static_cast<int64_t>(w.rows[r] / p.top_k) * p.width)
                        : reinterpret_cast<const uint8_t*>(static_cast<const uint16_t*>(w.h) + int64_t{r} * p.inter);
       }
-      const uint32_t bytes = CW * M * (SliceData<kQ8>() + kSliceScale) + it.ntok * kKc * 2;
+      const uint32_t bytes = CW * M * (SliceData<kQ8>() + sbytes) + it.ntok * kKc * 2;
       for (int kc = kc0; kc < kc1; ++kc) {
         MbarrierWait(&ring.empty[ring.stage], ring.phase ^ 1);
         uint64_t* full = &ring.full[ring.stage];
@@ -533,8 +537,7 @@ __global__ void __launch_bounds__(Threads(CW), kMinBlocks<CW, kQ8>)
         uint8_t* sb = ring.stages + ring.stage * StageBytes<kQ8>(CW, M);
         if (dsrc) {
           BulkCopyToShared(sb + lane * SliceData<kQ8>(), dsrc + int64_t{kc} * SliceData<kQ8>(), SliceData<kQ8>(), full);
-          BulkCopyToShared(sb + StageA<kQ8>(CW, M) + lane * kSliceScale, ssrc + int64_t{kc} * kSliceScale, kSliceScale,
-                           full);
+          BulkCopyToShared(sb + StageA<kQ8>(CW, M) + lane * kSliceScale, ssrc + int64_t{kc} * sbytes, sbytes, full);
         }
         if (bsrc) {
           BulkCopyToShared(sb + StageA<kQ8>(CW, M) + StageS(CW, M) + lane * BRow<kQ8>(), bsrc + int64_t{kc} * kKc * 2,

@@ -18,10 +18,19 @@ namespace moeshard::gpu {
 // ---- e2m1 (NVFP4, MXFP4) ------------------------------------------------------------------
 // The layout: moe_stream.cuh's header. A chunk (16 rows × 256 columns) is 512 words of codes:
 // word (q · 32 + lane) · 4 + wi holds, for quad q and lane (g, c), the 8 codes of row g + 8·(wi & 1),
-// columns 64q + 16c + 8·(wi >> 1) .. + 7, bits shuffled (E2m1RepackBit); and 32 words of scales:
-// word lane · 2 + q / 2 holds the scale bytes of (quad q, row g), (q, g + 8), (q + 1, g),
-// (q + 1, g + 8) for even q.
+// columns 64q + 16c + 8·(wi >> 1) .. + 7, bits shuffled (E2m1RepackBit); and a lane's scale word
+// for each pair of quads (q even) holding the scale bytes of (quad q, row g), (q, g + 8), (q + 1,
+// g), (q + 1, g + 8) for the lane's 16 columns, at E2m1ScaleWord: NVFP4's 64 words a chunk (one
+// per lane and pair), MXFP4's 32 (lanes c and c ^ 1 share their 32-column block and its word).
 constexpr int kE2m1ChunkWords = 512;
+
+// Scale bytes of a 16-row × 256-column chunk: NVFP4 one per 16 columns, MXFP4 one per 32.
+MOESHARD_LANE_HD constexpr int E2m1ScaleBytes(bool mx) { return mx ? 128 : 256; }
+
+// Byte offset, in a chunk's scales, of lane `lane`'s word for quads q & ~1 and q | 1.
+MOESHARD_LANE_HD constexpr int E2m1ScaleWord(int lane, int q, bool mx) {
+  return mx ? (((lane >> 2) * 2 + ((lane & 3) >> 1)) * 2 + (q >> 1)) * 4 : lane * 8 + (q >> 1) * 4;
+}
 
 // The 4 bf16x2 slots of a repacked word, times s2 (moe_device.cuh: e2m1 · 2^-126 · s2).
 // Six LOP3 (the ALU pipe, the one that bounds this loop) and five shifts written as integer
@@ -100,14 +109,14 @@ MOESHARD_LANE_HD void E2m1RepackWord(const WeightRef& src, int64_t o, uint32_t* 
 #endif
   for (int bit = 0; bit < 32; ++bit) out |= ((in >> E2m1RepackBit(bit)) & 1u) << bit;
   dst_data[o] = out;
-  if (wi == 0 && (q & 1) == 0) {  // the lane's scale bytes of quads q, q + 1
+  if (wi == 0 && (q & 1) == 0 && (!kMx || (c & 1) == 0)) {  // the lane's scale bytes of quads q, q + 1
     uint32_t sc = 0;
     for (int i = 0; i < 4; ++i) {
       const int qq = q + (i >> 1), hh = i & 1;
       const int64_t r = 16 * s + g + 8 * hh, col16 = src.col_offset + kc * 256 + qq * 64 + 16 * c;
       sc |= E2m1StoredScale<kMx>(src, r, col16) << (8 * i);
     }
-    dst_scale[(chunk * 32 + ln) * 2 + q / 2] = sc;
+    dst_scale[(chunk * E2m1ScaleBytes(kMx) + E2m1ScaleWord(ln, q, kMx)) / 4] = sc;
   }
 }
 

@@ -80,12 +80,14 @@ struct Direct {
 
   // Chunk kc of unit (pair, rt) into this warp's buffer `buf` (no bytes for another GPU's pair).
   __device__ __forceinline__ void Stage(uint32_t buf, uint64_t* bar, int e, int64_t rt, int kc) const {
-    if (lane == 0) MbarrierArriveExpectTx(bar, e >= 0 ? kStage<kQ8> : 0);
+    // Scale bytes a chunk: Q8_0's fp16 a 32 columns, NVFP4's e4m3 a 16, MXFP4's e8m0 a 32.
+    const uint32_t sbytes = kQ8 ? kScale : E2m1ScaleBytes(w.stream_mx);
+    if (lane == 0) MbarrierArriveExpectTx(bar, e >= 0 ? kData<kQ8> + sbytes : 0);
     if (e >= 0 && lane < 2) {
       const Views& v = tab[e];
       const int64_t idx = FirstRow(rt) / 16 * v.chunks[slice] + kc;
       if (lane == 0) BulkCopyToShared(smem + buf, v.data[slice] + idx * kData<kQ8>, kData<kQ8>, bar);
-      if (lane == 1) BulkCopyToShared(smem + buf + kData<kQ8>, v.scale[slice] + idx * kScale, kScale, bar);
+      if (lane == 1) BulkCopyToShared(smem + buf + kData<kQ8>, v.scale[slice] + idx * sbytes, sbytes, bar);
     }
   }
 
@@ -121,7 +123,7 @@ struct Direct {
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const uint4 wd = *reinterpret_cast<const uint4*>(sb + (q * 32 + lane) * 16);
-      const uint32_t sc = *reinterpret_cast<const uint32_t*>(sb + kData<kQ8> + lane * 8 + (q >> 1) * 4);
+      const uint32_t sc = *reinterpret_cast<const uint32_t*>(sb + kData<kQ8> + E2m1ScaleWord(lane, q, w.stream_mx));
       uint32_t s2[2];  // rows g, g + 8
       E2m1ScalePair(sc, q, w.stream_mx, s2);
       const uint32_t s2a = s2[0], s2b = s2[1];

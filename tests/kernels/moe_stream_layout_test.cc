@@ -85,13 +85,13 @@ void EmulateE2m1(const Repacked& rp, int64_t s, bool mx, float scale2, const std
   double D[16][8] = {};
   for (int64_t kc = 0; kc < rp.chunks; ++kc) {
     const uint8_t* sb = rp.codes.data() + (s * rp.chunks + kc) * 2048;
-    const uint8_t* ss = rp.scales.data() + (s * rp.chunks + kc) * 256;
+    const uint8_t* ss = rp.scales.data() + (s * rp.chunks + kc) * E2m1ScaleBytes(mx);
     for (int q = 0; q < 4; ++q) {
       uint32_t ag[32][2][4], ag8[32][2][4], bq[32][2][4];  // [lane][jw][...]
       for (int lane = 0; lane < 32; ++lane) {
         const Words4 wd = Load16(sb + (q * 32 + lane) * 16);
         uint32_t sc, s2[2];
-        std::memcpy(&sc, ss + lane * 8 + (q >> 1) * 4, 4);
+        std::memcpy(&sc, ss + E2m1ScaleWord(lane, q, mx), 4);
         E2m1ScalePair(sc, q, mx, s2);
         DecodeRepacked(wd.x, s2[0], ag[lane][0]);
         DecodeRepacked(wd.y, s2[1], ag8[lane][0]);
@@ -196,7 +196,9 @@ WeightRef View(WeightFormat f, const std::vector<uint8_t>& data, int64_t stride)
 
 template <bool kMx>
 Repacked RepackE2m1(const WeightRef& v) {
-  Repacked rp{std::vector<uint8_t>(v.rows * v.cols / 2), std::vector<uint8_t>(v.rows * v.cols / 16), v.cols / 256};
+  // Every scale byte is written: the buffer starts poisoned (a NaN scale for NVFP4, 2^128 for MXFP4).
+  Repacked rp{std::vector<uint8_t>(v.rows * v.cols / 2), std::vector<uint8_t>(v.rows * v.cols / (kMx ? 32 : 16), 0xFF),
+              v.cols / 256};
   for (int64_t o = 0; o < v.rows * v.cols / 8; ++o) {
     E2m1RepackWord<kMx>(v, o, reinterpret_cast<uint32_t*>(rp.codes.data()),
                         reinterpret_cast<uint32_t*>(rp.scales.data()));

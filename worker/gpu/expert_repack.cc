@@ -51,10 +51,11 @@ absl::StatusOr<uint32_t> RepackExperts(std::vector<MoeExpertWeights>& ex, Device
   const WeightFormat f = ex.empty() ? WeightFormat::kNVFP4 : ex[0].gate.format;
   for (MoeExpertWeights& e : ex) {
     for (WeightRef* w : {&e.gate, &e.up, &e.down}) {
-      // Codes: 4 bits a weight (8 for Q8_0); scales: one byte per 16 weights (Q8_0: 2 per 32).
-      const int code_bits = f == WeightFormat::kQ8_0 ? 8 : 4;
+      // Codes: 4 bits a weight (8 for Q8_0); scales: one byte per 16 weights (Q8_0: 2 per 32;
+      // MXFP4: 1 per 32).
+      const int code_bits = f == WeightFormat::kQ8_0 ? 8 : 4, scale_div = f == WeightFormat::kMXFP4 ? 32 : 16;
       ASSIGN_OR_RETURN(void* data, pool.Alloc(static_cast<size_t>(w->rows * w->cols * code_bits / 8)));
-      ASSIGN_OR_RETURN(void* scale, pool.Alloc(static_cast<size_t>(w->rows * w->cols / 16)));
+      ASSIGN_OR_RETURN(void* scale, pool.Alloc(static_cast<size_t>(w->rows * w->cols / scale_div)));
       if (f == WeightFormat::kMXFP4) {
         ASSIGN_OR_RETURN(*w, MoeRepackMxfp4(*w, data, scale, stream));
       } else if (f == WeightFormat::kQ8_0) {
