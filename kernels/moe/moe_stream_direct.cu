@@ -82,12 +82,15 @@ struct Direct {
   __device__ __forceinline__ void Stage(uint32_t buf, uint64_t* bar, int e, int64_t rt, int kc) const {
     // Scale bytes a chunk: Q8_0's fp16 a 32 columns, NVFP4's e4m3 a 16, MXFP4's e8m0 a 32.
     const uint32_t sbytes = kQ8 ? kScale : E2m1ScaleBytes(w.stream_mx);
-    if (lane == 0) MbarrierArriveExpectTx(bar, e >= 0 ? kData<kQ8> + sbytes : 0);
-    if (e >= 0 && lane < 2) {
+    // One lane: the byte count is expected before either copy is issued (the stream kernels'
+    // producer does the same with a __syncwarp between; here lane 0 alone keeps the order).
+    if (lane != 0) return;
+    MbarrierArriveExpectTx(bar, e >= 0 ? kData<kQ8> + sbytes : 0);
+    if (e >= 0) {
       const Views& v = tab[e];
       const int64_t idx = FirstRow(rt) / 16 * v.chunks[slice] + kc;
-      if (lane == 0) BulkCopyToShared(smem + buf, v.data[slice] + idx * kData<kQ8>, kData<kQ8>, bar);
-      if (lane == 1) BulkCopyToShared(smem + buf + kData<kQ8>, v.scale[slice] + idx * sbytes, sbytes, bar);
+      BulkCopyToShared(smem + buf, v.data[slice] + idx * kData<kQ8>, kData<kQ8>, bar);
+      BulkCopyToShared(smem + buf + kData<kQ8>, v.scale[slice] + idx * sbytes, sbytes, bar);
     }
   }
 
