@@ -136,9 +136,14 @@ def fault_under_load(cluster, mode, base, kind, pid, sig):
 
 
 def burst(cluster, mode):
-    """Fills the coordinator (8 running + 48 queued), then sends 30 more from 6 clients."""
-    fill, fill_results = run_parallel(cluster, [body(PROMPTS[i % 8], 96, False) for i in range(56)], stagger_s=0.005)
-    time.sleep(0.5)
+    """Fills the coordinator (8 running + 48 queued), then sends 30 more from 6 clients.
+
+    The fill's requests are long (240 tokens) and the burst follows 0.2 s after the last is sent, so
+    that no running request has finished — and freed a queue slot — before the burst arrives, however
+    fast the machine decodes (with 96 tokens and 0.5 s, a fast run freed enough slots to queue the
+    whole burst: 0 refused, 2026-12-05)."""
+    fill, fill_results = run_parallel(cluster, [body(PROMPTS[i % 8], 240, False) for i in range(56)], stagger_s=0.005)
+    time.sleep(0.2)
     burst_results = [[] for _ in range(6)]
 
     def client(k):
