@@ -22,7 +22,9 @@
 #   ../shared/tools/device-bundle.sh .device/bundle build/moeshard build/moeshard-*, and run
 #   `source .device/bundle/env.sh; bash bench/vs_llamacpp.sh ...` there.
 # --work: models, logs and the llama.cpp build (default /tmp/vs-llamacpp); --llama-dir: a
-#   folder with llama-server and llama-bench already built (skips the build).
+#   folder with the llama.cpp programs this run's phases use already built (skips the build):
+#   llama-server for the serve and --long runs, llama-bench unless --no-llama-bench,
+#   llama-batched-bench unless --no-bench-model (e.g. built on the CPU machine for 90a and carried).
 # --out: the table (table.txt), summary.json and each run's JSON (default WORK/out).
 # --cpu-smoke: the plumbing on a CPU: a tiny synthetic model, moeshard only, short runs.
 # --step-tokens: moeshard's --max-tokens-per-step for the serve runs (default: `up`'s, 4096 on a GPU).
@@ -131,8 +133,15 @@ fi
 # llama.cpp, built once into WORK/llama (the build takes ~5 min on 16 cores).
 if has "$engines" llamacpp; then
   llama_dir=${llama_dir:-$work/llama/build/bin}
-  if [ ! -x "$llama_dir/llama-server" ] || [ ! -x "$llama_dir/llama-bench" ]; then
-    [ $skip_build = 0 ] || die "--skip-build but $llama_dir has no llama-server/llama-bench"
+  # The programs this run's phases use (a prebuilt folder may hold only those).
+  needed=()
+  { [ $do_serve = 1 ] || [ -n "$long" ]; } && needed+=(llama-server)
+  [ $llama_bench = 1 ] && needed+=(llama-bench)
+  [ $bench_model = 1 ] && needed+=(llama-batched-bench)
+  missing=()
+  for prog in "${needed[@]}"; do [ -x "$llama_dir/$prog" ] || missing+=("$prog"); done
+  if [ ${#missing[@]} -gt 0 ]; then
+    [ $skip_build = 0 ] || die "--skip-build but $llama_dir has no ${missing[*]}"
     tar=$shared/peers/llama.cpp-src.tar.xz
     [ -f "$tar" ] || die "no $tar"
     log "building llama.cpp in $work/llama (log: $work/llama-build.log)"
