@@ -66,6 +66,21 @@ __device__ __forceinline__ void DecodeNvfp4Word(uint32_t w, uint32_t s2, uint32_
   out[3] = MulBf16x2(((w >> 6) & kMag) | (w & kSign), s2);
 }
 
+// The direct kernels' split-K block reduction (moe_direct.cu, moe_stream_direct.cu): warp
+// (slice, quarter) stores its four accumulators into `red` ([slice][quarter][element][lane]
+// floats); after a block barrier, QuarterSum adds element q of slice m over the 4 quarters in
+// order (the same sums whichever warp finishes first).
+__device__ __forceinline__ void StoreQuarter(float* red, int slice, int quarter, int lane, const float (&acc)[4]) {
+#pragma unroll
+  for (int q = 0; q < 4; ++q) red[((slice * 4 + quarter) * 4 + q) * 32 + lane] = acc[q];
+}
+__device__ __forceinline__ float QuarterSum(const float* red, int m, int q, int lane) {
+  float s = 0.f;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) s += red[((m * 4 + k) * 4 + q) * 32 + lane];
+  return s;
+}
+
 // Zeroes mma accumulators [token tiles][16-row slices][4].
 template <int M, int NT>
 __device__ __forceinline__ void ZeroAcc(float (&acc)[NT][M][4]) {

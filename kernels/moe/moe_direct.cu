@@ -324,18 +324,11 @@ __device__ __forceinline__ void RunDirect(const MoeExpertParams& p, const MoeWor
   // red[slice][quarter][q][lane]; warp q < 4 finishes accumulator element q of both slices,
   // summing the quarters in order (RunTask's order: the same floats, the same sums).
   float* red = reinterpret_cast<float*>(smem);
-#pragma unroll
-  for (int q = 0; q < 4; ++q) red[((slice * 4 + quarter) * 4 + q) * 32 + lane] = acc[q];
+  StoreQuarter(red, slice, quarter, lane, acc);
   __syncthreads();
   const int q = warp;
   if (q >= 4 || c != 0 || (q & 1)) return;  // one token: column 0 of the n8 tile
-  float s[2];
-#pragma unroll
-  for (int m = 0; m < 2; ++m) {
-    s[m] = 0.f;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) s[m] += red[((m * 4 + k) * 4 + q) * 32 + lane];
-  }
+  const float s[2] = {QuarterSum(red, 0, q, lane), QuarterSum(red, 1, q, lane)};
   const int64_t r = g + ((q & 2) ? 8 : 0);
   if constexpr (kGateUp) {
     const float gv = RoundBf16(s[0]), uv = RoundBf16(s[1]);

@@ -121,24 +121,24 @@ struct Direct {
         acc[2] = fmaf(part[2], d8, acc[2]);
         acc[3] = fmaf(part[3], d8, acc[3]);
       }
-      return;
-    }
+    } else {  // e2m1 (NVFP4, MXFP4)
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const uint4 wd = *reinterpret_cast<const uint4*>(sb + (q * 32 + lane) * 16);
-      const uint32_t sc = *reinterpret_cast<const uint32_t*>(sb + kData<kQ8> + E2m1ScaleWord(lane, q, w.stream_mx));
-      uint32_t s2[2];  // rows g, g + 8
-      E2m1ScalePair(sc, q, w.stream_mx, s2);
-      const uint32_t s2a = s2[0], s2b = s2[1];
-      const uint4* bp = reinterpret_cast<const uint4*>(brow + q * 64 + 16 * c);
-      const uint4 bq[2] = {__ldg(bp), __ldg(bp + 1)};
+      for (int q = 0; q < 4; ++q) {
+        const uint4 wd = *reinterpret_cast<const uint4*>(sb + (q * 32 + lane) * 16);
+        const uint32_t sc = *reinterpret_cast<const uint32_t*>(sb + kData<kQ8> + E2m1ScaleWord(lane, q, w.stream_mx));
+        uint32_t s2[2];  // rows g, g + 8
+        E2m1ScalePair(sc, q, w.stream_mx, s2);
+        const uint32_t s2a = s2[0], s2b = s2[1];
+        const uint4* bp = reinterpret_cast<const uint4*>(brow + q * 64 + 16 * c);
+        const uint4 bq[2] = {__ldg(bp), __ldg(bp + 1)};
 #pragma unroll
-      for (int jw = 0; jw < 2; ++jw) {
-        uint32_t ag[4], ag8[4];
-        DecodeRepacked(jw == 0 ? wd.x : wd.z, s2a, ag);
-        DecodeRepacked(jw == 0 ? wd.y : wd.w, s2b, ag8);
-        MmaBf16(acc, ag[0], ag8[0], ag[1], ag8[1], bq[jw].x, bq[jw].y);
-        MmaBf16(acc, ag[2], ag8[2], ag[3], ag8[3], bq[jw].z, bq[jw].w);
+        for (int jw = 0; jw < 2; ++jw) {
+          uint32_t ag[4], ag8[4];
+          DecodeRepacked(jw == 0 ? wd.x : wd.z, s2a, ag);
+          DecodeRepacked(jw == 0 ? wd.y : wd.w, s2b, ag8);
+          MmaBf16(acc, ag[0], ag8[0], ag[1], ag8[1], bq[jw].x, bq[jw].y);
+          MmaBf16(acc, ag[2], ag8[2], ag[3], ag8[3], bq[jw].z, bq[jw].w);
+        }
       }
     }
   }
@@ -148,19 +148,11 @@ struct Direct {
   __device__ __forceinline__ void Finish(int e, int64_t pair, int64_t rt, const float (&acc)[4]) const {
     float* red = reinterpret_cast<float*>(smem + kRedOffset<kQ8>);
     const int quarter = warp & 3;
-#pragma unroll
-    for (int q = 0; q < 4; ++q) red[((slice * 4 + quarter) * 4 + q) * 32 + lane] = acc[q];
+    StoreQuarter(red, slice, quarter, lane, acc);
     __syncthreads();
     const int q = warp;
     if (e >= 0 && q < 4 && c == 0 && (q & 1) == 0) {
-      float s[2];
-#pragma unroll
-      for (int m = 0; m < 2; ++m) {
-        s[m] = 0.f;
-#pragma unroll
-        for (int k = 0; k < 4; ++k) s[m] += red[((m * 4 + k) * 4 + q) * 32 + lane];
-        s[m] *= tab[e].fin[m];
-      }
+      const float s[2] = {QuarterSum(red, 0, q, lane) * tab[e].fin[0], QuarterSum(red, 1, q, lane) * tab[e].fin[1]};
       const int64_t r = g + 8 * (q >> 1);
       if constexpr (kGateUp) {
         const float gv = RoundBf16(s[0]), uv = RoundBf16(s[1]);
