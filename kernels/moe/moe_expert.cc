@@ -25,6 +25,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -178,7 +179,25 @@ bool GemvEnabled() {
   return on;
 }
 
+std::atomic<uint64_t> g_steps{0}, g_stream{0}, g_stream_direct{0}, g_direct{0}, g_wgmma{0}, g_generic{0};
+
+void CountPaths(const MoeWork& w, bool repacked, bool need_generic) {
+  constexpr auto kRelaxed = std::memory_order_relaxed;
+  g_steps.fetch_add(1, kRelaxed);
+  if (repacked) g_stream.fetch_add(1, kRelaxed);
+  if (w.stream_direct) g_stream_direct.fetch_add(1, kRelaxed);
+  if (w.direct && !w.stream_direct) g_direct.fetch_add(1, kRelaxed);
+  if (w.wgmma) g_wgmma.fetch_add(1, kRelaxed);
+  if (need_generic) g_generic.fetch_add(1, kRelaxed);
+}
+
 }  // namespace
+
+MoePathCounts MoeExpertPathCounts() {
+  constexpr auto kRelaxed = std::memory_order_relaxed;
+  return {g_steps.load(kRelaxed),  g_stream.load(kRelaxed), g_stream_direct.load(kRelaxed),
+          g_direct.load(kRelaxed), g_wgmma.load(kRelaxed),  g_generic.load(kRelaxed)};
+}
 
 uint32_t MoeExpertFormats(const MoeExpertWeights* experts, int num_local_experts, int64_t width, int64_t inter) {
   uint32_t bits = kMoeAllViewsFast;
@@ -266,6 +285,7 @@ cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStr
       w.capacity <= kMoeDirectMaxPairs) {
     w.direct = w.stream_direct = true;
   }
+  CountPaths(w, repacked, need_generic);
   using Launch = cudaError_t (*)(const MoeExpertParams&, const MoeWork&, cudaStream_t);
   enum Need { kAlways, kFast, kFastOld, kGemv, kGeneric };
   const struct {

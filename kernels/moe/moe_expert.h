@@ -100,4 +100,17 @@ struct MoeExpertRows {
 };
 absl::StatusOr<MoeExpertRows> MoeExpertStepRows(const MoeExpertParams& p, GpuStream stream);
 
+// How many steps each expert path has enqueued in this process: host-side counts (relaxed
+// atomics, one add a step), for tests and diagnostics — a test run with a path's switch on
+// asserts that the path ran. A captured CUDA graph counts once, at capture.
+struct MoePathCounts {
+  uint64_t steps = 0;          // every MoeExpertStep / MoeExpertStepRows
+  uint64_t stream = 0;         // repacked experts (NVFP4, MXFP4 or Q8_0 streaming layouts)
+  uint64_t stream_direct = 0;  // of those, the direct GEMV over the streaming layout
+  uint64_t direct = 0;         // the direct GEMV over stored blocks (moe_direct.cu)
+  uint64_t wgmma = 0;          // the wgmma GEMMs over expanded weights
+  uint64_t generic = 0;        // the generic kernels (some expert on no fast path)
+};
+MoePathCounts MoeExpertPathCounts();
+
 }  // namespace moeshard::gpu

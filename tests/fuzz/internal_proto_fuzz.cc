@@ -4,6 +4,7 @@
 // slots), or a store entry (the coordinator's bounded store).
 #include "common/comm/kv_store.h"
 #include "proto/moeshard.pb.h"
+#include "tests/fuzz/quiet_protobuf.h"
 #include "worker/service/request_limits.h"
 
 namespace {
@@ -21,6 +22,11 @@ moeshard::ModelConfig Config() {
 }
 
 }  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  moeshard::fuzz::QuietProtobufLogs();
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;

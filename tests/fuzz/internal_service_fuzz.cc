@@ -12,6 +12,8 @@
 // most 20 ms; a generation has a 20 s deadline. A step that broke the worker's group is
 // followed by a real handshake, so that the next input meets a working worker again.
 // Needs $MOESHARD_TESTDATA (tests/fuzz/run.sh sets it).
+#include <grpcpp/grpcpp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -22,9 +24,8 @@
 #include <thread>
 #include <vector>
 
-#include <grpcpp/grpcpp.h>
-
 #include "common/comm/kv_store.h"
+#include "common/model/model_loader.h"
 #include "common/security/internal_grpc.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/engine.h"
@@ -32,7 +33,7 @@
 #include "coordinator/plan.h"
 #include "prometheus/registry.h"
 #include "proto/moeshard.grpc.pb.h"
-#include "common/model/model_loader.h"
+#include "tests/fuzz/quiet_protobuf.h"
 #include "worker/service/worker_service.h"
 
 namespace moeshard {
@@ -63,7 +64,7 @@ struct Server {
 class Harness {
  public:
   Harness() {
-    if (!ConfigureInternalSecurity({kToken}).ok()) Die("cannot configure the cluster credential");
+    if (!ConfigureInternalSecurity({.token = kToken}).ok()) Die("cannot configure the cluster credential");
     const char* testdata = std::getenv("MOESHARD_TESTDATA");
     if (testdata == nullptr) Die("set MOESHARD_TESTDATA (the build's testdata folder)");
     model_path_ = std::string(testdata) + "/qwen3moe-tok";
@@ -267,6 +268,11 @@ class Harness {
 
 }  // namespace
 }  // namespace moeshard
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  moeshard::fuzz::QuietProtobufLogs();
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;

@@ -96,6 +96,8 @@ shard = field(1, 0, 2) + field(2, 0, 4) + field(4, 0, 1) + field(7, 0, 1) + fiel
 handshake = (field(1, 0, 1) + field(2, 2, fingerprint) + field(3, 0, 1) + field(4, 0, 2) + field(5, 2, shard) +
              field(6, 2, b"127.0.0.1:7000") + field(7, 2, b"g1") + field(8, 0, 100) + field(9, 0, 16) + field(10, 0, 60000))
 put("internal_proto_fuzz", "handshake", b"\x00" + handshake)
+# Regression: a KV pool past int64 bytes (the refusal's byte count was once cast out of range).
+put("internal_proto_fuzz", "handshake_huge_pool", b"\x00" + handshake.replace(field(8, 0, 100), field(8, 0, 1 << 62)))
 chunk = field(1, 0, 7) + field(2, 0, 16) + field(3, 2, b"\x01\x02\x03") + field(4, 2, b"\x00\x01") + field(5, 0, 1)
 put("internal_proto_fuzz", "step", b"\x2e" + field(1, 0, 3) + field(2, 2, chunk) + field(2, 2, chunk) + field(3, 2, b"\x05"))
 put("internal_proto_fuzz", "store", b"\x02" + field(1, 2, b"g1/rank/0") + field(2, 2, b"127.0.0.1:5000"))

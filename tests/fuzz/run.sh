@@ -27,7 +27,15 @@ for seeds in "$ROOT"/tests/fuzz/corpus/*/; do
     passed=$((passed + 1))
   else
     echo "FAIL: $name: see $WORK/$name.log"
-    grep -E 'ERROR|SUMMARY|Test unit written' "$WORK/$name.log" | head -5 | sed 's/^/    /'
+    # libFuzzer's and the sanitizers' own lines (not the parsers' logged complaints), then the
+    # input that failed, in base64, so the failure can be replayed from the CI log alone.
+    grep -E '^==[0-9]+==|^SUMMARY|deadly signal|out-of-memory|timeout after|ERROR: libFuzzer|Test unit written' \
+      "$WORK/$name.log" | grep -v libprotobuf | head -12 | sed 's/^/    /'
+    for unit in "$WORK/$name"/crash-* "$WORK/$name"/leak-* "$WORK/$name"/timeout-* "$WORK/$name"/oom-*; do
+      [[ -f $unit ]] || continue
+      echo "    $(basename "$unit") (replay: $bin FILE): $(head -c 4096 "$unit" | base64 -w0)"
+    done
+    tail -5 "$WORK/$name.log" | sed 's/^/    | /'
     failed=$((failed + 1))
   fi
 done

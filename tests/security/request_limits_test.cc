@@ -76,6 +76,18 @@ TEST(ValidateHandshakeTest, TheDefaultLimitStopsAHugeKvPool) {
   EXPECT_EQ(ValidateHandshake(r, c, DefaultWorkerLimits(true)).code(), absl::StatusCode::kResourceExhausted);
 }
 
+// A pool past int64 bytes (found by internal_proto_fuzz: the message's byte count was cast from a
+// double out of range, undefined behaviour) is refused with the count written out.
+TEST(ValidateHandshakeTest, APoolPastInt64BytesIsRefusedAndNamed) {
+  const ModelConfig c = Config();
+  v1::HandshakeRequest r = Good(c);
+  r.set_num_kv_blocks(int64_t{1} << 62);
+  const absl::Status s = ValidateHandshake(r, c, DefaultWorkerLimits(true));
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(std::string(s.message()).find("4611686018427387904 KV blocks need up to "), std::string::npos)
+      << s.message();
+}
+
 v1::ChunkProto Chunk(int64_t seq, int64_t start, int n, std::vector<int32_t> blocks) {
   v1::ChunkProto c;
   c.set_seq_id(seq);

@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/security/cluster_credential.h"
 
 namespace moeshard {
@@ -56,9 +57,10 @@ absl::Status ValidateHandshake(const v1::HandshakeRequest& req, const ModelConfi
              req.block_size();
   }
   if (bytes > static_cast<double>(limits.max_kv_bytes)) {
-    return absl::ResourceExhaustedError(absl::StrCat("handshake: ", req.num_kv_blocks(), " KV blocks need up to ",
-                                                     static_cast<int64_t>(bytes), " bytes, more than this worker's limit of ",
-                                                     limits.max_kv_bytes));
+    // %.0f: the byte count can pass int64's range (a cast would be undefined behaviour).
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("handshake: %d KV blocks need up to %.0f bytes, more than this worker's limit of %d",
+                        req.num_kv_blocks(), bytes, limits.max_kv_bytes));
   }
   return absl::OkStatus();
 }
