@@ -28,8 +28,8 @@
 #       gemv_test runs a second time with MOESHARD_GEMV_MMA_GROUP8=0 (GEMV launches grouped by
 #       the fp32-x count instead of the tensor-core kernel's 8 tokens) as gemv_test-group4, and
 #       moe_expert_test with MOESHARD_MOE_GEMV_SMALL_ALL=0 (both GEMV task classes at every
-#       size) as moe_expert_test-classes, and with MOESHARD_MOE_STREAM_DIRECT=1 as
-#       moe_expert_test-stream-direct.
+#       size) as moe_expert_test-classes, and with MOESHARD_MOE_STREAM_DIRECT=0 (the route and
+#       the streaming kernels at decode sizes) as moe_expert_test-no-stream-direct.
 #       MOESHARD_LANE_PART=checks runs steps 1-3b only, =e2e steps 4-5 only (default all): the
 #       two halves' bundles each fit one device call's 64 MiB beside the tree.
 #       A step that exits 77 (no GPU) is a failure here: the lane runs on a GPU machine. A gtest
@@ -189,11 +189,11 @@ run_lane() {
       run_gtest moe_expert_test "$bin" "$work/moe_expert_test-classes.log" moe_expert_test-classes \
         MOESHARD_MOE_GEMV_SMALL_ALL=0
     fi
-    # The direct GEMV over the repacked layout (kernels/moe/moe_stream_direct.cu), off by default
-    # until it has passed here (ctest's moe_expert_test_stream_direct).
+    # Without the direct GEMV over the repacked layouts (kernels/moe/moe_stream_direct.cu, on by
+    # default): the streaming kernels at decode sizes (ctest's moe_expert_test_no_stream_direct).
     if grep -qx moe_expert_test "$list"; then
-      run_gtest moe_expert_test "$bin" "$work/moe_expert_test-stream-direct.log" moe_expert_test-stream-direct \
-        MOESHARD_MOE_STREAM_DIRECT=1
+      run_gtest moe_expert_test "$bin" "$work/moe_expert_test-no-stream-direct.log" moe_expert_test-no-stream-direct \
+        MOESHARD_MOE_STREAM_DIRECT=0
     fi
   fi
   if [[ $part == all || $part == checks ]]; then

@@ -6,8 +6,8 @@
 #     previous kernels), and in float32;
 #   MXFP4: a make-model Qwen3-MoE GGUF, the same with --expert-layout stream (repacked) against
 #     the default layout (MXFP4 experts as stored, the GEMV kernels);
-#   Q8_0: the same GGUF with Q8_0 experts, --expert-layout stream and MOESHARD_MOE_STREAM_Q8=1
-#     (the int8 streaming layout, kernels/moe/moe_q8_stream.cu) against the default layout.
+#   Q8_0: the same GGUF with Q8_0 experts, --expert-layout stream (the int8 streaming layout,
+#     kernels/moe/moe_q8_stream.cu) against the default layout.
 # Passes when each float32 run matches the CPU (mean KL <= 1e-6) and each repacked bf16 run is
 # as close to the CPU as the unrepacked one (mean KL within 1.5x + 1e-4 of it).
 #   scripts/gpu_repack_check.sh BIN_DIR [TEXT]
@@ -60,7 +60,7 @@ judge mxfp4 "$repack" "$norepack" "$fp32" || fail=1
 "$bin" make-model --arch qwen3_moe --preset small --format gguf --expert-type q8_0 --hidden 512 --intermediate 256 \
   --experts 16 --top-k 4 --layers 2 --seed 11 --out "$work/q8.gguf" > /dev/null || exit 1
 base "$work/q8.gguf" || exit 1
-repack=$(MOESHARD_MOE_STREAM_Q8=1 kl "$work/q8.gguf" 1 bfloat16 stream) || exit 1
+repack=$(kl "$work/q8.gguf" 1 bfloat16 stream) || exit 1
 norepack=$(kl "$work/q8.gguf" 1 bfloat16 auto) || exit 1
 fp32=$(kl "$work/q8.gguf" 1 float32) || exit 1
 judge q8_0 "$repack" "$norepack" "$fp32" || fail=1

@@ -47,10 +47,10 @@ enum class ActPrecision : uint8_t { kFloat32, kBFloat16 };
 // KV cache element type (GPU): kAuto = the activation precision.
 enum class KvDType : uint8_t { kAuto, kFloat32, kBFloat16, kFp8E4M3 };
 // How the GPU backend keeps MoE experts (worker/gpu/expert_repack.h). kAuto: NVFP4 experts
-// repacked for the streaming kernels, MXFP4 as stored (the decode GEMV over the stored blocks is
-// faster at 1-4 streams); kStream: MXFP4 repacked too (faster from 16 streams: a throughput
-// deployment), and Q8_0 when MOESHARD_MOE_STREAM_Q8=1 (its int8 layout has not run on a GPU yet:
-// kernels/moe/moe_q8_stream.cu); kStored: nothing repacked.
+// repacked for the streaming kernels, MXFP4 and Q8_0 as stored (long prompts: the stored blocks'
+// prefill GEMMs on wgmma are faster at 4,096 tokens); kStream: MXFP4 and Q8_0 repacked too (decode
+// faster at every stream count, H200 2026-12-05: the interactive and throughput deployment);
+// kStored: nothing repacked.
 enum class ExpertLayout : uint8_t { kAuto, kStream, kStored };
 
 struct RunnerOptions {

@@ -161,14 +161,23 @@ bool DirectV2Q8Enabled() {
   return on;
 }
 
-// The direct GEMV over the repacked layouts (moe_stream_direct.cu) on request
-// (MOESHARD_MOE_STREAM_DIRECT=1) until it has run on a GPU.
+// The direct GEMV over the repacked layouts (moe_stream_direct.cu); MOESHARD_MOE_STREAM_DIRECT=0
+// turns it off (the route and the streaming kernels at every size).
 bool StreamDirectEnabled() {
   static const bool on = [] {
     const char* v = std::getenv("MOESHARD_MOE_STREAM_DIRECT");
-    return v && std::strcmp(v, "1") == 0;
+    return !(v && std::strcmp(v, "0") == 0);
   }();
   return on;
+}
+
+// Where the direct GEMV over repacked experts beats the route and the streaming kernels (H200,
+// 2026-12-05, docs/PERFORMANCE.md): one token's pairs at any size; more pairs only for experts of
+// at most 2^22 weights a matrix (Qwen3-30B's 2,048 x 768: 1 / 4 tokens 26 / 56 us against 54 / 77,
+// level at 16 and 64), not for larger ones (Muse Spark's 8,192 x 4,096 at 4 tokens: 3.20 ms of
+// experts a step against 2.57).
+bool StreamDirectShape(int64_t pairs, int64_t width, int64_t inter) {
+  return pairs <= 8 || width * inter <= (int64_t{1} << 22);
 }
 
 bool GemvEnabled() {
@@ -282,7 +291,7 @@ cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStr
   w.stream_q8 = repacked && (fmts & kMoeQ8Repacked);
   // Decode sizes of repacked experts: the direct GEMV over the streaming layout, no route.
   if (repacked && w.fast_allowed && !need_generic && DirectEnabled() && StreamDirectEnabled() &&
-      w.capacity <= kMoeDirectMaxPairs) {
+      w.capacity <= kMoeDirectMaxPairs && StreamDirectShape(w.capacity, p.width, p.inter)) {
     w.direct = w.stream_direct = true;
   }
   CountPaths(w, repacked, need_generic);

@@ -54,8 +54,8 @@ struct MoeWork {
   // The repacked streaming kernels read Q8_0's layout (kMoeQ8Repacked: moe_q8_stream.cu).
   bool stream_q8 = false;
   // With direct: the experts are repacked (any layout) and moe_stream_direct.cu's GEMV reads them
-  // in place of the route and the streaming kernels (MOESHARD_MOE_STREAM_DIRECT=1: not yet run on
-  // a GPU, so off by default).
+  // in place of the route and the streaming kernels (moe_expert.cc StreamDirectShape says at which
+  // sizes; MOESHARD_MOE_STREAM_DIRECT=0 turns it off).
   bool stream_direct = false;
   // Prefill-sized steps on Hopper (moe_wgmma.cu): the GEMV/mma path's experts through bf16
   // weights expanded into wexp and warpgroup-MMA GEMMs instead of moe_gemv.cu.

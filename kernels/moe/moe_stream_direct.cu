@@ -15,12 +15,12 @@
 // memory. Each chunk is moe_stream.cuh's ComputeStageE2m1 for one slice and one token, its B
 // fragments (16 consecutive activations a lane and quad) read in place.
 //
-// Written 2026-12-04 after the device time ended: compiled, never run on a GPU, so taken only
-// with MOESHARD_MOE_STREAM_DIRECT=1 (moe_expert_test_stream_direct: moe_expert_test with it, whose
-// "repacked decode" shape is meant for it; then bench-model at 1-8 streams, --expert-layout stream).
 // Q8_0 experts in their int8 layout (kMoeQ8Repacked, moe_q8_stream_layout.h) take the kQ8 kernels:
 // 4,096 code bytes a chunk, each 32-column block's two k16 steps into a fresh accumulator added
-// times the block's fp16 scale, as moe_stream.cuh's ComputeStageQ8 (2026-12-05, likewise unrun).
+// times the block's fp16 scale, as moe_stream.cuh's ComputeStageQ8.
+// First run on the H200 on 2026-12-05 (moe_expert_test, every repacked case; the whole-model KL of
+// scripts/gpu_repack_check.sh): on by default since, at the sizes moe_expert.cc's
+// StreamDirectShape gives; MOESHARD_MOE_STREAM_DIRECT=0 off (ctest moe_expert_test_no_stream_direct).
 #include <algorithm>
 
 #include "kernels/cuda/mbarrier.cuh"

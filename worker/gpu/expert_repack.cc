@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "kernels/moe/moe_expert.h"
 
@@ -16,35 +17,67 @@ bool EnvOff(const char* name) {
 
 }  // namespace
 
+std::string RepackRefusal(WeightFormat format, int64_t width, int64_t inter, ActDType act, RepackPolicy policy) {
+  if (act != ActDType::kBF16) return "float32 activations (the streaming kernels take bf16)";
+  if (width % 256 != 0 || inter % 256 != 0) {
+    return absl::StrCat("hidden ", width, " / expert width ", inter, " not multiples of 256");
+  }
+  if (EnvOff("MOESHARD_MOE_REPACK")) return "MOESHARD_MOE_REPACK=0";
+  const bool asked = (format == WeightFormat::kNVFP4 && policy.nvfp4) ||
+                     (format == WeightFormat::kMXFP4 && policy.mxfp4) || (format == WeightFormat::kQ8_0 && policy.q8);
+  if (!asked) {
+    if (format != WeightFormat::kNVFP4 && format != WeightFormat::kMXFP4 && format != WeightFormat::kQ8_0) {
+      return absl::StrCat(WeightFormatName(format), " experts have no streaming layout");
+    }
+    return absl::StrCat("--expert-layout keeps ", WeightFormatName(format), " experts as stored");
+  }
+  return "";
+}
+
 bool MayRepackExperts(WeightFormat format, int64_t width, int64_t inter, ActDType act, RepackPolicy policy) {
-  if (act != ActDType::kBF16 || width % 256 != 0 || inter % 256 != 0 || EnvOff("MOESHARD_MOE_REPACK")) return false;
-  return (format == WeightFormat::kNVFP4 && policy.nvfp4) || (format == WeightFormat::kMXFP4 && policy.mxfp4) ||
-         (format == WeightFormat::kQ8_0 && policy.q8);
+  return RepackRefusal(format, width, inter, act, policy).empty();
 }
 
 absl::StatusOr<bool> WantRepackExperts(const std::vector<MoeExpertWeights>& ex, int64_t width, int64_t inter,
-                                       ActDType act, RepackPolicy policy, GpuStream stream) {
-  if (ex.empty() || !MayRepackExperts(ex[0].gate.format, width, inter, act, policy)) return false;
+                                       ActDType act, RepackPolicy policy, GpuStream stream, std::string* why) {
+  auto no = [&](std::string reason) {
+    if (why != nullptr) *why = std::move(reason);
+    return false;
+  };
+  if (ex.empty()) return no("no experts");
+  if (std::string r = RepackRefusal(ex[0].gate.format, width, inter, act, policy); !r.empty()) return no(std::move(r));
   const WeightFormat f = ex[0].gate.format;
   std::vector<WeightRef> mx;  // MXFP4: every view, their scales checked in one pass
-  for (const MoeExpertWeights& e : ex) {
-    if (e.gate.format != f || e.up.format != f || e.down.format != f) return false;
+  for (size_t i = 0; i < ex.size(); ++i) {
+    const MoeExpertWeights& e = ex[i];
+    if (e.gate.format != f || e.up.format != f || e.down.format != f) {
+      return no(absl::StrCat("expert ", i, " mixes formats (a layer streams when every matrix is ", WeightFormatName(f),
+                             ")"));
+    }
     if (f == WeightFormat::kNVFP4) {
-      if (!MoeNvfp4Eligible(e, width, inter)) return false;
+      if (!MoeNvfp4Eligible(e, width, inter))
+        return no(absl::StrCat("expert ", i, "'s NVFP4 views do not fit the streaming kernels"));
       continue;
     }
     if (e.gate.rows != inter || e.gate.cols != width || e.up.rows != inter || e.up.cols != width ||
         e.down.rows != width || e.down.cols != inter) {
-      return false;
+      return no(absl::StrCat("expert ", i, " is a column or row window, not whole matrices"));
     }
     if (f == WeightFormat::kQ8_0) {  // every scale and code is copied as it is: the shape decides
-      if (!MoeQ8Repackable(e.gate) || !MoeQ8Repackable(e.up) || !MoeQ8Repackable(e.down)) return false;
+      if (!MoeQ8Repackable(e.gate) || !MoeQ8Repackable(e.up) || !MoeQ8Repackable(e.down)) {
+        return no(absl::StrCat("expert ", i, "'s Q8_0 views do not fit the int8 streaming layout"));
+      }
       continue;
     }
     mx.insert(mx.end(), {e.gate, e.up, e.down});
   }
   if (mx.empty()) return true;
-  return MoeMxfp4Repackable(mx.data(), static_cast<int>(mx.size()), stream);
+  ASSIGN_OR_RETURN(const bool ok, MoeMxfp4Repackable(mx.data(), static_cast<int>(mx.size()), stream));
+  if (!ok)
+    return no(
+        "an MXFP4 view off the streaming grid, or a block scale outside [2^-124, 2^9] (not exact in the layout's bf16 "
+        "scales)");
+  return true;
 }
 
 absl::StatusOr<uint32_t> RepackExperts(std::vector<MoeExpertWeights>& ex, DevicePool& pool, GpuStream stream) {

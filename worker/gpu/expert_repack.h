@@ -5,14 +5,15 @@
 // only where the step will use them: bf16 activations and every expert of the layer of one
 // format with sizes the kernels take (MXFP4: every block scale in the exact range too).
 // Which formats are repacked is the deployment's choice (RepackPolicy, from the runner's
-// --expert-layout): NVFP4 by default; MXFP4 on request, since the streaming kernels serve 16-64
-// streams 1.3x faster than the GEMV kernels over the stored blocks but 1-4 streams slower (H200,
-// docs/PERFORMANCE.md "MXFP4 experts through the streaming kernels"); Q8_0 with it when
-// MOESHARD_MOE_STREAM_Q8=1 (not yet run on a GPU). MOESHARD_MOE_REPACK=0
-// keeps every layer as stored whatever the policy (benchmarks' comparisons).
+// --expert-layout): NVFP4 by default; MXFP4 and Q8_0 with `stream`, where the streaming kernels
+// and the direct GEMV over their layout decode 1-64 streams faster than the kernels over the
+// stored blocks, but the stored blocks' wgmma GEMMs prefill 4,096 tokens faster (H200,
+// docs/PERFORMANCE.md "The streaming layouts on by request, the direct GEMV by default").
+// MOESHARD_MOE_REPACK=0 keeps every layer as stored whatever the policy (benchmarks' comparisons).
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -33,11 +34,14 @@ struct RepackPolicy {
 // format the policy repacks, width and intermediate multiples of 256): read from the
 // sizes alone, before any upload, so that other layers are uploaded once.
 bool MayRepackExperts(WeightFormat format, int64_t width, int64_t inter, ActDType act, RepackPolicy policy);
+// Why MayRepackExperts is false, in words for the operator (empty when it is true).
+std::string RepackRefusal(WeightFormat format, int64_t width, int64_t inter, ActDType act, RepackPolicy policy);
 
 // True when RepackExperts would repack these (uploaded) experts. MXFP4 experts' scales are read
 // on the device (synchronizes `stream`).
+// When false and `why` is given, it says why in words.
 absl::StatusOr<bool> WantRepackExperts(const std::vector<MoeExpertWeights>& ex, int64_t width, int64_t inter,
-                                       ActDType act, RepackPolicy policy, GpuStream stream);
+                                       ActDType act, RepackPolicy policy, GpuStream stream, std::string* why = nullptr);
 
 // Replaces every view of `ex` (device memory, e.g. in a temporary pool) by its repacked copy
 // allocated from `pool`, enqueued on `stream`: the sources must stay alive until the stream

@@ -56,6 +56,12 @@ std::string GpuModelRunner::backend() const {
                     streaming == moe ? "streaming"
                     : streaming == 0 ? "stored"
                                      : absl::StrCat("streaming in ", streaming, " of ", moe, " MoE layers"));
+    // Why the others stay stored: the first reason given (the loader's, per layer).
+    for (const std::string& why : w_->experts_stored_why) {
+      if (why.empty()) continue;
+      absl::StrAppend(&s, " (", streaming == 0 ? "" : "the others stored: ", why, ")");
+      break;
+    }
   }
   return s;
 }
@@ -63,11 +69,8 @@ std::string GpuModelRunner::backend() const {
 // The expert formats kept in the streaming kernels' layout (RunnerOptions::expert_layout).
 RepackPolicy GpuModelRunner::Repack() const {
   switch (options_.expert_layout) {
-    case ExpertLayout::kStream: {
-      // Q8_0's int8 streaming layout only on request until it has run on a GPU (moe_q8_stream.cu).
-      const char* q8 = std::getenv("MOESHARD_MOE_STREAM_Q8");
-      return RepackPolicy{true, true, q8 != nullptr && std::string(q8) == "1"};
-    }
+    case ExpertLayout::kStream:
+      return RepackPolicy{true, true, true};
     case ExpertLayout::kStored:
       return RepackPolicy{false, false, false};
     case ExpertLayout::kAuto:

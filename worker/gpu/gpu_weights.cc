@@ -158,17 +158,21 @@ absl::StatusOr<std::unique_ptr<GpuModelWeights>> UploadModelWeights(const ModelW
         return absl::OkStatus();
       };
       uint32_t repacked = 0;  // the hint bits of a repacked layer
+      std::string why;
       if (MayRepackExperts(lw.experts[0].gate.format, width, inter, act, repack)) {
         // NVFP4 experts pass through a temporary buffer into the streaming kernels' layout.
         DevicePool tmp(/*chunk_bytes=*/0);
         Uploader tu(tmp, act, stream);
         RETURN_IF_ERROR(upload(tu));
-        ASSIGN_OR_RETURN(const bool want, WantRepackExperts(ex, width, inter, act, repack, stream));
+        ASSIGN_OR_RETURN(const bool want, WantRepackExperts(ex, width, inter, act, repack, stream, &why));
         if (want) {
           ASSIGN_OR_RETURN(repacked, RepackExperts(ex, g->pool, stream));
         }
         MOESHARD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));  // before tmp is freed
+      } else {
+        why = RepackRefusal(lw.experts[0].gate.format, width, inter, act, repack);
       }
+      g->experts_stored_why.push_back(repacked ? "" : why);
       if (!repacked) RETURN_IF_ERROR(upload(up));
       ASSIGN_OR_RETURN(void* arr, g->pool.Upload(ex.data(), ex.size() * sizeof(MoeExpertWeights), stream));
       l.experts = static_cast<const MoeExpertWeights*>(arr);

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -40,6 +41,9 @@ struct GpuModelWeights {
   DenseWeight lm_head;
   const float* final_norm = nullptr;
   std::vector<GpuLayerWeights> layers;
+  // For each layer with experts, in order: why they stay in the stored layout, in words ("" when
+  // repacked for the streaming kernels); the runner's backend string names the first reason.
+  std::vector<std::string> experts_stored_why;
   void* gemm_scratch = nullptr;  // where Gemm expands split-Q8 row chunks (prefill-sized steps)
   size_t gemm_scratch_bytes = 0;
   DevicePool pool;     // owns all of the above

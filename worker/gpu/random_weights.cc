@@ -171,17 +171,21 @@ absl::StatusOr<std::pair<std::unique_ptr<ModelWeights>, std::unique_ptr<GpuModel
         return absl::OkStatus();
       };
       uint32_t repacked = 0;  // the hint bits of a repacked layer
+      std::string why;
       if (MayRepackExperts(ef, Lw, c.expert_intermediate, act, repack)) {
         // Made in a temporary buffer, then repacked for the streaming kernels (as at load).
         DevicePool tmp(/*chunk_bytes=*/0);
         Maker tmk(tmp, act, seed * 1000003 + static_cast<uint64_t>(li), stream);
         RETURN_IF_ERROR(make(tmk));
-        ASSIGN_OR_RETURN(const bool want, WantRepackExperts(ex, Lw, c.expert_intermediate, act, repack, stream));
+        ASSIGN_OR_RETURN(const bool want, WantRepackExperts(ex, Lw, c.expert_intermediate, act, repack, stream, &why));
         if (want) {
           ASSIGN_OR_RETURN(repacked, RepackExperts(ex, g->pool, stream));
         }
         MOESHARD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));  // before tmp is freed
+      } else {
+        why = RepackRefusal(ef, Lw, c.expert_intermediate, act, repack);
       }
+      g->experts_stored_why.push_back(repacked ? "" : why);
       if (!repacked) RETURN_IF_ERROR(make(mk));
       ASSIGN_OR_RETURN(void* arr, g->pool.Upload(ex.data(), ex.size() * sizeof(MoeExpertWeights), stream));
       l.experts = static_cast<const MoeExpertWeights*>(arr);
