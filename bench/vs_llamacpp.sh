@@ -31,7 +31,8 @@
 # --no-serve: skip the concurrency and 4096-prefill runs (e.g. for a call that only runs --long).
 # --no-bench-model: skip the engine-to-engine decode (bench-model and llama-batched-bench).
 # --expert-layout: moeshard's experts as stored or repacked for the streaming kernels (`up` and
-#   bench-model take it; default auto: MXFP4 as stored; stream: MXFP4 repacked, the throughput layout).
+#   bench-model take it; default auto: MXFP4 and Q8_0 as stored, the long-prompt layout; stream: both
+#   repacked, the decode layout).
 # --long LENS: long prompts (issue 19): for each engine a server with one sequence and room for the
 #   longest length, one request per length (prompt L, --long-output greedy tokens): TTFT, prefill
 #   tok/s and decode speed at L. moeshard once per --long-kv KV dtype (bf16, fp8; auto = bf16 on

@@ -90,7 +90,7 @@ class GpuModelRunner : public ModelRunner, private LayerOps {
   void SetProfiling(bool on) override { prof_.SetActive(on && options_.profile); }
   // "cuda:0 bfloat16 kv bfloat16", and for MoE models where the experts are kept: ", experts
   // stored" or ", experts streaming" (repacked for the streaming kernels: --expert-layout), or how
-  // many of the layers each.
+  // many of the layers each, and why the stored ones stayed stored (the loader's first reason).
   std::string backend() const override;
 
  private:
