@@ -180,6 +180,16 @@ bool StreamDirectShape(int64_t pairs, int64_t width, int64_t inter) {
   return pairs <= 8 || width * inter <= (int64_t{1} << 22);
 }
 
+// The wgmma GEMMs for prefill-sized steps of MXFP4 and Q8_0 experts in the streaming layouts
+// (MoeWork::wgmma_repacked) on request (MOESHARD_MOE_WGMMA_REPACKED=1) until it has run on a GPU.
+bool WgmmaRepackedEnabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("MOESHARD_MOE_WGMMA_REPACKED");
+    return v && std::strcmp(v, "1") == 0;
+  }();
+  return on;
+}
+
 bool GemvEnabled() {
   static const bool on = [] {
     const char* v = std::getenv("MOESHARD_MOE_GEMV");
@@ -188,7 +198,8 @@ bool GemvEnabled() {
   return on;
 }
 
-std::atomic<uint64_t> g_steps{0}, g_stream{0}, g_stream_direct{0}, g_direct{0}, g_wgmma{0}, g_generic{0};
+std::atomic<uint64_t> g_steps{0}, g_stream{0}, g_stream_direct{0}, g_direct{0}, g_wgmma{0}, g_wgmma_repacked{0},
+    g_generic{0};
 
 void CountPaths(const MoeWork& w, bool repacked, bool need_generic) {
   constexpr auto kRelaxed = std::memory_order_relaxed;
@@ -197,6 +208,7 @@ void CountPaths(const MoeWork& w, bool repacked, bool need_generic) {
   if (w.stream_direct) g_stream_direct.fetch_add(1, kRelaxed);
   if (w.direct && !w.stream_direct) g_direct.fetch_add(1, kRelaxed);
   if (w.wgmma) g_wgmma.fetch_add(1, kRelaxed);
+  if (w.wgmma_repacked) g_wgmma_repacked.fetch_add(1, kRelaxed);
   if (need_generic) g_generic.fetch_add(1, kRelaxed);
 }
 
@@ -205,7 +217,8 @@ void CountPaths(const MoeWork& w, bool repacked, bool need_generic) {
 MoePathCounts MoeExpertPathCounts() {
   constexpr auto kRelaxed = std::memory_order_relaxed;
   return {g_steps.load(kRelaxed),  g_stream.load(kRelaxed), g_stream_direct.load(kRelaxed),
-          g_direct.load(kRelaxed), g_wgmma.load(kRelaxed),  g_generic.load(kRelaxed)};
+          g_direct.load(kRelaxed), g_wgmma.load(kRelaxed),  g_wgmma_repacked.load(kRelaxed),
+          g_generic.load(kRelaxed)};
 }
 
 uint32_t MoeExpertFormats(const MoeExpertWeights* experts, int num_local_experts, int64_t width, int64_t inter) {
@@ -225,8 +238,9 @@ size_t MoeExpertWorkspaceBytes(int num_local_experts, int64_t width, int64_t int
   const Layout l = MakeLayout(num_local_experts, width, inter, num_tokens, top_k);
   const uint32_t gemv_bits =
       MoeFormatBit(WeightFormat::kQ8_0) | MoeFormatBit(WeightFormat::kMXFP4) | MoeFormatBit(WeightFormat::kBF16);
-  const bool wgmma = (expert_formats & gemv_bits) && MoeWgmmaSupported() &&
-                     WgmmaShape(num_local_experts, width, inter, num_tokens * top_k);
+  const uint32_t repacked_gemv = kMoeMxfp4Repacked | kMoeQ8Repacked;  // whole matrices, GEMV formats
+  const bool wgmma = ((expert_formats & gemv_bits) || ((expert_formats & repacked_gemv) && WgmmaRepackedEnabled())) &&
+                     MoeWgmmaSupported() && WgmmaShape(num_local_experts, width, inter, num_tokens * top_k);
   return wgmma ? l.end_with_wexp : l.end;
 }
 
@@ -294,6 +308,12 @@ cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStr
       w.capacity <= kMoeDirectMaxPairs && StreamDirectShape(w.capacity, p.width, p.inter)) {
     w.direct = w.stream_direct = true;
   }
+  // Prefill sizes of repacked MXFP4 / Q8_0 experts: the wgmma GEMMs, their expansion pass reading
+  // the streaming layouts (the same bf16 values as from the stored blocks).
+  w.wgmma_repacked = (w.stream_mx || w.stream_q8) && w.fast_allowed && !need_generic && !w.stream_direct &&
+                     WgmmaRepackedEnabled() && p.workspace_bytes >= l.end_with_wexp && MoeWgmmaSupported() &&
+                     WgmmaShape(p.num_local_experts, p.width, p.inter, w.capacity);
+  if (w.wgmma_repacked) w.wgmma = true;
   CountPaths(w, repacked, need_generic);
   using Launch = cudaError_t (*)(const MoeExpertParams&, const MoeWork&, cudaStream_t);
   enum Need { kAlways, kFast, kFastOld, kGemv, kGeneric };
@@ -323,8 +343,9 @@ cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStr
     if (w.direct && (s.stage == kMoeStageRoute || s.need == kFastOld || (s.need == kFast && !w.stream_direct))) {
       continue;
     }
-    if (((s.need == kFast || s.need == kFastOld) && !w.fast_allowed) || (s.need == kFastOld && repacked) ||
-        (s.need == kGemv && !w.gemv_allowed) || (s.need == kGeneric && !need_generic)) {
+    if (((s.need == kFast || s.need == kFastOld) && (!w.fast_allowed || w.wgmma_repacked)) ||
+        (s.need == kFastOld && repacked) || (s.need == kGemv && !w.gemv_allowed && !w.wgmma_repacked) ||
+        (s.need == kGeneric && !need_generic)) {
       continue;
     }
     if (cudaError_t err = s.launch(p, w, stream); err != cudaSuccess) return err;

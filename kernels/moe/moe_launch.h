@@ -60,6 +60,10 @@ struct MoeWork {
   // Prefill-sized steps on Hopper (moe_wgmma.cu): the GEMV/mma path's experts through bf16
   // weights expanded into wexp and warpgroup-MMA GEMMs instead of moe_gemv.cu.
   bool wgmma = false;
+  // With wgmma: the experts are MXFP4 or Q8_0 repacked for the streaming kernels (stream_mx /
+  // stream_q8); the route gives them the GEMV path's number and the expansion pass reads the
+  // streaming layouts (moe_stream_decode.h RepackedRowBlock) into the same bf16 tiles.
+  bool wgmma_repacked = false;
   uint16_t* wexp = nullptr;  // [E][2I][L] gate/up interleaved, then [E][L][I] down (bf16)
   int num_sms = 0;
 };

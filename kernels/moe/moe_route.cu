@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(kRouteThreads) RouteKernel(MoeExpertParams p, 
     const MoeExpertWeights ew = any_fast ? p.experts[i] : MoeExpertWeights{};  // one round trip
     int flag = kMoePathGeneric;
     if (w.fast_allowed && FastEligible(ew, p.width, p.inter)) {
-      flag = kMoePathNvfp4;
+      flag = w.wgmma_repacked ? kMoePathGemv : kMoePathNvfp4;  // repacked experts to the wgmma GEMMs
     } else if (w.gemv_allowed && MoeGemvEligible(ew, p.width, p.inter)) {
       flag = kMoePathGemv;
     }

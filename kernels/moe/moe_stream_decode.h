@@ -8,9 +8,11 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/cpu/weight_ref.h"
 #include "kernels/cuda/lane_ops.h"
+#include "kernels/moe/moe_block_decode.h"
 #include "kernels/moe/moe_q8_stream_layout.h"
 
 namespace moeshard::gpu {
@@ -138,6 +140,47 @@ MOESHARD_LANE_HD void Q8LaneFragments(uint32_t v0, uint32_t v1, uint32_t v2, uin
 MOESHARD_LANE_HD void F16x2ToF32(uint32_t x, float& lo, float& hi) {
   lo = lane::Bits(lane::FloatBits(lane::Bits((x & 0x7fffu) << 13) * 0x1p112f) | ((x & 0x8000u) << 16));
   hi = lane::Bits(lane::FloatBits(lane::Bits((x >> 3) & 0x0fffe000u) * 0x1p112f) | (x & 0x80000000u));
+}
+
+// ---- a row's 32-column block, for the prefill expansion (moe_wgmma.cu) ----------------------------
+
+// Row `row`, columns 32b .. 32b + 31 of a repacked MXFP4 or (q8) Q8_0 matrix of `cols` columns
+// (`data`, `scale`: the repack's outputs) as 16 bf16 pairs, columns (2i, 2i + 1) in out[i]: the
+// stored block's values exactly as block_decode::DecodeBlock gives them — MXFP4's e2m1 · 2^(s-127)
+// (DecodeRepacked's e2m1 · 2^-126 times the layout's scale 2^(s-9), then 2^8: exact in bf16, the
+// repack's exact range), Q8_0's d · q in fp32 rounded to bf16. NVFP4 is not taken: its values
+// times scale2 round.
+MOESHARD_LANE_HD void RepackedRowBlock(const uint8_t* data, const uint8_t* scale, int64_t cols, bool q8, int64_t row,
+                                       int64_t b, uint32_t out[16]) {
+  const int64_t chunk = row / 16 * (cols / 256) + b / 8;
+  const int r = static_cast<int>(row % 16), bb = static_cast<int>(b % 8);
+  if (q8) {
+    const uint8_t* codes = data + chunk * kQ8StreamSliceBytes;
+    const uint8_t* sp = scale + chunk * kQ8StreamSliceScaleBytes + Q8StreamScaleByte(r, bb);
+    const float d = block_decode::F16ToF32(static_cast<uint16_t>(sp[0] | sp[1] << 8));
+    for (int i = 0; i < 16; ++i) {
+      const int k = 32 * bb + 2 * i;
+      const float v0 = d * static_cast<float>(static_cast<int8_t>(codes[Q8StreamCodeByte(r, k)]));
+      const float v1 = d * static_cast<float>(static_cast<int8_t>(codes[Q8StreamCodeByte(r, k + 1)]));
+      out[i] = uint32_t{lane::ToBf16(v0)} | (uint32_t{lane::ToBf16(v1)} << 16);
+    }
+    return;
+  }
+  constexpr uint32_t k2p8 = 0x43804380u;  // 2^8 in both halves
+  const int g = r % 8, h = r / 8, q = bb / 2;
+  const uint8_t* words = data + chunk * kE2m1ChunkWords * 4;
+  for (int cc = 0; cc < 2; ++cc) {  // the block's two lanes of 16 columns
+    const int ln = 4 * g + 2 * (bb % 2) + cc;
+    uint32_t sc = 0, s2[2];
+    std::memcpy(&sc, scale + chunk * E2m1ScaleBytes(true) + E2m1ScaleWord(ln, q, true), 4);
+    E2m1ScalePair(sc, q, true, s2);
+    for (int j = 0; j < 2; ++j) {  // word 2j + h: row g + 8h, columns 16cc + 8j .. + 7
+      uint32_t w = 0, d[4];
+      std::memcpy(&w, words + ((q * 32 + ln) * 4 + 2 * j + h) * 4, 4);
+      DecodeRepacked(w, s2[h], d);
+      for (int k = 0; k < 4; ++k) out[8 * cc + 4 * j + k] = lane::MulBf16x2(d[k], k2p8);
+    }
+  }
 }
 
 }  // namespace moeshard::gpu

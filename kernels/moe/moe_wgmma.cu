@@ -38,6 +38,7 @@
 #include "kernels/moe/moe_block_decode.h"
 #include "kernels/moe/moe_device.cuh"
 #include "kernels/moe/moe_launch.h"
+#include "kernels/moe/moe_stream_decode.h"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MOESHARD_MOE_WGMMA_DEVICE 1
@@ -285,6 +286,16 @@ __device__ __forceinline__ void DecodeStored(const WeightRef& w, int row, int b,
   block_decode::DecodeBlock(w.format, words, off, out);
 }
 
+// The same from a view in the streaming layouts (MoeWork::wgmma_repacked: MXFP4 or Q8_0 repacked,
+// whole matrices) or as stored.
+__device__ __forceinline__ void DecodeWeights(const MoeWork& mw, const WeightRef& w, int row, int b, uint32_t out[16]) {
+  if (mw.wgmma_repacked) {
+    RepackedRowBlock(w.data, w.scale, w.cols, mw.stream_q8, row, b, out);
+  } else {
+    DecodeStored(w, row, b, out);
+  }
+}
+
 // blockIdx.y = expert; each warp 32 consecutive 32-column blocks of the expert (gate, up, then
 // down), one a lane. Where the warp's 32 outputs are one 2 KB run of the workspace (always but
 // at a segment's or a gate/up row's edge when a row is not a multiple of 32 blocks), they go
@@ -314,11 +325,11 @@ __global__ void __launch_bounds__(256) ExpandKernel(const MoeExpertParams p, con
         const bool up = i >= gu_blocks;
         const int j = up ? i - gu_blocks : i, row = j / lb, b = j - row * lb;
         const int dst_row = (row / 8) * 16 + (up ? 8 : 0) + row % 8;
-        DecodeStored(up ? ew.up : ew.gate, row, b, out);
+        DecodeWeights(w, up ? ew.up : ew.gate, row, b, out);
         dst = gu + static_cast<int64_t>(dst_row) * L + 32 * b;
       } else {
         const int j = i - 2 * gu_blocks, row = j / ib, b = j - row * ib;
-        DecodeStored(ew.down, row, b, out);
+        DecodeWeights(w, ew.down, row, b, out);
         dst = dn + static_cast<int64_t>(row) * I + 32 * b;
       }
     }

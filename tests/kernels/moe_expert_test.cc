@@ -370,14 +370,25 @@ TEST_F(MoeExpertTest, MatchesCpuReference) {
   // the direct GEMV over the repacked layouts — never with MOESHARD_MOE_STREAM_DIRECT=0
   // (moe_expert_test_no_stream_direct).
   const gpu::MoePathCounts n = gpu::MoeExpertPathCounts();
-  std::printf("  paths: %llu steps, %llu repacked (%llu direct), %llu direct stored, %llu wgmma, %llu generic\n",
-              static_cast<unsigned long long>(n.steps), static_cast<unsigned long long>(n.stream),
-              static_cast<unsigned long long>(n.stream_direct), static_cast<unsigned long long>(n.direct),
-              static_cast<unsigned long long>(n.wgmma), static_cast<unsigned long long>(n.generic));
+  std::printf(
+      "  paths: %llu steps, %llu repacked (%llu direct), %llu direct stored, %llu wgmma (%llu from repacked), %llu "
+      "generic\n",
+      static_cast<unsigned long long>(n.steps), static_cast<unsigned long long>(n.stream),
+      static_cast<unsigned long long>(n.stream_direct), static_cast<unsigned long long>(n.direct),
+      static_cast<unsigned long long>(n.wgmma), static_cast<unsigned long long>(n.wgmma_repacked),
+      static_cast<unsigned long long>(n.generic));
   EXPECT_GT(n.stream, 0u);
   EXPECT_GT(n.direct, 0u);
   EXPECT_GT(n.wgmma, 0u);
   EXPECT_GT(n.generic, 0u);
+  // MOESHARD_MOE_WGMMA_REPACKED=1 (moe_expert_test_wgmma_repacked): the prefill shapes' repacked
+  // MXFP4 and Q8_0 experts through the wgmma GEMMs.
+  const char* wr = std::getenv("MOESHARD_MOE_WGMMA_REPACKED");
+  if (wr != nullptr && std::string(wr) == "1") {
+    EXPECT_GT(n.wgmma_repacked, 0u) << "MOESHARD_MOE_WGMMA_REPACKED=1, yet no step expanded repacked experts";
+  } else {
+    EXPECT_EQ(n.wgmma_repacked, 0u);
+  }
   const char* sd = std::getenv("MOESHARD_MOE_STREAM_DIRECT");
   if (sd != nullptr && std::string(sd) == "0") {
     EXPECT_EQ(n.stream_direct, 0u)

@@ -221,18 +221,50 @@ TEST(MoeStreamLayoutTest, Nvfp4RepackReadByALaneComputesTheProduct) {
   ExpectProduct(v, x, [&](int64_t s, float(&got)[16][8]) { EmulateE2m1(rp, s, false, v.scale2, x, got); });
 }
 
-TEST(MoeStreamLayoutTest, Mxfp4RepackReadByALaneComputesTheProduct) {
-  std::mt19937 rng(32);
-  const int64_t stride = kStored / 32 * 17;
-  std::vector<uint8_t> data(kRows * stride);
+constexpr int64_t kMxStride = kStored / 32 * 17, kQ8Stride = kStored / 32 * 34;
+
+// Stored MXFP4 rows: random codes, e8m0 scales in the repack's exact range (its ends too).
+std::vector<uint8_t> Mxfp4Data(std::mt19937& rng) {
+  std::vector<uint8_t> data(kRows * kMxStride);
   for (auto& b : data) b = static_cast<uint8_t>(rng());
   for (int64_t r = 0; r < kRows; ++r) {
-    for (int64_t blk = 0; blk < kStored / 32; ++blk) {  // e8m0 in the repack's exact range, its ends too
+    for (int64_t blk = 0; blk < kStored / 32; ++blk) {
       const int pick = static_cast<int>(rng() % 8);
-      data[r * stride + blk * 17] = static_cast<uint8_t>(pick == 0 ? 3 : pick == 1 ? 136 : 100 + rng() % 37);
+      data[r * kMxStride + blk * 17] = static_cast<uint8_t>(pick == 0 ? 3 : pick == 1 ? 136 : 100 + rng() % 37);
     }
   }
-  const WeightRef v = View(WeightFormat::kMXFP4, data, stride);
+  return data;
+}
+
+// Stored Q8_0 rows: random codes, fp16 d of either sign.
+std::vector<uint8_t> Q8Data(std::mt19937& rng) {
+  std::vector<uint8_t> data(kRows * kQ8Stride);
+  std::uniform_real_distribution<float> scale(0.001f, 0.05f);
+  for (int64_t r = 0; r < kRows; ++r) {
+    for (int64_t blk = 0; blk < kStored / 32; ++blk) {
+      uint8_t* p = data.data() + r * kQ8Stride + blk * 34;
+      const uint16_t d = F32ToF16(blk % 7 == 3 ? -scale(rng) : scale(rng));  // a negative d too
+      std::memcpy(p, &d, 2);
+      for (int i = 0; i < 32; ++i) p[2 + i] = static_cast<uint8_t>(rng());
+    }
+  }
+  return data;
+}
+
+Repacked RepackQ8(const WeightRef& v) {
+  Repacked rp{std::vector<uint8_t>(kRows * kCols), std::vector<uint8_t>(kRows * kCols / 16), kCols / 256};
+  for (int64_t chunk = 0; chunk < kRows / 16 * rp.chunks; ++chunk) {
+    for (int g4 = 0; g4 < kQ8StreamSliceBytes / 4; ++g4) {
+      Q8StreamRepackGroup(v, chunk, g4, rp.codes.data(), rp.scales.data());
+    }
+  }
+  return rp;
+}
+
+TEST(MoeStreamLayoutTest, Mxfp4RepackReadByALaneComputesTheProduct) {
+  std::mt19937 rng(32);
+  const std::vector<uint8_t> data = Mxfp4Data(rng);
+  const WeightRef v = View(WeightFormat::kMXFP4, data, kMxStride);
   const Repacked rp = RepackE2m1<true>(v);
   const auto x = Tokens(kCols, rng);
   ExpectProduct(v, x, [&](int64_t s, float(&got)[16][8]) { EmulateE2m1(rp, s, true, 1.f, x, got); });
@@ -240,28 +272,13 @@ TEST(MoeStreamLayoutTest, Mxfp4RepackReadByALaneComputesTheProduct) {
 
 TEST(MoeStreamLayoutTest, Q8RepackReadByALaneComputesTheProduct) {
   std::mt19937 rng(21);
-  const int64_t stride = kStored / 32 * 34;
-  std::vector<uint8_t> data(kRows * stride);
-  std::uniform_real_distribution<float> scale(0.001f, 0.05f);
-  for (int64_t r = 0; r < kRows; ++r) {
-    for (int64_t blk = 0; blk < kStored / 32; ++blk) {
-      uint8_t* p = data.data() + r * stride + blk * 34;
-      const uint16_t d = F32ToF16(blk % 7 == 3 ? -scale(rng) : scale(rng));  // a negative d too
-      std::memcpy(p, &d, 2);
-      for (int i = 0; i < 32; ++i) p[2 + i] = static_cast<uint8_t>(rng());
-    }
-  }
-  const WeightRef v = View(WeightFormat::kQ8_0, data, stride);
-  Repacked rp{std::vector<uint8_t>(kRows * kCols), std::vector<uint8_t>(kRows * kCols / 16), kCols / 256};
-  for (int64_t chunk = 0; chunk < kRows / 16 * rp.chunks; ++chunk) {
-    for (int g4 = 0; g4 < kQ8StreamSliceBytes / 4; ++g4) {
-      Q8StreamRepackGroup(v, chunk, g4, rp.codes.data(), rp.scales.data());
-    }
-  }
+  const std::vector<uint8_t> data = Q8Data(rng);
+  const WeightRef v = View(WeightFormat::kQ8_0, data, kQ8Stride);
+  const Repacked rp = RepackQ8(v);
   // Every code byte written exactly once: the repack is a permutation of the view's codes.
   std::vector<uint8_t> got = rp.codes, want;
   for (int64_t r = 0; r < kRows; ++r)
-    for (int64_t c = kOffset; c < kOffset + kCols; ++c) want.push_back(data[r * stride + c / 32 * 34 + 2 + c % 32]);
+    for (int64_t c = kOffset; c < kOffset + kCols; ++c) want.push_back(data[r * kQ8Stride + c / 32 * 34 + 2 + c % 32]);
   std::sort(got.begin(), got.end());
   std::sort(want.begin(), want.end());
   EXPECT_EQ(got, want);
@@ -309,6 +326,38 @@ TEST(MoeStreamLayoutTest, LaneDecodesOnWorkedValues) {
   F16x2ToF32(0x7BFF0400u, a, b);  // 2^-14 (the smallest normal), 65504
   EXPECT_EQ(a, std::ldexp(1.f, -14));
   EXPECT_EQ(b, 65504.f);
+}
+
+// The prefill expansion's read of a repacked matrix (RepackedRowBlock, moe_wgmma.cu's ExpandKernel
+// over MXFP4 and Q8_0 experts in the streaming layouts) gives every row's 32-column blocks exactly
+// as the stored blocks' decode does (block_decode::DecodeBlock, the expansion of stored experts):
+// the same bf16 bits, so a prefill step's results do not depend on the layout.
+void ExpectRowBlocksAsStored(const WeightRef& v, const Repacked& rp, bool q8) {
+  const int64_t bytes = q8 ? 34 : 17, stride = v.row_stride_bytes;
+  int bad = 0;
+  for (int64_t r = 0; r < kRows; ++r) {
+    for (int64_t b = 0; b < kCols / 32; ++b) {
+      uint32_t words[block_decode::kRawWords] = {}, want[16], got[16];
+      std::memcpy(words, v.data + r * stride + (kOffset / 32 + b) * bytes, bytes);
+      block_decode::DecodeBlock(v.format, words, 0, want);
+      RepackedRowBlock(rp.codes.data(), rp.scales.data(), kCols, q8, r, b, got);
+      for (int i = 0; i < 16; ++i) {
+        if (got[i] != want[i] && bad++ < 5) {
+          ADD_FAILURE() << "row " << r << " block " << b << " pair " << i << ": " << std::hex << got[i]
+                        << " != " << want[i];
+        }
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+TEST(MoeStreamLayoutTest, RepackedRowBlocksAreTheStoredBlocks) {
+  std::mt19937 rng(41);
+  const std::vector<uint8_t> mx = Mxfp4Data(rng), q8 = Q8Data(rng);
+  const WeightRef vm = View(WeightFormat::kMXFP4, mx, kMxStride), vq = View(WeightFormat::kQ8_0, q8, kQ8Stride);
+  ExpectRowBlocksAsStored(vm, RepackE2m1<true>(vm), false);
+  ExpectRowBlocksAsStored(vq, RepackQ8(vq), true);
 }
 
 }  // namespace
