@@ -29,7 +29,9 @@
 #       the fp32-x count instead of the tensor-core kernel's 8 tokens) as gemv_test-group4, and
 #       moe_expert_test with MOESHARD_MOE_GEMV_SMALL_ALL=0 (both GEMV task classes at every
 #       size) as moe_expert_test-classes, and with MOESHARD_MOE_STREAM_DIRECT=0 (the route and
-#       the streaming kernels at decode sizes) as moe_expert_test-no-stream-direct.
+#       the streaming kernels at decode sizes) as moe_expert_test-no-stream-direct, and with
+#       MOESHARD_MOE_WGMMA_REPACKED=1 (prefill of repacked experts on wgmma) as
+#       moe_expert_test-wgmma-repacked.
 #       MOESHARD_LANE_PART=checks runs steps 1-3b only, =e2e steps 4-5 only (default all): the
 #       two halves' bundles each fit one device call's 64 MiB beside the tree.
 #       A step that exits 77 (no GPU) is a failure here: the lane runs on a GPU machine. A gtest
@@ -194,6 +196,10 @@ run_lane() {
     if grep -qx moe_expert_test "$list"; then
       run_gtest moe_expert_test "$bin" "$work/moe_expert_test-no-stream-direct.log" moe_expert_test-no-stream-direct \
         MOESHARD_MOE_STREAM_DIRECT=0
+      # The prefill shapes' repacked MXFP4 / Q8_0 experts through the wgmma GEMMs (off by default
+      # until it has passed here; ctest's moe_expert_test_wgmma_repacked).
+      run_gtest moe_expert_test "$bin" "$work/moe_expert_test-wgmma-repacked.log" moe_expert_test-wgmma-repacked \
+        MOESHARD_MOE_WGMMA_REPACKED=1
     fi
   fi
   if [[ $part == all || $part == checks ]]; then
