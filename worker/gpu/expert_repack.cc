@@ -55,8 +55,9 @@ absl::StatusOr<bool> WantRepackExperts(const std::vector<MoeExpertWeights>& ex, 
                              ")"));
     }
     if (f == WeightFormat::kNVFP4) {
-      if (!MoeNvfp4Eligible(e, width, inter))
+      if (!MoeNvfp4Eligible(e, width, inter)) {
         return no(absl::StrCat("expert ", i, "'s NVFP4 views do not fit the streaming kernels"));
+      }
       continue;
     }
     if (e.gate.rows != inter || e.gate.cols != width || e.up.rows != inter || e.up.cols != width ||
@@ -73,10 +74,10 @@ absl::StatusOr<bool> WantRepackExperts(const std::vector<MoeExpertWeights>& ex, 
   }
   if (mx.empty()) return true;
   ASSIGN_OR_RETURN(const bool ok, MoeMxfp4Repackable(mx.data(), static_cast<int>(mx.size()), stream));
-  if (!ok)
-    return no(
-        "an MXFP4 view off the streaming grid, or a block scale outside [2^-124, 2^9] (not exact in the layout's bf16 "
-        "scales)");
+  if (!ok) {
+    return no("an MXFP4 view off the streaming grid, or a block scale outside [2^-124, 2^9] (not exact in the "
+              "layout's bf16 scales)");
+  }
   return true;
 }
 
