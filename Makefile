@@ -16,7 +16,7 @@ DEMO       := models/muse-spark-demo
 MODEL      ?= $(if $(wildcard $(DEMO)/config.json),$(DEMO),$(BUILD)/models/muse-spark-tiny-nvfp4)
 PROMPT     ?= In the beginning
 
-.PHONY: all deps build run test test-unit test-asan test-e2e test-deploy test-fault test-security test-fuzz test-tsan clean
+.PHONY: all deps build run test test-unit test-asan test-e2e test-deploy test-fault test-security build-fuzz test-fuzz build-tsan test-tsan clean
 
 all: build
 
@@ -24,7 +24,7 @@ deps:
 	@bash scripts/install_deps.sh
 
 $(BUILD)/build.ninja: CMakeLists.txt
-	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOESHARD_CPU_TESTS=OFF $(CMAKE_FLAGS)
 
 build: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
@@ -38,17 +38,21 @@ run: build $(MODEL)/config.json
 	@bash scripts/run_demo.sh $(BUILD) $(MODEL) "$(PROMPT)"
 
 # Every CPU test runs once: in the sanitizer build (test-asan), except those labelled long (the
-# long goldens: minutes under ASan) and cudahost (CPU tests of code that only the CUDA build has),
-# which the release build runs with the tests labelled gpu, which need its CUDA kernels (ctest
-# reports them Skipped without a GPU; the GPU lane, scripts/gpu_lane.sh, runs them on one).
-# docs/TESTING.md says what runs where.
+# larger test models' goldens and checks: minutes under ASan) and cudahost (CPU tests of code
+# that only the CUDA build has), which the release build runs with the tests labelled gpu, which
+# need its CUDA kernels (ctest reports them Skipped without a GPU; the GPU lane,
+# scripts/gpu_lane.sh, runs them on one). The release build compiles only those tests
+# (MOESHARD_CPU_TESTS=OFF). docs/TESTING.md says what runs where.
 test-unit: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L 'gpu|long|cudahost'
 
 # Every CPU test (formats, tokenizer, kernels, worker, comm, coordinator, router, CLI) under
-# AddressSanitizer + UBSan: Debug at -O1, no CUDA. A test that skips fails (cmake/moeshard.cmake).
+# AddressSanitizer + UBSan: clang (a third faster to compile than g++ here), the libraries at -O1,
+# the tests' own sources at -O0 (tests/CMakeLists.txt), line tables only; no CUDA. A test that
+# skips fails (cmake/moeshard.cmake).
 test-asan: deps
-	cmake -S . -B $(ASAN_BUILD) -G Ninja $(CMAKE_FLAGS) -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" -DMOESHARD_SANITIZE=ON -DMOESHARD_CUDA=OFF
+	cmake -S . -B $(ASAN_BUILD) -G Ninja $(CMAKE_FLAGS) -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+	  -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" -DMOESHARD_SANITIZE=ON -DMOESHARD_CUDA=OFF
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	cd $(ASAN_BUILD) && ctest --output-on-failure -j $(JOBS) -LE 'gpu|long'
 
@@ -75,22 +79,37 @@ test-security: build
 # services' real handlers (in-process gRPC), FUZZ_SECONDS each from the
 # committed seeds (tests/fuzz/corpus).
 FUZZERS := gguf_fuzz safetensors_fuzz tokenizer_fuzz openai_request_fuzz internal_proto_fuzz internal_service_fuzz
-test-fuzz: build
+# build-fuzz and build-tsan do not install the dependencies (make test runs them beside other
+# stages, after deps); test-fuzz and test-tsan do.
+build-fuzz:
 	cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
 	  -DMOESHARD_FUZZ=ON -DMOESHARD_CUDA=OFF $(CMAKE_FLAGS)
 	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target $(FUZZERS)
+test-fuzz: deps build build-fuzz
 	bash tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
 
 # ThreadSanitizer: the router (HTTP, gRPC, dispatch against fake coordinators), the hardened
 # HTTP server, the coordinator's scheduler and block manager, the communicators' multi-rank tests.
 TSAN_TESTS := router_test http_test comm_test scheduler_test block_manager_test
-test-tsan: deps
+build-tsan:
 	cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOESHARD_TSAN=ON -DMOESHARD_CUDA=OFF $(CMAKE_FLAGS)
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target $(TSAN_TESTS) moeshard-router
+test-tsan: deps build-tsan
 	cd $(TSAN_BUILD) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
 	  ctest --output-on-failure -R '^($(subst $(eval) ,|,$(TSAN_TESTS)))$$'
 
-test: test-unit test-asan test-e2e test-deploy test-fault test-security test-fuzz test-tsan
+# The fuzz and ThreadSanitizer builds compile in the background at the lowest CPU priority (nice
+# 19: the cycles the other stages leave idle — the live-cluster stages wait on sockets and
+# processes a third of the time, ctest's last tests run one at a time); their tests run last.
+# Its log is printed when it ends.
+BG_LOG := .make-test-background.log
+test: deps
+	@rm -f $(BG_LOG) $(BG_LOG).rc; \
+	(nice -n 19 $(MAKE) --no-print-directory build-fuzz build-tsan >$(BG_LOG) 2>&1; echo $$? >$(BG_LOG).rc) & \
+	$(MAKE) --no-print-directory test-unit test-asan test-e2e test-deploy test-fault test-security; rc=$$?; \
+	wait; echo "== the fuzz and TSan builds (background, nice 19):"; tail -n 40 $(BG_LOG); \
+	[ $$rc -eq 0 ] && [ "$$(cat $(BG_LOG).rc)" = 0 ]
+	$(MAKE) --no-print-directory test-fuzz test-tsan
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) $(TSAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) $(TSAN_BUILD) $(BG_LOG) $(BG_LOG).rc

@@ -11,9 +11,10 @@
 
 namespace moeshard {
 namespace {
+// Never destroyed (the /metrics threads may read it while the process exits).
 std::string& Prefix() {
-  static std::string prefix = kDefaultMetricPrefix;
-  return prefix;
+  static std::string* prefix = new std::string(kDefaultMetricPrefix);
+  return *prefix;
 }
 }  // namespace
 

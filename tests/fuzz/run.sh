@@ -5,7 +5,8 @@
 #   tests/fuzz/run.sh BUILD_DIR [SECONDS]
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-BUILD=$(cd "${1:?usage: run.sh BUILD_DIR [SECONDS]}" && pwd)
+[[ $# -ge 1 ]] || { echo "usage: run.sh BUILD_DIR [SECONDS]" >&2; exit 2; }
+BUILD=$(cd "$1" && pwd) || { echo "run.sh: no folder $1" >&2; exit 2; }
 SECONDS_EACH=${2:-10}
 export MOESHARD_TESTDATA=${MOESHARD_TESTDATA:-$ROOT/build/testdata}  # assembled by the release build (make test-fuzz depends on it)
 WORK=$(mktemp -d /tmp/moeshard-fuzz.XXXXXX)
