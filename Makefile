@@ -77,7 +77,7 @@ test-security: build
 # libFuzzer (clang) under ASan/UBSan: the GGUF and safetensors readers, the tokenizer and chat
 # template, the OpenAI request parser, the internal messages' validators and the internal
 # services' real handlers (in-process gRPC), FUZZ_SECONDS each from the
-# committed seeds (tests/fuzz/corpus).
+# committed seeds (tests/fuzz/corpus), one target a core at a time.
 FUZZERS := gguf_fuzz safetensors_fuzz tokenizer_fuzz openai_request_fuzz internal_proto_fuzz internal_service_fuzz
 # -O1 and line tables (meant to compile faster than -O2 -g; not yet shown in a clean comparison —
 # the reports keep file and line).
@@ -92,9 +92,10 @@ test-fuzz: deps build build-fuzz
 # ThreadSanitizer: the router (HTTP, gRPC, dispatch against fake coordinators), the hardened
 # HTTP server, the coordinator's scheduler and block manager, the communicators' multi-rank tests.
 TSAN_TESTS := router_test http_test comm_test scheduler_test block_manager_test
+# clang: the build 214 s against g++'s 262 s here, and the tests 37 s against 74 s.
 build-tsan:
 	cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
-	  -DMOESHARD_TSAN=ON -DMOESHARD_CUDA=OFF $(CMAKE_FLAGS)
+	  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DMOESHARD_TSAN=ON -DMOESHARD_CUDA=OFF $(CMAKE_FLAGS)
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target $(TSAN_TESTS) moeshard-router
 test-tsan: deps build-tsan
 	cd $(TSAN_BUILD) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \

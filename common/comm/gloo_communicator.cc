@@ -15,14 +15,15 @@
 // its event loop) when a message is longer than the recv posted for it; with it, a size
 // mismatch between ranks never matches and both sides time out with the sizes named.
 // AllReduceSum of up to kSmallAllReduceBytes (all ranks' values together) is latency
-// bound: it gathers every rank's values round the ring (size-1 steps) and each rank sums
-// them in rank order. Larger ones use the bandwidth-optimal ring: the buffer is cut into
-// `size` chunks; in size-1 reduce-scatter steps rank r sends chunk r-s to its right
-// neighbour and adds chunk r-s-1 from its left, after which it holds the full sum of chunk
-// r+1; in size-1 all-gather steps those sums travel once round the ring. Either way every
-// element is summed in one order, so all ranks end with bitwise identical results.
-// AllGather is a ring of size-1 steps. Barrier is a dissemination barrier: in round k,
-// send a byte to rank+2^k and receive one from rank-2^k.
+// bound: every rank sends its values to every other rank at once (one step: size-1 sends and
+// size-1 recvs in flight; the ring's size-1 steps cost a wake-up of each process per step,
+// 0.6 ms each with four ranks on two cores) and each rank sums them in rank order. Larger ones use the
+// bandwidth-optimal ring: the buffer is cut into `size` chunks; in size-1 reduce-scatter steps rank r sends chunk r-s
+// to its right neighbour and adds chunk r-s-1 from its left, after which it holds the full sum of chunk r+1; in size-1
+// all-gather steps those sums travel once round the ring. Either way every element is summed in one order, so all ranks
+// end with bitwise identical results. AllGather is the same one-step exchange up to kSmallAllReduceBytes and a ring of
+// size-1 steps above it. Barrier is a dissemination barrier: in round k, send a byte to rank+2^k and receive one from
+// rank-2^k.
 #include "common/comm/gloo_communicator.h"
 
 #include <gloo/rendezvous/context.h>
@@ -105,7 +106,7 @@ class GlooCommunicator : public Communicator {
       if (count * size_ * sizeof(float) <= kSmallAllReduceBytes) {
         scratch_.resize(count * size_);
         std::memcpy(scratch_.data() + rank_ * count, data, count * sizeof(float));
-        absl::Status status = RingGather(scratch_.data(), count, seq, deadline);
+        absl::Status status = DirectGather(scratch_.data(), count, seq, deadline);
         if (!status.ok()) return status;
         for (size_t i = 0; i < count; ++i) {
           float sum = 0.f;
@@ -143,7 +144,9 @@ class GlooCommunicator : public Communicator {
       if (count == 0) return absl::OkStatus();
       if (out + rank_ * count != in) std::memcpy(out + rank_ * count, in, count * sizeof(float));
       if (size_ == 1) return absl::OkStatus();
-      return RingGather(out, count, collective_seq_++, deadline);
+      const uint64_t seq = collective_seq_++;
+      if (count * size_ * sizeof(float) <= kSmallAllReduceBytes) return DirectGather(out, count, seq, deadline);
+      return RingGather(out, count, seq, deadline);
     });
   }
 
@@ -238,6 +241,18 @@ class GlooCommunicator : public Communicator {
     return absl::OkStatus();
   }
 
+  // Fills out[size * count], whose block `rank_` holds this rank's values, in one step: this
+  // rank's block goes to every peer and every peer's block comes in, all in flight at once.
+  absl::Status DirectGather(float* out, size_t count, uint64_t seq, Clock::time_point deadline) {
+    const size_t bytes = count * sizeof(float);
+    std::vector<Op> sends, recvs;
+    for (int d = 1; d < size_; ++d) {
+      sends.push_back({Mod(rank_ + d), out + rank_ * count, bytes});
+      recvs.push_back({Mod(rank_ - d), out + Mod(rank_ - d) * count, bytes});
+    }
+    return Exchange(sends, recvs, kCollectiveSlot, seq, 0, deadline);
+  }
+
   // Runs `body` as operation `op` with one deadline for the whole operation: refuses when
   // aborted, turns every exception into a status, and aborts the communicator on failure.
   template <typename Body>
@@ -298,40 +313,61 @@ class GlooCommunicator : public Communicator {
     });
   }
 
+  struct Op {
+    int peer;
+    void* ptr;
+    size_t bytes;  // 0: nothing is posted
+  };
+
   // Posts a recv of `recv_bytes` from `recv_peer` and a send of `send_bytes` to `send_peer`
   // (either may be empty) on the slots of (kind, seq, step), then waits for both until
   // `deadline`. Returns Aborted when Abort() interrupted it; lets Gloo's exceptions through.
   absl::Status Transfer(int send_peer, const void* send_ptr, size_t send_bytes, int recv_peer,
                         void* recv_ptr, size_t recv_bytes, uint64_t kind, uint64_t seq,
                         uint64_t step, Clock::time_point deadline) {
-    if (send_bytes >= kMaxTransferBytes || recv_bytes >= kMaxTransferBytes) {
-      return absl::InvalidArgumentError("transfers are limited to 1 TiB");
+    return Exchange({{send_peer, const_cast<void*>(send_ptr), send_bytes}}, {{recv_peer, recv_ptr, recv_bytes}}, kind,
+                    seq, step, deadline);
+  }
+
+  // Posts every recv, then every send, on the slots of (kind, seq, step) — at most one of each
+  // per peer — and waits for all of them until `deadline`. Returns Aborted when Abort()
+  // interrupted it or a wait timed out; lets Gloo's exceptions through.
+  absl::Status Exchange(const std::vector<Op>& sends, const std::vector<Op>& recvs, uint64_t kind, uint64_t seq,
+                        uint64_t step, Clock::time_point deadline) {
+    struct Posted {
+      const Op* op;
+      std::unique_ptr<UnboundBuffer> buf;
+    };
+    std::vector<Posted> send_bufs, recv_bufs;
+    for (const auto* ops : {&sends, &recvs}) {
+      for (const Op& op : *ops) {
+        if (op.bytes >= kMaxTransferBytes) return absl::InvalidArgumentError("transfers are limited to 1 TiB");
+        if (op.bytes == 0) continue;
+        (ops == &sends ? send_bufs : recv_bufs).push_back({&op, context_->createUnboundBuffer(op.ptr, op.bytes)});
+      }
     }
-    std::unique_ptr<UnboundBuffer> send_buf, recv_buf;
-    if (send_bytes > 0) {
-      send_buf = context_->createUnboundBuffer(const_cast<void*>(send_ptr), send_bytes);
-    }
-    if (recv_bytes > 0) recv_buf = context_->createUnboundBuffer(recv_ptr, recv_bytes);
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (aborted_) return absl::AbortedError(abort_reason_);
-      for (UnboundBuffer* buf : {send_buf.get(), recv_buf.get()}) {
-        if (buf != nullptr) in_flight_.push_back(buf);
+      for (const auto* posted : {&send_bufs, &recv_bufs}) {
+        for (const Posted& p : *posted) in_flight_.push_back(p.buf.get());
       }
     }
     absl::Status status;
     try {
-      if (recv_buf) recv_buf->recv(recv_peer, MakeSlot(kind, seq, step, recv_bytes));
-      if (send_buf) send_buf->send(send_peer, MakeSlot(kind, seq, step, send_bytes));
-      if (recv_buf) {
-        waiting_for_ = absl::StrCat("recv ", recv_bytes, " bytes from rank ", recv_peer);
-        if (!recv_buf->waitRecv(nullptr, internal::TimeLeft(deadline)))
+      for (Posted& r : recv_bufs) r.buf->recv(r.op->peer, MakeSlot(kind, seq, step, r.op->bytes));
+      for (Posted& w : send_bufs) w.buf->send(w.op->peer, MakeSlot(kind, seq, step, w.op->bytes));
+      for (Posted& r : recv_bufs) {
+        waiting_for_ = absl::StrCat("recv ", r.op->bytes, " bytes from rank ", r.op->peer);
+        if (!r.buf->waitRecv(nullptr, internal::TimeLeft(deadline))) {
           status = absl::AbortedError("");
+          break;
+        }
       }
-      if (send_buf && status.ok()) {
-        waiting_for_ = absl::StrCat("send ", send_bytes, " bytes to rank ", send_peer);
-        if (!send_buf->waitSend(nullptr, internal::TimeLeft(deadline)))
-          status = absl::AbortedError("");
+      for (Posted& w : send_bufs) {
+        if (!status.ok()) break;
+        waiting_for_ = absl::StrCat("send ", w.op->bytes, " bytes to rank ", w.op->peer);
+        if (!w.buf->waitSend(nullptr, internal::TimeLeft(deadline))) status = absl::AbortedError("");
       }
     } catch (...) {
       // Gloo may still hold a pending op on these buffers: stop all I/O before they go.
@@ -339,6 +375,9 @@ class GlooCommunicator : public Communicator {
       ClearInFlight();
       throw;
     }
+    // A wait that gave up may leave ops pending on the buffers too (the communicator is
+    // poisoned after a failure anyway).
+    if (!status.ok()) CloseConnections();
     ClearInFlight();
     if (status.ok()) waiting_for_.clear();
     return status;

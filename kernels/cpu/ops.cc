@@ -123,34 +123,63 @@ void Attention(const float* q, int64_t T, int64_t nq, int64_t nkv, int64_t hd, i
   const int64_t group = nq / nkv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int64_t slot = nkv * hd;
-  ThreadPool::Default().ParallelFor(T * nq, 4, [&](int64_t i0, int64_t i1) {
-    std::vector<float> scores;
+  const int64_t bs = kv.block_size;
+  // One item is one query position and `hp` heads of one KV head's group: each key and value row
+  // is read once for those heads. Whole groups when there are enough items for the pool; one head
+  // an item otherwise (a one-token decode keeps every thread busy). A head's arithmetic is the
+  // same either way — scores, max, exponentials, sum and the weighted values in key order — so
+  // the result does not depend on the split or on how the sequence is cut into steps.
+  const int64_t hp = T * nkv >= 2 * ThreadPool::Default().size() ? group : 1;
+  const int64_t per_pos = nq / hp;
+  // Calls fn(kp, row offset of position kp's slot) for kp in [first, last], a block at a time.
+  auto for_each_key = [&](int64_t first, int64_t last, auto&& fn) {
+    for (int64_t kp = first; kp <= last;) {
+      const int64_t off = kp % bs;
+      const int64_t n = std::min(bs - off, last - kp + 1);
+      const int64_t row0 = (kv.block_table[kp / bs] * bs + off) * slot;
+      for (int64_t j = 0; j < n; ++j) fn(kp + j, row0 + j * slot);
+      kp += n;
+    }
+  };
+  ThreadPool::Default().ParallelFor(T * per_pos, 4, [&](int64_t i0, int64_t i1) {
+    std::vector<float> scores, m(hp);
     for (int64_t i = i0; i < i1; ++i) {
-      int64_t t = i / nq, h = i % nq, g = h / group;
-      int64_t p = pos0 + t;
-      int64_t first = 0;
-      if (window > 0) first = std::max<int64_t>(0, p - window + 1);
-      const float* qh = q + (t * nq + h) * hd;
-      scores.resize(p - first + 1);
-      float m = -std::numeric_limits<float>::infinity();
-      for (int64_t kp = first; kp <= p; ++kp) {
-        const float* kh = kv.k + (kv.block_table[kp / kv.block_size] * kv.block_size + kp % kv.block_size) * slot + g * hd;
-        float s = Dot(qh, kh, hd) * scale;
-        scores[kp - first] = s;
-        m = std::max(m, s);
+      const int64_t t = i / per_pos, h0 = (i % per_pos) * hp, g = h0 / group;
+      const int64_t p = pos0 + t;
+      const int64_t first = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
+      const int64_t L = p - first + 1;
+      scores.resize(hp * L);
+      for (int64_t j = 0; j < hp; ++j) m[j] = -std::numeric_limits<float>::infinity();
+      for_each_key(first, p, [&](int64_t kp, int64_t row) {
+        const float* kh = kv.k + row + g * hd;
+        for (int64_t j = 0; j < hp; ++j) {
+          const float s = Dot(q + (t * nq + h0 + j) * hd, kh, hd) * scale;
+          scores[j * L + kp - first] = s;
+          m[j] = std::max(m[j], s);
+        }
+      });
+      for (int64_t j = 0; j < hp; ++j) {
+        float* sc = scores.data() + j * L;
+        for (int64_t x = 0; x < L; ++x) sc[x] = std::exp(sc[x] - m[j]);
+        // Four partial sums in double (the additions' latency, not their count, bounds this loop).
+        double s4[4] = {0, 0, 0, 0};
+        int64_t x = 0;
+        for (; x + 4 <= L; x += 4) {
+          for (int k = 0; k < 4; ++k) s4[k] += sc[x + k];
+        }
+        for (; x < L; ++x) s4[0] += sc[x];
+        const double inv = 1.0 / ((s4[0] + s4[1]) + (s4[2] + s4[3]));
+        for (x = 0; x < L; ++x) sc[x] = static_cast<float>(sc[x] * inv);
+        std::fill(out + (t * nq + h0 + j) * hd, out + (t * nq + h0 + j + 1) * hd, 0.f);
       }
-      double sum = 0;
-      for (auto& s : scores) {
-        s = std::exp(s - m);
-        sum += s;
-      }
-      float* oh = out + (t * nq + h) * hd;
-      std::fill(oh, oh + hd, 0.f);
-      for (int64_t kp = first; kp <= p; ++kp) {
-        const float* vh = kv.v + (kv.block_table[kp / kv.block_size] * kv.block_size + kp % kv.block_size) * slot + g * hd;
-        float wgt = static_cast<float>(scores[kp - first] / sum);
-        for (int64_t d = 0; d < hd; ++d) oh[d] += wgt * vh[d];
-      }
+      for_each_key(first, p, [&](int64_t kp, int64_t row) {
+        const float* vh = kv.v + row + g * hd;
+        for (int64_t j = 0; j < hp; ++j) {
+          const float wgt = scores[j * L + kp - first];
+          float* oh = out + (t * nq + h0 + j) * hd;
+          for (int64_t d = 0; d < hd; ++d) oh[d] += wgt * vh[d];
+        }
+      });
     }
   });
 }

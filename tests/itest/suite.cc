@@ -1,5 +1,6 @@
 #include "tests/itest/suite.h"
 
+#include <chrono>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -10,16 +11,20 @@ namespace moeshard::itest {
 absl::Status Skip(const std::string& why) { return absl::UnimplementedError(why); }
 
 void Suite::Run(const std::string& name, const std::function<absl::Status()>& check) {
+  const auto t0 = std::chrono::steady_clock::now();
   absl::Status st = check();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // A check of a second or more says how long it took (where an e2e stage's time goes).
+  const std::string took = s >= 1 ? absl::StrCat(" (", static_cast<int64_t>(s * 10) / 10.0, " s)") : "";
   if (st.ok()) {
     ++passed_;
-    std::printf("ok  %s\n", name.c_str());
+    std::printf("ok  %s%s\n", name.c_str(), took.c_str());
   } else if (st.code() == absl::StatusCode::kUnimplemented) {
     ++skipped_;
     std::printf("skip %s: %s\n", name.c_str(), std::string(st.message()).c_str());
   } else {
     ++failed_;
-    std::printf("FAIL %s: %s\n", name.c_str(), std::string(st.message()).c_str());
+    std::printf("FAIL %s: %s%s\n", name.c_str(), std::string(st.message()).c_str(), took.c_str());
   }
   std::fflush(stdout);
 }
