@@ -19,6 +19,12 @@ function(add_gtest name)
   target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main GTest::gmock)
   set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
   target_compile_definitions(${name} PRIVATE MOESHARD_TESTDATA_DIR="${MOESHARD_TESTDATA}")
+  # Tests under tests/ share its precompiled header (same flags there: tests/CMakeLists.txt).
+  if(TARGET moeshard_test_pch AND CMAKE_CURRENT_SOURCE_DIR MATCHES "^${PROJECT_SOURCE_DIR}/tests(/|$)")
+    target_precompile_headers(${name} REUSE_FROM moeshard_test_pch)
+    # -pthread everywhere: the header is built with it (gRPC's targets add it), which clang checks.
+    target_compile_options(${name} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-pthread>)
+  endif()
   if(T_LONG_CASES)
     add_test(NAME ${name} COMMAND ${name} --gtest_filter=-${T_LONG_CASES})
     add_test(NAME ${name}_long COMMAND ${name} --gtest_filter=${T_LONG_CASES})
