@@ -1,4 +1,5 @@
-# The fuzzing and ThreadSanitizer builds (`make test-fuzz`, `make test-tsan`), each in its own
+# The fuzzing and ThreadSanitizer builds. `make test-asan` builds the libFuzzer targets too
+# (MOESHARD_FUZZ with MOESHARD_SANITIZE: one build instead of two); `make test-tsan` has its own
 # build folder with only its targets built.
 option(MOESHARD_FUZZ "Build the libFuzzer targets (needs clang) with ASan and UBSan" OFF)
 option(MOESHARD_TSAN "Build with ThreadSanitizer" OFF)
@@ -6,9 +7,26 @@ if(MOESHARD_FUZZ)
   if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
     message(FATAL_ERROR "MOESHARD_FUZZ needs clang (-DCMAKE_CXX_COMPILER=clang++)")
   endif()
-  add_compile_options(-fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
-  add_link_options(-fsanitize=address,undefined)
+  if(NOT MOESHARD_SANITIZE)
+    add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+    add_link_options(-fsanitize=address,undefined)
+  endif()
 endif()
+# The coverage the fuzzers steer by (-fsanitize=fuzzer-no-link) only on the libraries they
+# exercise, after every target is defined: the parsers, the model config, the credential and the
+# internal services' handlers. Not the kernels or the model runner: instrumented everywhere, the
+# sanitizer build's tests took 407 s instead of 137 (a call at every comparison of every loop).
+function(moeshard_fuzz_coverage)
+  if(NOT MOESHARD_FUZZ)
+    return()
+  endif()
+  foreach(t moeshard_formats moeshard_tokenizer moeshard_proto_convert moeshard_model moeshard_credential
+            moeshard_security moeshard_coordinator moeshard_worker_service)
+    if(TARGET ${t})
+      target_compile_options(${t} PRIVATE -fsanitize=fuzzer-no-link)
+    endif()
+  endforeach()
+endfunction()
 if(MOESHARD_TSAN)
   add_compile_options(-fsanitize=thread -fno-omit-frame-pointer)
   add_link_options(-fsanitize=thread)
