@@ -9,6 +9,12 @@ JOBS       ?= $(shell nproc)
 # ccache, where the machine has it, keeps rebuilds cheap; nothing needs it.
 CCACHE     := $(shell command -v ccache 2>/dev/null)
 CMAKE_FLAGS ?= $(if $(CCACHE),-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+# Unity builds: each target's C++ sources compiled 16 at a time as one translation unit, so the
+# headers (gRPC, protobuf, Abseil, JSON, httplib) are parsed and their templates compiled once a
+# batch instead of once a file: the release build 556 -> ~370 s here, the sanitizer build 572 ->
+# ~320 s. scripts/check_unity.py (ctest check_unity) keeps file-local helpers' names distinct
+# within a folder, so no file's call binds to a neighbour's overload. CUDA sources are not batched.
+UNITY      ?= -DCMAKE_UNITY_BUILD=ON -DCMAKE_UNITY_BUILD_BATCH_SIZE=16
 # The bundled demo model (models/muse-spark-demo, trained on the King James Bible) when present;
 # otherwise a random-weight Muse Spark that make-model writes.
 DEMO       := models/muse-spark-demo
@@ -23,7 +29,7 @@ deps:
 	@bash scripts/install_deps.sh
 
 $(BUILD)/build.ninja: CMakeLists.txt
-	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOESHARD_CPU_TESTS=OFF $(CMAKE_FLAGS)
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOESHARD_CPU_TESTS=OFF $(UNITY) $(CMAKE_FLAGS)
 
 build: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
@@ -52,7 +58,7 @@ test-unit: build
 # The same build holds the libFuzzer targets (MOESHARD_FUZZ; test-fuzz runs them): the coverage
 # they steer by only on the libraries they exercise (cmake/sanitizer_builds.cmake).
 build-asan: deps
-	cmake -S . -B $(ASAN_BUILD) -G Ninja $(CMAKE_FLAGS) -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+	cmake -S . -B $(ASAN_BUILD) -G Ninja $(UNITY) $(CMAKE_FLAGS) -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
 	  -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" -DMOESHARD_SANITIZE=ON -DMOESHARD_FUZZ=ON -DMOESHARD_CUDA=OFF
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 test-asan: build-asan
@@ -89,7 +95,7 @@ TSAN_TESTS := router_test http_test comm_test scheduler_test block_manager_test
 # clang: the build 214 s against g++'s 262 s here, and the tests 37 s against 74 s.
 build-tsan:
 	cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
-	  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DMOESHARD_TSAN=ON -DMOESHARD_CUDA=OFF $(CMAKE_FLAGS)
+	  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DMOESHARD_TSAN=ON -DMOESHARD_CUDA=OFF $(UNITY) $(CMAKE_FLAGS)
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target $(TSAN_TESTS) moeshard-router
 test-tsan: deps build-tsan
 	cd $(TSAN_BUILD) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \

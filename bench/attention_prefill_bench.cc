@@ -48,7 +48,7 @@ T* Upload(const std::vector<T>& v) {
 }
 
 // Median ms of `iters` calls (after 2 warm-ups), or -1 when the kernel refuses the shape.
-double TimeMs(gpu::AttentionParams ap, int iters) {
+double PrefillTimeMs(gpu::AttentionParams ap, int iters) {
   if (!gpu::ResolveAttentionAlgo(ap).ok()) return -1;
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
@@ -81,7 +81,7 @@ std::vector<float> Output(void* d, size_t n) {
   return f;
 }
 
-int Main(int argc, char** argv) {
+int PrefillBenchMain(int argc, char** argv) {
   std::vector<int64_t> lens = {4096, 16384};
   std::vector<Heads> heads = {{32, 4, 128}, {128, 16, 64}};
   int64_t iters = 20;
@@ -163,7 +163,7 @@ int Main(int argc, char** argv) {
                      K{gpu::AttentionAlgo::kAuto, "auto"}}) {
         ap.algo = kern.algo;
         ap.out = kern.algo == gpu::AttentionAlgo::kTiledTensorCore ? ref : out;
-        const double ms = TimeMs(ap, static_cast<int>(iters));
+        const double ms = PrefillTimeMs(ap, static_cast<int>(iters));
         if (ms < 0) {
           std::printf("| %lld | %lldx%lldx%lld | %s | refused | | |\n", static_cast<long long>(len),
                       static_cast<long long>(h.nq), static_cast<long long>(h.nkv), static_cast<long long>(h.hd), kern.name);
@@ -198,4 +198,4 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace moeshard
 
-int main(int argc, char** argv) { return moeshard::Main(argc, argv); }
+int main(int argc, char** argv) { return moeshard::PrefillBenchMain(argc, argv); }

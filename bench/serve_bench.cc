@@ -163,7 +163,7 @@ absl::Status Serve(const Config& c) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<int64_t>> ParseList(const std::string& s) {
+absl::StatusOr<std::vector<int64_t>> ParseServeList(const std::string& s) {
   std::vector<int64_t> out;
   for (absl::string_view part : absl::StrSplit(s, ',')) {
     int64_t v;
@@ -186,7 +186,7 @@ absl::StatusOr<Config> ParseConfig(const Args& a) {
   const std::string eos = a.Get("ignore-eos", "true");
   if (eos != "true" && eos != "false") return absl::InvalidArgumentError("--ignore-eos is true or false");
   r.ignore_eos = eos == "true";
-  ASSIGN_OR_RETURN(c.concurrency, ParseList(a.Get("concurrency", "1")));
+  ASSIGN_OR_RETURN(c.concurrency, ParseServeList(a.Get("concurrency", "1")));
   ASSIGN_OR_RETURN(c.requests, a.GetInt("requests", 0));
   ASSIGN_OR_RETURN(r.prompt_len, a.GetInt("prompt-len", 128));
   ASSIGN_OR_RETURN(r.output_len, a.GetInt("output-len", 128));

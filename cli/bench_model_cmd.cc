@@ -15,7 +15,7 @@
 namespace moeshard {
 namespace {
 
-constexpr char kUsage[] =
+constexpr char kBenchModelUsage[] =
     "usage: moeshard bench-model --arch muse_spark|qwen3_moe [--preset tiny|small|full-layer] [--layers N]\n"
     "       [--experts E] [--top-k K] [--hidden H] [--vocab V] [--expert-format nvfp4|mxfp4|q8_0|bf16]\n"
     "       [--dense-format bf16|q8_0]\n"
@@ -31,7 +31,7 @@ absl::StatusOr<WeightFormat> ParseFormat(const std::string& s) {
   return absl::InvalidArgumentError("--expert-format must be nvfp4, mxfp4, q8_0 or bf16");
 }
 
-absl::Status Run(const Args& a) {
+absl::Status RunBenchModel(const Args& a) {
   RandomModelSpec spec;
   spec.arch = a.Get("arch", "muse_spark");
   spec.preset = a.Get("preset", "full-layer");
@@ -78,10 +78,10 @@ int BenchModelCommand(const std::vector<std::string>& argv) {
                         "kv-dtype", "expert-layout", "max-batch-tokens"},
                        {"help"});
   if (!a.ok() || a->Flag("help")) {
-    std::fprintf(stderr, "%s%s\n", kUsage, a.ok() ? "" : std::string(a.status().message()).c_str());
+    std::fprintf(stderr, "%s%s\n", kBenchModelUsage, a.ok() ? "" : std::string(a.status().message()).c_str());
     return a.ok() ? 0 : 2;
   }
-  absl::Status st = Run(*a);
+  absl::Status st = RunBenchModel(*a);
   if (!st.ok()) {
     std::fprintf(stderr, "bench-model: %s\n", std::string(st.message()).c_str());
     return 1;

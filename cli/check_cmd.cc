@@ -14,9 +14,10 @@
 namespace moeshard {
 namespace {
 
-constexpr char kUsage[] =
+constexpr char kCheckUsage[] =
     "usage: moeshard check --model PATH --goldens FILE [--tolerance fp32|q8_0|bf16]\n"
-    "                      [--device cpu|cuda] [--gpu N] [--dtype float32|bfloat16] [--kv-dtype auto|float32|bfloat16|fp8]\n"
+    "                      [--device cpu|cuda] [--gpu N] [--dtype float32|bfloat16] [--kv-dtype "
+    "auto|float32|bfloat16|fp8]\n"
     "                      [--tp N | --layer-split N] [--bf16-mean-kl X] [--bf16-top1 F] [--max-batch-tokens N]\n"
     "                      [--runs whole,batched,decode] [--decode-steps N] [--fp32-outliers F] [--bf16-outliers F]\n"
     "  --max-batch-tokens: tokens per step (default 8192); longer sequences are prefilled in chunks\n"
@@ -76,7 +77,7 @@ int CheckCommand(const std::vector<std::string>& argv) {
                         "bf16-outliers"},
                        {"help"});
   if (!a.ok() || a->Flag("help") || !a->Has("model") || !a->Has("goldens")) {
-    std::fprintf(stderr, "%s%s\n", kUsage, a.ok() ? "" : std::string(a.status().message()).c_str());
+    std::fprintf(stderr, "%s%s\n", kCheckUsage, a.ok() ? "" : std::string(a.status().message()).c_str());
     return (a.ok() && a->Flag("help")) ? 0 : 2;
   }
   auto m = LoadModel(a->Get("model"), /*load_tokenizer=*/false);
@@ -86,7 +87,7 @@ int CheckCommand(const std::vector<std::string>& argv) {
   }
   auto setup = ParseSetup(*a, *m);
   if (!setup.ok()) {
-    std::fprintf(stderr, "check: %s\n%s", std::string(setup.status().message()).c_str(), kUsage);
+    std::fprintf(stderr, "check: %s\n%s", std::string(setup.status().message()).c_str(), kCheckUsage);
     return 2;
   }
   auto rep = CheckModel(*m, a->Get("goldens"), setup->first, setup->second);

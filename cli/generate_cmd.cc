@@ -19,7 +19,7 @@
 namespace moeshard {
 namespace {
 
-absl::Status Run(const Args& a) {
+absl::Status RunGenerate(const Args& a) {
   ASSIGN_OR_RETURN(std::string path, a.Required("model"));
   ASSIGN_OR_RETURN(int64_t n, a.GetInt("max-tokens", 32));
   ASSIGN_OR_RETURN(double temp, a.GetDouble("temperature", 0.0));
@@ -112,7 +112,7 @@ int GenerateCommand(const std::vector<std::string>& argv) {
                  a.ok() ? "" : std::string(a.status().message()).c_str());
     return a.ok() ? 0 : 2;
   }
-  absl::Status st = Run(*a);
+  absl::Status st = RunGenerate(*a);
   if (!st.ok()) {
     std::fprintf(stderr, "generate: %s\n", std::string(st.message()).c_str());
     return 1;

@@ -12,7 +12,7 @@ namespace moeshard {
 namespace {
 
 // Each chunk's table from what the workers hold on (table_deltas.h).
-void ToProto(const StepRequest& r, const TableDeltas& deltas, v1::StepRequest* p) {
+void StepToProto(const StepRequest& r, const TableDeltas& deltas, v1::StepRequest* p) {
   p->set_step_id(r.step_id);
   for (const ChunkPlan& c : r.chunks) {
     v1::ChunkProto* cp = p->add_chunks();
@@ -40,7 +40,7 @@ void ToProto(const StepRequest& r, const TableDeltas& deltas, v1::StepRequest* p
   p->mutable_preempted_seqs()->Add(r.preempted_seqs.begin(), r.preempted_seqs.end());
 }
 
-StepResult FromProto(const v1::StepReply& rep) {
+StepResult StepFromProto(const v1::StepReply& rep) {
   StepResult r;
   for (int i = 0; i < rep.seq_ids_size() && i < rep.tokens_size(); ++i) {
     const v1::TokenOutput& t = rep.tokens(i);
@@ -149,7 +149,7 @@ absl::Status GrpcWorkerPool::Handshake(const Plan& plan, const HandshakeOptions&
 
 absl::StatusOr<StepResult> GrpcWorkerPool::Step(const StepRequest& step, std::chrono::milliseconds deadline) {
   v1::StepRequest request;
-  ToProto(step, deltas_, &request);
+  StepToProto(step, deltas_, &request);
   std::vector<v1::StepReply> replies(size());
   auto call = [&](int w) {
     grpc::ClientContext ctx;
@@ -180,7 +180,7 @@ absl::StatusOr<StepResult> GrpcWorkerPool::Step(const StepRequest& step, std::ch
     return first;
   }
   deltas_.Committed(step);
-  return FromProto(replies[sampler_worker_]);
+  return StepFromProto(replies[sampler_worker_]);
 }
 
 }  // namespace moeshard

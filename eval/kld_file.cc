@@ -22,7 +22,7 @@ constexpr int64_t kMaxDim = int64_t{1} << 24;  // sanity bound on every header f
 int64_t MsklWindowBytes(const LogitsLayout& l) { return l.ctx * 4 + l.scored() * l.vocab * 4; }
 int64_t LlamaWindowBytes(const LogitsLayout& l) { return l.scored() * LlamaRowUint16s(l.vocab) * 2; }
 
-absl::Status CheckLayout(const LogitsLayout& l, const std::string& what) {
+absl::Status ValidLayout(const LogitsLayout& l, const std::string& what) {
   if (l.vocab < 1 || l.vocab > kMaxDim || l.ctx < 2 || l.ctx > kMaxDim || l.num_windows < 0 ||
       l.num_windows > kMaxDim) {
     return absl::InvalidArgumentError(
@@ -93,7 +93,7 @@ void DequantizeLlamaRow(const uint16_t* row, int64_t vocab, float* logprobs) {
 absl::StatusOr<std::unique_ptr<LogitsWriter>> LogitsWriter::Create(const std::string& path, LogitsFormat format,
                                                                    const LogitsLayout& layout,
                                                                    const std::vector<int32_t>& ids) {
-  RETURN_IF_ERROR(CheckLayout(layout, path));
+  RETURN_IF_ERROR(ValidLayout(layout, path));
   if (static_cast<int64_t>(ids.size()) != layout.num_windows * layout.ctx) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": ", ids.size(), " ids for ", layout.num_windows, " windows of ", layout.ctx));
@@ -172,7 +172,7 @@ absl::StatusOr<std::unique_ptr<LogitsReader>> LogitsReader::Open(const std::stri
     r->in_.read(reinterpret_cast<char*>(f), sizeof(f));
     if (!r->in_) return absl::InvalidArgumentError(absl::StrCat("'", path, "': truncated llama.cpp header"));
     l = {f[1], f[0], f[2]};
-    RETURN_IF_ERROR(CheckLayout(l, path));
+    RETURN_IF_ERROR(ValidLayout(l, path));
     r->data_offset_ = kLlamaHeaderBytes + l.num_windows * l.ctx * 4;
     want_bytes = r->data_offset_ + static_cast<__int128>(l.num_windows) * LlamaWindowBytes(l);
   } else if (r->in_ && std::memcmp(magic, kMsklMagic, 4) == 0) {
@@ -183,7 +183,7 @@ absl::StatusOr<std::unique_ptr<LogitsReader>> LogitsReader::Open(const std::stri
     if (!r->in_) return absl::InvalidArgumentError(absl::StrCat("'", path, "': truncated MSKL header"));
     if (f[0] != 1) return absl::InvalidArgumentError(absl::StrCat("'", path, "': unsupported MSKL version ", f[0]));
     l = {f[1], f[2], f[3]};
-    RETURN_IF_ERROR(CheckLayout(l, path));
+    RETURN_IF_ERROR(ValidLayout(l, path));
     if (f[4] != l.first() || f[5] != l.scored()) {
       return absl::InvalidArgumentError(
           absl::StrCat("'", path, "' scores positions ", f[4], "+", f[5], ", not ctx/2 .. ctx-2"));

@@ -9,7 +9,7 @@
 
 namespace moeshard::router {
 
-using Json = nlohmann::ordered_json;
+using OrderedJson = nlohmann::ordered_json;
 
 namespace {
 
@@ -22,26 +22,26 @@ std::string TokenBytes(const Tokenizer* tokenizer, int32_t id) {
   return bytes.ok() ? *bytes : "";
 }
 
-Json BytesArray(const std::string& bytes) {
-  Json a = Json::array();
+OrderedJson BytesArray(const std::string& bytes) {
+  OrderedJson a = OrderedJson::array();
   for (unsigned char c : bytes) a.push_back(static_cast<int>(c));
   return a;
 }
 
-Json TokenIds(const std::vector<TokenInfo>& tokens) {
-  Json a = Json::array();
+OrderedJson TokenIds(const std::vector<TokenInfo>& tokens) {
+  OrderedJson a = OrderedJson::array();
   for (const TokenInfo& t : tokens) a.push_back(t.id);
   return a;
 }
 
 }  // namespace
 
-std::string DumpJson(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+std::string DumpJson(const OrderedJson& j) { return j.dump(-1, ' ', false, OrderedJson::error_handler_t::replace); }
 std::string DumpJson(const nlohmann::json& j) {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-std::string SseEvent(const Json& j) { return absl::StrCat("data: ", DumpJson(j), "\n\n"); }
+std::string SseEvent(const OrderedJson& j) { return absl::StrCat("data: ", DumpJson(j), "\n\n"); }
 std::string SseEvent(const nlohmann::json& j) { return absl::StrCat("data: ", DumpJson(j), "\n\n"); }
 
 std::string TokenText(const Tokenizer* tokenizer, int32_t token_id) {
@@ -59,24 +59,24 @@ ResponseFormatter::ResponseFormatter(Api api, std::string id, std::string model,
       prompt_ids_(prompt_ids),
       created_(static_cast<int64_t>(std::time(nullptr))) {}
 
-Json ResponseFormatter::Usage(const GenerationResult& r) {
+OrderedJson ResponseFormatter::Usage(const GenerationResult& r) {
   return {{"prompt_tokens", r.prompt_tokens},
           {"completion_tokens", r.completion_tokens},
           {"total_tokens", r.prompt_tokens + r.completion_tokens},
           {"prompt_tokens_details", {{"cached_tokens", r.cached_tokens}}}};
 }
 
-Json ResponseFormatter::StopReason(const GenerationResult& r) {
+OrderedJson ResponseFormatter::StopReason(const GenerationResult& r) {
   if (r.stop_string) return *r.stop_string;
   if (r.stop_token_id) return *r.stop_token_id;
   return nullptr;
 }
 
-Json ResponseFormatter::CompletionLogprobs(const std::vector<TokenInfo>& tokens, int64_t* text_offset) const {
-  Json out = {{"tokens", Json::array()},
-              {"token_logprobs", Json::array()},
-              {"top_logprobs", Json::array()},
-              {"text_offset", Json::array()}};
+OrderedJson ResponseFormatter::CompletionLogprobs(const std::vector<TokenInfo>& tokens, int64_t* text_offset) const {
+  OrderedJson out = {{"tokens", OrderedJson::array()},
+                     {"token_logprobs", OrderedJson::array()},
+                     {"top_logprobs", OrderedJson::array()},
+                     {"text_offset", OrderedJson::array()}};
   for (const TokenInfo& t : tokens) {
     const std::string text = TokenText(tokenizer_, t.id);
     out["tokens"].push_back(text);
@@ -84,7 +84,7 @@ Json ResponseFormatter::CompletionLogprobs(const std::vector<TokenInfo>& tokens,
     // The N most likely tokens, most likely first, then the sampled one if it is not among
     // them (as vLLM does). Distinct tokens can read the same (partial UTF-8 shows as U+FFFD):
     // a repeated key falls back to "token_id:N" so that no alternative is lost.
-    Json top = Json::object();
+    OrderedJson top = OrderedJson::object();
     bool sampled_listed = false;
     auto add = [&](int32_t id, float logprob) {
       std::string key = TokenText(tokenizer_, id);
@@ -103,10 +103,10 @@ Json ResponseFormatter::CompletionLogprobs(const std::vector<TokenInfo>& tokens,
   return out;
 }
 
-Json ResponseFormatter::ChatLogprobs(const std::vector<TokenInfo>& tokens) const {
-  Json content = Json::array();
+OrderedJson ResponseFormatter::ChatLogprobs(const std::vector<TokenInfo>& tokens) const {
+  OrderedJson content = OrderedJson::array();
   for (const TokenInfo& t : tokens) {
-    Json top = Json::array();
+    OrderedJson top = OrderedJson::array();
     for (size_t i = 0; i < t.top.size() && i < static_cast<size_t>(params_.top_logprobs); ++i) {
       top.push_back({{"token", TokenText(tokenizer_, t.top[i].first)},
                      {"logprob", FiniteLogprob(t.top[i].second)},
@@ -120,86 +120,86 @@ Json ResponseFormatter::ChatLogprobs(const std::vector<TokenInfo>& tokens) const
   return {{"content", std::move(content)}};
 }
 
-Json ResponseFormatter::Logprobs(const std::vector<TokenInfo>& tokens, int64_t* text_offset) const {
+OrderedJson ResponseFormatter::Logprobs(const std::vector<TokenInfo>& tokens, int64_t* text_offset) const {
   if (!params_.logprobs) return nullptr;
   return api_ == Api::kChat ? ChatLogprobs(tokens) : CompletionLogprobs(tokens, text_offset);
 }
 
-Json ResponseFormatter::Full(const std::string& text, const std::vector<TokenInfo>& tokens,
-                             const GenerationResult& r) const {
+OrderedJson ResponseFormatter::Full(const std::string& text, const std::vector<TokenInfo>& tokens,
+                                    const GenerationResult& r) const {
   int64_t offset = 0;
-  Json choice = {{"index", 0},
-                 {"logprobs", Logprobs(tokens, &offset)},
-                 {"finish_reason", r.finish_reason},
-                 {"stop_reason", StopReason(r)}};
+  OrderedJson choice = {{"index", 0},
+                        {"logprobs", Logprobs(tokens, &offset)},
+                        {"finish_reason", r.finish_reason},
+                        {"stop_reason", StopReason(r)}};
   if (api_ == Api::kChat) {
     choice["message"] = {{"role", "assistant"}, {"content", text}};
   } else {
     choice["text"] = text;
   }
   if (params_.return_token_ids) choice["token_ids"] = TokenIds(tokens);
-  Json out = {{"id", id_},
-              {"object", api_ == Api::kChat ? "chat.completion" : "text_completion"},
-              {"created", created_},
-              {"model", model_},
-              {"choices", Json::array({std::move(choice)})},
-              {"usage", Usage(r)}};
+  OrderedJson out = {{"id", id_},
+                     {"object", api_ == Api::kChat ? "chat.completion" : "text_completion"},
+                     {"created", created_},
+                     {"model", model_},
+                     {"choices", OrderedJson::array({std::move(choice)})},
+                     {"usage", Usage(r)}};
   if (params_.return_token_ids) out["prompt_token_ids"] = prompt_ids_;
   return out;
 }
 
-Json ResponseFormatter::ChunkBase() {
-  Json out = {{"id", id_},
-              {"object", api_ == Api::kChat ? "chat.completion.chunk" : "text_completion"},
-              {"created", created_},
-              {"model", model_}};
+OrderedJson ResponseFormatter::ChunkBase() {
+  OrderedJson out = {{"id", id_},
+                     {"object", api_ == Api::kChat ? "chat.completion.chunk" : "text_completion"},
+                     {"created", created_},
+                     {"model", model_}};
   if (!sent_first_ && params_.return_token_ids) out["prompt_token_ids"] = prompt_ids_;
   sent_first_ = true;
   return out;
 }
 
-Json ResponseFormatter::RoleChunk() {
-  Json out = ChunkBase();
-  out["choices"] = Json::array({{{"index", 0},
-                                 {"delta", {{"role", "assistant"}, {"content", ""}}},
-                                 {"logprobs", nullptr},
-                                 {"finish_reason", nullptr}}});
+OrderedJson ResponseFormatter::RoleChunk() {
+  OrderedJson out = ChunkBase();
+  out["choices"] = OrderedJson::array({{{"index", 0},
+                                        {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                        {"logprobs", nullptr},
+                                        {"finish_reason", nullptr}}});
   return out;
 }
 
-Json ResponseFormatter::DeltaChunk(const GenerationDelta& delta) {
-  Json out = ChunkBase();
-  Json choice = {{"index", 0}, {"logprobs", Logprobs(delta.tokens, &text_offset_)}, {"finish_reason", nullptr}};
+OrderedJson ResponseFormatter::DeltaChunk(const GenerationDelta& delta) {
+  OrderedJson out = ChunkBase();
+  OrderedJson choice = {{"index", 0}, {"logprobs", Logprobs(delta.tokens, &text_offset_)}, {"finish_reason", nullptr}};
   if (api_ == Api::kChat) {
     choice["delta"] = {{"content", delta.text}};
   } else {
     choice["text"] = delta.text;
   }
   if (params_.return_token_ids) choice["token_ids"] = TokenIds(delta.tokens);
-  out["choices"] = Json::array({std::move(choice)});
+  out["choices"] = OrderedJson::array({std::move(choice)});
   return out;
 }
 
-Json ResponseFormatter::FinalChunk(const GenerationResult& r) {
-  Json out = ChunkBase();
-  Json choice = {
+OrderedJson ResponseFormatter::FinalChunk(const GenerationResult& r) {
+  OrderedJson out = ChunkBase();
+  OrderedJson choice = {
       {"index", 0}, {"logprobs", nullptr}, {"finish_reason", r.finish_reason}, {"stop_reason", StopReason(r)}};
   if (api_ == Api::kChat) {
-    choice["delta"] = Json::object();
+    choice["delta"] = OrderedJson::object();
   } else {
     choice["text"] = "";
   }
-  if (params_.return_token_ids) choice["token_ids"] = Json::array();
-  out["choices"] = Json::array({std::move(choice)});
+  if (params_.return_token_ids) choice["token_ids"] = OrderedJson::array();
+  out["choices"] = OrderedJson::array({std::move(choice)});
   return out;
 }
 
-Json ResponseFormatter::UsageChunk(const GenerationResult& r) const {
+OrderedJson ResponseFormatter::UsageChunk(const GenerationResult& r) const {
   return {{"id", id_},
           {"object", api_ == Api::kChat ? "chat.completion.chunk" : "text_completion"},
           {"created", created_},
           {"model", model_},
-          {"choices", Json::array()},
+          {"choices", OrderedJson::array()},
           {"usage", Usage(r)}};
 }
 

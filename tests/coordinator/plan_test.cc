@@ -13,8 +13,8 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Pair;
 
-ModelConfig Config(int64_t num_layers, int64_t kv_heads = 4, int64_t experts = 8, int64_t dense = 0,
-                   bool has_dense_layer = false) {
+ModelConfig PlanConfig(int64_t num_layers, int64_t kv_heads = 4, int64_t experts = 8, int64_t dense = 0,
+                       bool has_dense_layer = false) {
   ModelConfig c;
   c.num_layers = num_layers;
   c.num_heads = kv_heads * 2;
@@ -50,7 +50,7 @@ TEST(PlanTest, LayerSplitExhaustive) {
       for (const std::vector<double>& weights : WeightVectors(workers)) {
         SCOPED_TRACE(::testing::Message() << layers << " layers, " << workers << " workers, "
                                           << weights.size() << " weights");
-        absl::StatusOr<Plan> plan = MakePlan(Config(layers), ParallelMode::kLayerSplit, workers, weights);
+        absl::StatusOr<Plan> plan = MakePlan(PlanConfig(layers), ParallelMode::kLayerSplit, workers, weights);
         if (workers > layers) {
           ASSERT_FALSE(plan.ok());
           EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
@@ -85,7 +85,7 @@ TEST(PlanTest, LayerSplitExhaustive) {
         }
         EXPECT_EQ(next, layers);
         // Deterministic.
-        absl::StatusOr<Plan> again = MakePlan(Config(layers), ParallelMode::kLayerSplit, workers, weights);
+        absl::StatusOr<Plan> again = MakePlan(PlanConfig(layers), ParallelMode::kLayerSplit, workers, weights);
         ASSERT_TRUE(again.ok());
         for (int i = 0; i < workers; ++i) EXPECT_EQ(again->shards[i].layer_end, plan->shards[i].layer_end);
       }
@@ -124,7 +124,7 @@ TEST(PlanTest, HandComputedSplits) {
   ASSERT_TRUE(ranges.ok());
   EXPECT_THAT(*ranges, ElementsAre(Pair(0, 2), Pair(2, 5), Pair(5, 7)));
 
-  absl::StatusOr<Plan> plan = MakePlan(Config(8), ParallelMode::kLayerSplit, 3, {2, 1, 1});
+  absl::StatusOr<Plan> plan = MakePlan(PlanConfig(8), ParallelMode::kLayerSplit, 3, {2, 1, 1});
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->shards[0].DebugString(), "layers [0, 4) tp 0/1 first");
   EXPECT_EQ(plan->shards[1].DebugString(), "layers [4, 6) tp 0/1");
@@ -134,23 +134,23 @@ TEST(PlanTest, HandComputedSplits) {
 }
 
 TEST(PlanTest, LayerSplitErrors) {
-  auto plan = MakePlan(Config(8), ParallelMode::kLayerSplit, 0, {});
+  auto plan = MakePlan(PlanConfig(8), ParallelMode::kLayerSplit, 0, {});
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
-  plan = MakePlan(Config(8), ParallelMode::kLayerSplit, 3, {1, 1});
+  plan = MakePlan(PlanConfig(8), ParallelMode::kLayerSplit, 3, {1, 1});
   ASSERT_FALSE(plan.ok());
   EXPECT_THAT(plan.status().message(), HasSubstr("2 layer weights given for 3 pipeline stage"));
-  plan = MakePlan(Config(8), ParallelMode::kLayerSplit, 3, {1, 0, 1});
+  plan = MakePlan(PlanConfig(8), ParallelMode::kLayerSplit, 3, {1, 0, 1});
   ASSERT_FALSE(plan.ok());
   EXPECT_THAT(plan.status().message(), HasSubstr("layer weight 1 is 0"));
-  plan = MakePlan(Config(8), ParallelMode::kLayerSplit, 2, {1, -2});
+  plan = MakePlan(PlanConfig(8), ParallelMode::kLayerSplit, 2, {1, -2});
   EXPECT_FALSE(plan.ok());
-  plan = MakePlan(Config(2), ParallelMode::kLayerSplit, 3, {});
+  plan = MakePlan(PlanConfig(2), ParallelMode::kLayerSplit, 3, {});
   ASSERT_FALSE(plan.ok());
   EXPECT_THAT(plan.status().message(), HasSubstr("3 pipeline stages for a model of 2 layers"));
 }
 
 TEST(PlanTest, TensorParallel) {
-  const ModelConfig c = Config(6, /*kv_heads=*/4, /*experts=*/8);
+  const ModelConfig c = PlanConfig(6, /*kv_heads=*/4, /*experts=*/8);
   EXPECT_THAT(ValidTensorParallelSizes(c), ElementsAre(1, 2, 4));
   for (int workers = 1; workers <= 6; ++workers) {
     SCOPED_TRACE(workers);
@@ -176,14 +176,14 @@ TEST(PlanTest, TensorParallel) {
     }
   }
   // One dense layer: its intermediate size must divide too.
-  const ModelConfig dense = Config(4, /*kv_heads=*/8, /*experts=*/8, /*dense=*/6, /*has_dense_layer=*/true);
+  const ModelConfig dense = PlanConfig(4, /*kv_heads=*/8, /*experts=*/8, /*dense=*/6, /*has_dense_layer=*/true);
   EXPECT_THAT(ValidTensorParallelSizes(dense), ElementsAre(1, 2));
   auto plan = MakePlan(dense, ParallelMode::kTensorParallel, 4, {});
   ASSERT_FALSE(plan.ok());
   EXPECT_THAT(plan.status().message(), HasSubstr("worker counts that work: 1, 2 (they divide 8 KV heads, 8 experts, "
                                                  "dense intermediate 6)"));
   // The same dense size without dense layers does not constrain.
-  EXPECT_THAT(ValidTensorParallelSizes(Config(4, 8, 8, 6, false)), ElementsAre(1, 2, 4, 8));
+  EXPECT_THAT(ValidTensorParallelSizes(PlanConfig(4, 8, 8, 6, false)), ElementsAre(1, 2, 4, 8));
   // Weights belong to pipeline stages: tensor parallel has one.
   plan = MakePlan(c, ParallelMode::kTensorParallel, 2, {1, 1});
   ASSERT_FALSE(plan.ok());

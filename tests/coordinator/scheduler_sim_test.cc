@@ -16,12 +16,12 @@
 namespace moeshard {
 namespace {
 
-constexpr int32_t kEos = 2;
+constexpr int32_t kSimEos = 2;
 
 int32_t SimToken(int64_t seq_id, int64_t pos) {
   const uint64_t h = (static_cast<uint64_t>(seq_id) * 0x9e3779b97f4a7c15ULL) ^ (static_cast<uint64_t>(pos) * 0xbf58476d1ce4e5b9ULL);
   const uint64_t m = (h ^ (h >> 29)) * 0x94d049bb133111ebULL;
-  return (m >> 40) % 17 == 0 ? kEos : static_cast<int32_t>(1000 + (m >> 20) % 997);
+  return (m >> 40) % 17 == 0 ? kSimEos : static_cast<int32_t>(1000 + (m >> 20) % 997);
 }
 
 struct Model {
@@ -76,7 +76,7 @@ void RunSim(uint32_t seed, SimStats* stats, bool sliding = false, bool lookahead
       r.prompt.assign(base.begin(), base.begin() + rnd(1, 60));
       for (int64_t i = rnd(0, 3); i > 0; --i) r.prompt.push_back(static_cast<int32_t>(rnd(0, 50)));
       r.max_new_tokens = rnd(1, 12);
-      r.eos_token_ids = {kEos};
+      r.eos_token_ids = {kSimEos};
       r.ignore_eos = rnd(0, 3) == 0;
       const int64_t len = r.prompt.size();
       const bool fits = len <= cfg.max_model_len && (len + bs - 1) / bs <= num_blocks;
@@ -189,7 +189,7 @@ void RunSim(uint32_t seed, SimStats* stats, bool sliding = false, bool lookahead
         ASSERT_EQ(*e.token, SimToken(e.seq_id, q.tokens.size())) << "seq " << e.seq_id;
         q.tokens.push_back(*e.token);
         q.out.push_back(*e.token);
-        ASSERT_EQ(e.is_stop_token, *e.token == kEos && !q.req.ignore_eos);
+        ASSERT_EQ(e.is_stop_token, *e.token == kSimEos && !q.req.ignore_eos);
       }
       if (e.finished) {
         q.finished = true;
@@ -208,11 +208,11 @@ void RunSim(uint32_t seed, SimStats* stats, bool sliding = false, bool lookahead
     ASSERT_TRUE(q.finished) << "seq " << id << " never finished";
     ASSERT_LE(static_cast<int64_t>(q.out.size()), q.req.max_new_tokens);
     for (size_t i = 0; i + 1 < q.out.size(); ++i) {
-      ASSERT_TRUE(q.out[i] != kEos || q.req.ignore_eos) << "seq " << id << " went past a stop token";
+      ASSERT_TRUE(q.out[i] != kSimEos || q.req.ignore_eos) << "seq " << id << " went past a stop token";
     }
     const int64_t total = q.tokens.size();
     if (q.reason == "stop") {
-      ASSERT_TRUE(q.out.back() == kEos && !q.req.ignore_eos);
+      ASSERT_TRUE(q.out.back() == kSimEos && !q.req.ignore_eos);
     } else {
       ASSERT_EQ(q.reason, "length");
       ASSERT_TRUE(static_cast<int64_t>(q.out.size()) == q.req.max_new_tokens || total >= cfg.max_model_len ||

@@ -8,7 +8,7 @@ namespace {
 using std::chrono::milliseconds;
 using Secs = std::chrono::duration<double>;
 
-StepDeadlineConfig Config() {
+StepDeadlineConfig DeadlineConfig() {
   StepDeadlineConfig c;
   c.floor = milliseconds(500);
   c.ceiling = milliseconds(60000);
@@ -18,13 +18,13 @@ StepDeadlineConfig Config() {
 }
 
 TEST(StepDeadlineTest, CeilingUntilAStepWasMeasured) {
-  StepDeadline d(Config());
+  StepDeadline d(DeadlineConfig());
   EXPECT_EQ(d.For(1), milliseconds(60000));
   EXPECT_EQ(d.For(512), milliseconds(60000));
 }
 
 TEST(StepDeadlineTest, FactorTimesTheSlowestComparableStepWithinFloorAndCeiling) {
-  StepDeadline d(Config());
+  StepDeadline d(DeadlineConfig());
   d.Observe(1, Secs(0.05));  // a decode step: 4 x 50 ms = 200 ms, below the floor
   EXPECT_EQ(d.For(1), milliseconds(500));
   d.Observe(1, Secs(0.3));  // 4 x 300 ms
@@ -34,7 +34,7 @@ TEST(StepDeadlineTest, FactorTimesTheSlowestComparableStepWithinFloorAndCeiling)
 }
 
 TEST(StepDeadlineTest, ScalesEveryObservationByTokens) {
-  StepDeadline d(Config());
+  StepDeadline d(DeadlineConfig());
   d.Observe(64, Secs(0.64));  // 10 ms a token
   d.Observe(1, Secs(0.02));
   EXPECT_EQ(d.For(128), milliseconds(10240));  // 4 x (0.02 x 128): the decode step scales too
@@ -42,7 +42,7 @@ TEST(StepDeadlineTest, ScalesEveryObservationByTokens) {
 }
 
 TEST(StepDeadlineTest, OnlyTheLastWindowCounts) {
-  StepDeadline d(Config());
+  StepDeadline d(DeadlineConfig());
   d.Observe(1, Secs(2.0));
   for (int i = 0; i < 3; ++i) d.Observe(1, Secs(0.25));
   EXPECT_EQ(d.num_observed(), 3u);
@@ -50,11 +50,11 @@ TEST(StepDeadlineTest, OnlyTheLastWindowCounts) {
 }
 
 TEST(StepDeadlineTest, ValidateRefusesAFloorAboveTheCeiling) {
-  StepDeadlineConfig c = Config();
+  StepDeadlineConfig c = DeadlineConfig();
   EXPECT_TRUE(c.Validate().ok());
   c.floor = milliseconds(70000);
   EXPECT_FALSE(c.Validate().ok());
-  c = Config();
+  c = DeadlineConfig();
   c.factor = 0.5;
   EXPECT_FALSE(c.Validate().ok());
 }

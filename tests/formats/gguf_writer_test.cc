@@ -20,7 +20,7 @@ namespace {
 
 using test::TempDir;
 
-std::string F32Bytes(const std::vector<float>& v) {
+std::string FloatBytes(const std::vector<float>& v) {
   return std::string(reinterpret_cast<const char*>(v.data()), 4 * v.size());
 }
 
@@ -35,7 +35,7 @@ TEST(GgufWriterTest, RoundTripsThroughTheReader) {
   w.AddStringArray("tokenizer.ggml.tokens", {"a", "Ġb", ""});
   w.AddI32Array("tokenizer.ggml.token_type", {1, 3, -5});
   std::vector<float> a = {1, 2, 3, 4, 5, 6};
-  ASSERT_TRUE(w.AddTensor("a.weight", GgmlType::kF32, {2, 3}, F32Bytes(a)).ok());
+  ASSERT_TRUE(w.AddTensor("a.weight", GgmlType::kF32, {2, 3}, FloatBytes(a)).ok());
   std::string q;
   std::vector<float> row(64, 0.25f);
   QuantizeRowQ8_0(row.data(), 64, &q);
@@ -62,7 +62,7 @@ TEST(GgufWriterTest, RoundTripsThroughTheReader) {
   EXPECT_EQ(ta->shape, (std::vector<int64_t>{2, 3}));
   EXPECT_EQ(tq->shape, (std::vector<int64_t>{3, 1, 64}));
   EXPECT_EQ(tq->dtype, DType::kQ8_0);
-  EXPECT_EQ(std::string(reinterpret_cast<const char*>(ta->data), ta->nbytes), F32Bytes(a));
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(ta->data), ta->nbytes), FloatBytes(a));
   EXPECT_EQ(std::string(reinterpret_cast<const char*>(tq->data), tq->nbytes), q);
   // llama.cpp's gguf.cpp: tensor i starts where tensor i-1 ends, padded to the alignment.
   EXPECT_EQ(tq->data - ta->data, 32);

@@ -8,8 +8,8 @@
 namespace moeshard::itest {
 namespace {
 
-struct BadRequest {
-  BadRequest(std::string n, std::string p, std::string b, int status, std::string code = "")
+struct BadRequestCase {
+  BadRequestCase(std::string n, std::string p, std::string b, int status, std::string code = "")
       : name(std::move(n)), path(std::move(p)), body(std::move(b)), want_status(status), want_code(std::move(code)) {}
   std::string name, path;
   std::string body;       // sent as is
@@ -17,7 +17,7 @@ struct BadRequest {
   std::string want_code;  // error.code, or empty
 };
 
-std::vector<BadRequest> BadRequests(const Context& ctx) {
+std::vector<BadRequestCase> BadRequests(const Context& ctx) {
   const std::string m = Json(ctx.model_name).dump();
   const std::string ok_prompt = "[1, 2, 3]";
   auto completion = [&](const std::string& fields) {
@@ -27,7 +27,7 @@ std::vector<BadRequest> BadRequests(const Context& ctx) {
     return absl::StrCat("{\"model\": ", m, ", \"max_tokens\": 4", fields, "}");
   };
   const std::string hello = ", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]";
-  std::vector<BadRequest> v = {
+  std::vector<BadRequestCase> v = {
       {"malformed JSON", "/v1/completions", absl::StrCat("{\"model\": ", m, ", \"prompt\": [1, 2"), 400},
       {"body is not an object", "/v1/completions", "[1, 2, 3]", 400},
       {"prompt of the wrong type", "/v1/completions", absl::StrCat("{\"model\": ", m, ", \"prompt\": 5}"), 400},
@@ -92,7 +92,7 @@ absl::Status Open(Context& ctx, const std::string& path) {
 }  // namespace
 
 void RunErrorChecks(Context& ctx, Suite& suite) {
-  for (const BadRequest& b : BadRequests(ctx)) {
+  for (const BadRequestCase& b : BadRequests(ctx)) {
     suite.Run(absl::StrCat("bad request: ", b.name), [&]() -> absl::Status {
       HttpResponse r = ctx.http.Post(b.path, b.body);
       RETURN_IF_ERROR(CheckErrorBody(r, b.want_status));

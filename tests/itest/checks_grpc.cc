@@ -130,7 +130,7 @@ absl::Status BadRequest(Context& ctx, v1::Inference::Stub& stub) {
   return absl::OkStatus();
 }
 
-absl::Status NeedsKey(Context& ctx, v1::Inference::Stub& stub) {
+absl::Status GrpcNeedsKey(Context& ctx, v1::Inference::Stub& stub) {
   if (ctx.opts.api_key.empty()) return Skip("needs --api-key");
   grpc::Status st;
   auto r = Generate(ctx, stub, Request(ctx, {1, 2, 3}, 2), &st, /*with_key=*/false);
@@ -179,7 +179,7 @@ void RunGrpcChecks(Context& ctx, Suite& suite) {
   suite.Run(kNames[0], [&] { return SameAsHttp(ctx, *stub); });
   suite.Run(kNames[1], [&] { return Logprobs(ctx, *stub); });
   suite.Run(kNames[2], [&] { return BadRequest(ctx, *stub); });
-  suite.Run(kNames[3], [&] { return NeedsKey(ctx, *stub); });
+  suite.Run(kNames[3], [&] { return GrpcNeedsKey(ctx, *stub); });
   suite.Run(kNames[4], [&] { return Health(ctx, channel); });
 }
 

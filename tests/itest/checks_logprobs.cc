@@ -64,7 +64,7 @@ absl::Status CheckTop(const Json& top, double chosen, const std::string& where, 
 
 
 // The served values against the in-process engine's log-softmax over the same tokens.
-absl::Status MatchesReference(Context& ctx, const Served& s) {
+absl::Status LogprobsMatchReference(Context& ctx, const Served& s) {
   if (ctx.reference == nullptr) return Skip("needs --model (the in-process reference)");
   if (s.prompt.empty() || s.tokens.size() != s.chosen.size())
     return absl::InternalError("the response lacks prompt_token_ids or token_ids (return_token_ids)");
@@ -154,11 +154,12 @@ void RunLogprobChecks(Context& ctx, Suite& suite) {
   Served completion, chat;
   suite.Run("completions: logprobs=3 present and sorted", [&] { return CompletionLogprobs(ctx, &completion); });
   suite.Run("completions: logprobs and top-3 equal the in-process engine's", [&] {
-    return completion.chosen.empty() ? Skip("the check above got no logprobs") : MatchesReference(ctx, completion);
+    return completion.chosen.empty() ? Skip("the check above got no logprobs")
+                                     : LogprobsMatchReference(ctx, completion);
   });
   suite.Run("chat: logprobs/top_logprobs present and sorted", [&] { return ChatLogprobs(ctx, &chat); });
   suite.Run("chat: logprobs and top_logprobs equal the in-process engine's", [&] {
-    return chat.chosen.empty() ? Skip("the check above got no logprobs") : MatchesReference(ctx, chat);
+    return chat.chosen.empty() ? Skip("the check above got no logprobs") : LogprobsMatchReference(ctx, chat);
   });
 }
 

@@ -81,7 +81,7 @@ absl::Status Reported(const PrefixRun& run) {
   return absl::OkStatus();
 }
 
-absl::Status SameOutput(Context& ctx, const PrefixRun& run) {
+absl::Status SameOutputAfterPrefix(Context& ctx, const PrefixRun& run) {
   RETURN_IF_ERROR(SameGreedy(ctx, run.prompt_r, run.r.token_ids, run.b.token_ids, "cached vs uncached"));
   RETURN_IF_ERROR(
       SameGreedy(ctx, run.prompt_r, run.r.token_ids, run.b_stream.token_ids, "cached (streamed) vs uncached"));
@@ -115,7 +115,7 @@ void RunPrefixCacheChecks(Context& ctx, Suite& suite) {
   suite.Run("prefix cache: a shared 64-token prefix is reported cached (usage)",
             [&] { return need([&] { return Reported(run); }); });
   suite.Run("prefix cache: the cached request's output equals the uncached one",
-            [&] { return need([&] { return SameOutput(ctx, run); }); });
+            [&] { return need([&] { return SameOutputAfterPrefix(ctx, run); }); });
   suite.Run("prefix cache: prefix_cache_hits_total rose", [&] { return need([&] { return Metrics(ctx, run); }); });
 }
 

@@ -67,7 +67,7 @@ struct HostWeight {
 
 // `wide`: every byte random (all codes: NaN, inf, subnormal scales), for the bit-exact
 // expansion; otherwise values of a trained layer's size, for the matmul. cols % 32 == 0.
-HostWeight MakeWeight(WeightFormat f, int64_t rows, int64_t cols, bool wide, std::mt19937& rng) {
+HostWeight MakeHarnessWeight(WeightFormat f, int64_t rows, int64_t cols, bool wide, std::mt19937& rng) {
   HostWeight h;
   h.format = f;
   h.rows = rows;
@@ -154,7 +154,7 @@ TEST_F(OpHarnessTest, ExpandMatchesDequantRowBitExact) {
   std::mt19937 rng(7);
   for (WeightFormat f : kFormats) {
     SCOPED_TRACE(WeightFormatName(f));
-    HostWeight h = MakeWeight(f, 40, 320, /*wide=*/true, rng);
+    HostWeight h = MakeHarnessWeight(f, 40, 320, /*wide=*/true, rng);
     DeviceWeight d(h);
     CUDA_OK(d.data.err());
     // The whole matrix, and a window whose columns start and end inside blocks.
@@ -202,7 +202,7 @@ TEST_F(OpHarnessTest, ExpandMatchesDequantRowBitExact) {
 // y = x · Wᵀ + bias on the GPU against kernels/cpu MatMul on the same (bf16-rounded) x.
 void CheckMatMul(WeightFormat f, ActDType act, std::mt19937& rng) {
   const int64_t T = 37, rows = 100, stored_cols = 320, c0 = 32, K = 256;
-  HostWeight h = MakeWeight(f, rows, stored_cols, /*wide=*/false, rng);
+  HostWeight h = MakeHarnessWeight(f, rows, stored_cols, /*wide=*/false, rng);
   DeviceWeight d(h);
   CUDA_OK(d.data.err());
   WeightRef hw = Window(h.HostRef(), 0, rows, c0, K), dw = Window(d.ref, 0, rows, c0, K);
@@ -314,7 +314,7 @@ TEST_F(OpHarnessTest, ReportThroughput) {
   DeviceBuffer x(T * K * 2), y(T * N * 2);
   CUDA_OK(cudaMemset(x.get(), 0x3c, T * K * 2));  // bf16 ~0.0115
   for (WeightFormat f : kFormats) {
-    HostWeight h = MakeWeight(f, N, K, /*wide=*/true, rng);
+    HostWeight h = MakeHarnessWeight(f, N, K, /*wide=*/true, rng);
     if (f == WeightFormat::kBF16 || f == WeightFormat::kF16 || f == WeightFormat::kF32) {
       std::fill(h.data.begin(), h.data.end(), 0x3c);  // finite values for a fair timing
     }

@@ -38,7 +38,7 @@ constexpr int64_t kBs = 8, kBlocks = 64, kWindow = 16, kLen = 200;
 
 std::string ModelPath() { return test::TestDataDir() + "/muse-spark-tiny"; }
 
-std::vector<int32_t> Prompt(int64_t n, int seed) {
+std::vector<int32_t> SlidingPrompt(int64_t n, int seed) {
   std::vector<int32_t> p;
   for (int64_t i = 0; i < n; ++i) p.push_back(static_cast<int32_t>((seed * 31 + i * 17 + i * i) % 200));
   return p;
@@ -90,7 +90,7 @@ TEST_F(SlidingPoolTest, RunnerLogitsEqualOnePoolWithSixRecycledSlidingBlocks) {
   EXPECT_FALSE(one_pool->sliding_pool());
   EXPECT_TRUE(two_pools->sliding_pool());
   EXPECT_LT(two_pools->kv_bytes(), one_pool->kv_bytes());
-  const std::vector<int32_t> tokens = Prompt(kLen, 1);
+  const std::vector<int32_t> tokens = SlidingPrompt(kLen, 1);
   auto want = test::RunSlidingSteps(*one_pool, tokens);
   auto got = test::RunSlidingSteps(*two_pools, tokens);
   ASSERT_TRUE(want.ok()) << want.status();
@@ -130,7 +130,7 @@ EngineRequest Request(std::vector<int32_t> prompt, int64_t max_tokens) {
 // first 64 tokens (a prefix-cache hit, its window's sliding blocks cached too).
 std::vector<LocalResult> RunRequests(Engine& engine) {
   std::vector<LocalResult> out;
-  const std::vector<int32_t> prompt = Prompt(120, 2);
+  const std::vector<int32_t> prompt = SlidingPrompt(120, 2);
   std::vector<int32_t> second(prompt.begin(), prompt.begin() + 64);
   second.push_back(7);
   for (const EngineRequest& r : {Request(prompt, kLen - 120), Request(second, 40)}) {
@@ -207,7 +207,7 @@ TEST_F(SlidingPoolTest, EngineEqualsOnePoolAndItsSlidingPoolStaysFlat) {
   // While one long sequence decodes, the sliding pool's use stays at its window's blocks
   // (16 / 8 + 1) and the full pool's grows with it.
   double max_sliding = 0, max_full = 0;
-  auto r = RunRequest(**engine, Request(Prompt(20, 3), 150), {}, [&](int32_t, const std::string&) {
+  auto r = RunRequest(**engine, Request(SlidingPrompt(20, 3), 150), {}, [&](int32_t, const std::string&) {
     max_sliding = std::max(max_sliding, Value(registry, name, "sliding", "used"));
     max_full = std::max(max_full, Value(registry, name, "full", "used"));
   });

@@ -14,7 +14,7 @@
 namespace moeshard {
 namespace {
 
-constexpr char kToken[] = "mtls-test-token-0123456789abcdef";
+constexpr char kMtlsToken[] = "mtls-test-token-0123456789abcdef";
 
 std::string Dir() { return ::testing::TempDir() + "/moeshard-mtls"; }
 
@@ -35,7 +35,7 @@ class MtlsTest : public ::testing::Test {
 
   void SetUp() override {
     const std::string d = Dir();
-    ASSERT_TRUE(ConfigureInternalSecurity({kToken, d + "/node.crt", d + "/node.key", d + "/ca.crt"}).ok());
+    ASSERT_TRUE(ConfigureInternalSecurity({kMtlsToken, d + "/node.crt", d + "/node.key", d + "/ca.crt"}).ok());
     service_ = std::make_unique<CoordinatorServiceImpl>(nullptr, &store_);
     grpc::ServerBuilder b;
     int port = 0;
@@ -55,7 +55,7 @@ class MtlsTest : public ::testing::Test {
     auto stub = v1::Coordinator::NewStub(channel);
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    if (with_token) ctx.AddMetadata("x-moeshard-cluster-token", kToken);
+    if (with_token) ctx.AddMetadata("x-moeshard-cluster-token", kMtlsToken);
     v1::StoreSetRequest req;
     req.set_key("k");
     req.set_value("v");

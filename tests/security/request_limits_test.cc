@@ -88,7 +88,7 @@ TEST(ValidateHandshakeTest, APoolPastInt64BytesIsRefusedAndNamed) {
       << s.message();
 }
 
-v1::ChunkProto Chunk(int64_t seq, int64_t start, int n, std::vector<int32_t> blocks) {
+v1::ChunkProto ChunkOfLength(int64_t seq, int64_t start, int n, std::vector<int32_t> blocks) {
   v1::ChunkProto c;
   c.set_seq_id(seq);
   c.set_start_pos(start);
@@ -100,16 +100,16 @@ v1::ChunkProto Chunk(int64_t seq, int64_t start, int n, std::vector<int32_t> blo
 TEST(ValidateStepTest, RefusesSharedWriteSlotsAndRepeatedSequences) {
   WorkerLimits limits;
   v1::StepRequest ok;
-  *ok.add_chunks() = Chunk(1, 0, 20, {0, 1});
-  *ok.add_chunks() = Chunk(2, 16, 1, {0, 2});  // reads block 0 (a shared prefix), writes block 2
+  *ok.add_chunks() = ChunkOfLength(1, 0, 20, {0, 1});
+  *ok.add_chunks() = ChunkOfLength(2, 16, 1, {0, 2});  // reads block 0 (a shared prefix), writes block 2
   EXPECT_TRUE(ValidateStep(ok, 16, limits).ok());
   v1::StepRequest steal;
-  *steal.add_chunks() = Chunk(1, 17, 1, {0, 1});
-  *steal.add_chunks() = Chunk(2, 17, 1, {5, 1});  // writes seq 1's slot 1 of block 1
+  *steal.add_chunks() = ChunkOfLength(1, 17, 1, {0, 1});
+  *steal.add_chunks() = ChunkOfLength(2, 17, 1, {5, 1});  // writes seq 1's slot 1 of block 1
   EXPECT_FALSE(ValidateStep(steal, 16, limits).ok());
   v1::StepRequest twice;
-  *twice.add_chunks() = Chunk(1, 0, 1, {0});
-  *twice.add_chunks() = Chunk(1, 1, 1, {0});
+  *twice.add_chunks() = ChunkOfLength(1, 0, 1, {0});
+  *twice.add_chunks() = ChunkOfLength(1, 1, 1, {0});
   EXPECT_FALSE(ValidateStep(twice, 16, limits).ok());
   limits.max_step_tokens = 10;
   EXPECT_FALSE(ValidateStep(ok, 16, limits).ok());

@@ -16,7 +16,7 @@ namespace {
 using Json = nlohmann::json;
 using ::testing::ElementsAreArray;
 
-std::string QwenDir() {
+std::string QwenTokDir() {
   const char* root = std::getenv("MOESHARD_TESTDATA");
   return std::string(root != nullptr ? root : "") + "/qwen3moe-tok";
 }
@@ -24,7 +24,7 @@ std::string QwenDir() {
 class ChatSpecialTokensTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    auto spec = TokenizerSpecFromHfJson(QwenDir() + "/tokenizer.json");
+    auto spec = TokenizerSpecFromHfJson(QwenTokDir() + "/tokenizer.json");
     ASSERT_TRUE(spec.ok()) << spec.status() << " (set MOESHARD_TESTDATA to the shared testdata folder)";
     auto tok = Tokenizer::Create(*std::move(spec));
     ASSERT_TRUE(tok.ok()) << tok.status();
@@ -36,7 +36,7 @@ class ChatSpecialTokensTest : public ::testing::Test {
 Tokenizer* ChatSpecialTokensTest::tok_ = nullptr;
 
 TEST_F(ChatSpecialTokensTest, GoldenChatsTokenizeAsBefore) {
-  std::ifstream in(QwenDir() + "/tokenizer-goldens.json");
+  std::ifstream in(QwenTokDir() + "/tokenizer-goldens.json");
   Json goldens = Json::parse(in, nullptr, false);
   ASSERT_FALSE(goldens.is_discarded());
   ASSERT_GE(goldens["chats"].size(), 1u);

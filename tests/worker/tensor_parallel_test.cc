@@ -16,7 +16,7 @@
 namespace moeshard {
 namespace {
 
-std::string TestData() { return test::TestDataDir(); }
+std::string TpTestData() { return test::TestDataDir(); }
 
 std::vector<int32_t> Ids(int n, int vocab) {
   std::vector<int32_t> v;
@@ -48,7 +48,7 @@ struct TpCase {
 class MultiRankTest : public ::testing::TestWithParam<TpCase> {
  protected:
   void SetUp() override {
-    std::string path = TestData() + "/" + GetParam().model;
+    std::string path = TpTestData() + "/" + GetParam().model;
     ASSERT_TRUE(std::filesystem::exists(path)) << "no test model at " << path;
     auto m = LoadModel(path, false);
     ASSERT_TRUE(m.ok()) << m.status();
@@ -159,7 +159,7 @@ TEST_P(MultiRankTest, BadShardsAreRefused) {
   EXPECT_FALSE((*r)->Forward({{{1, 2}, 16, {0}, false}}, &l).ok()) << "table too short";
 }
 
-INSTANTIATE_TEST_SUITE_P(TestData, MultiRankTest,
+INSTANTIATE_TEST_SUITE_P(TpTestData, MultiRankTest,
                          ::testing::Values(TpCase{"qwen3moe-tiny", {2}}, TpCase{"muse-spark-tiny", {2}},
                                            TpCase{"muse-spark-tiny-nvfp4", {2}}, TpCase{"muse-spark-kv4", {2, 4}}),
                          [](const auto& i) {
