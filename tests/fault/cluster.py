@@ -105,12 +105,13 @@ class ReadyWatch:
 
 def new_result():
     return {"status": 0, "text": "", "error": None, "retry_after": None, "events": 0, "first_token_s": None,
-            "t_end": None}
+            "t_end": None, "left": False}
 
 
-def post(cluster, body, r=None, timeout_s=120):
+def post(cluster, body, r=None, timeout_s=120, leave=None):
     """One request, filling `r` as it goes (events grows while a stream runs): status, text,
-    error, retry_after, seconds, first_token_s, t_end."""
+    error, retry_after, seconds, first_token_s, t_end. A stream stops reading and closes its
+    connection at the first event after `leave` (a threading.Event) is set: r["left"] is True."""
     r = new_result() if r is None else r
     t0 = time.monotonic()
     try:
@@ -132,6 +133,9 @@ def post(cluster, body, r=None, timeout_s=120):
                     r["first_token_s"] = time.monotonic() - t0
                 r["text"] += text
                 r["events"] += 1
+                if leave is not None and leave.is_set():
+                    r["left"] = True
+                    break
         else:
             payload = json.loads(res.read() or b"{}")
             if res.status == 200:
@@ -146,13 +150,14 @@ def post(cluster, body, r=None, timeout_s=120):
     return r
 
 
-def run_parallel(cluster, bodies, stagger_s=0.0):
+def run_parallel(cluster, bodies, stagger_s=0.0, leave=None):
     """Starts one thread per body, `stagger_s` apart (the router's listen backlog is small: many
-    connects in the same instant get resets); returns (threads, results) to join later."""
+    connects in the same instant get resets); returns (threads, results) to join later. `leave`:
+    as post's."""
     results = [new_result() for _ in bodies]
 
     def one(i):
-        post(cluster, bodies[i], results[i])
+        post(cluster, bodies[i], results[i], leave=leave)
 
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(bodies))]
     for t in threads:

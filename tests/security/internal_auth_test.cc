@@ -3,13 +3,12 @@
 // is covered as soon as it exists) answers UNAUTHENTICATED to a call without the token and
 // to one with a wrong token, and has no effect; with the token (attached by
 // CreateInternalChannel) the store works and refuses oversized entries.
-#include <fstream>
-#include <future>
-
+#include <google/protobuf/descriptor.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
-#include <google/protobuf/descriptor.h>
+#include <fstream>
+#include <future>
 
 #include "common/comm/kv_store.h"
 #include "common/security/cluster_credential.h"
@@ -17,6 +16,7 @@
 #include "coordinator/coordinator_service.h"
 #include "gtest/gtest.h"
 #include "proto/moeshard.grpc.pb.h"
+#include "tests/formats/format_test_util.h"
 #include "worker/service/worker_service.h"
 
 namespace moeshard {
@@ -136,7 +136,9 @@ TEST(ClusterCredentialTest, LoadsFromEnvironmentOrFileAndRefusesWeakOnes) {
   unsetenv(kClusterTokenEnv);
   unsetenv(kClusterTokenFileEnv);
   EXPECT_EQ(LoadClusterToken("").status().code(), absl::StatusCode::kNotFound);
-  const std::string path = ::testing::TempDir() + "/cluster-token";
+  test::TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  const std::string path = dir.Path("cluster-token");
   { std::ofstream(path) << "  file-token-0123456789\n"; }
   auto from_file = LoadClusterToken(path);
   ASSERT_TRUE(from_file.ok()) << from_file.status();

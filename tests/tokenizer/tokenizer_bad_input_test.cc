@@ -2,6 +2,7 @@
 // answers, and bad input of every kind (text, ids, specs, tokenizer.json files), which
 // must give an error status and never crash.
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <random>
@@ -210,7 +211,11 @@ class HfJsonTest : public ::testing::Test {
                              ::testing::UnitTest::GetInstance()->current_test_info()->name() + "_" +
                              std::to_string(file_idx_++) + ".json";
     std::ofstream(path, std::ios::binary) << text;
+    written_.push_back(path);
     return path;
+  }
+  void TearDown() override {
+    for (const std::string& path : written_) std::remove(path.c_str());
   }
   absl::Status Load(const std::string& text) {
     auto spec = TokenizerSpecFromHfJson(Write(text));
@@ -218,6 +223,7 @@ class HfJsonTest : public ::testing::Test {
     return Tokenizer::Create(*std::move(spec)).status();
   }
   int file_idx_ = 0;
+  std::vector<std::string> written_;
 };
 
 TEST_F(HfJsonTest, GoodFileLoads) {

@@ -10,11 +10,12 @@
 #include <string>
 #include <vector>
 
-#include "eval/golden_check.h"
-#include "gtest/gtest.h"
-#include "tests/testdata/testdata_dir.h"
 #include "common/formats/safetensors.h"
 #include "common/model/model_loader.h"
+#include "eval/golden_check.h"
+#include "gtest/gtest.h"
+#include "tests/formats/format_test_util.h"
+#include "tests/testdata/testdata_dir.h"
 
 namespace moeshard {
 namespace {
@@ -153,7 +154,9 @@ TEST(GoldenOutliersTest, Bf16NearTiesWithinTheAllowance) {
   auto bytes = [](const auto& v) {
     return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(v[0]));
   };
-  const std::string file = ::testing::TempDir() + "/bf16_outliers_goldens.safetensors";
+  test::TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  const std::string file = dir.Path("bf16_outliers_goldens.safetensors");
   ASSERT_TRUE(WriteSafetensors(file, {{"seq0.ids", DType::kI32, {T}, bytes(ids)},
                                       {"seq0.topk_ids", DType::kI32, {T, K}, bytes(topk_ids)},
                                       {"seq0.topk_logits", DType::kF32, {T, K}, bytes(topk_logits)},
