@@ -9,6 +9,8 @@ signature silently takes part in overload resolution — `Chunk(1, 10, {7}, {0, 
 neighbour's `Chunk(int64_t, int64_t, int, std::vector<int32_t>)` instead of its own file's
 `Chunk(int64_t, int64_t, std::vector<int32_t>, std::vector<int32_t>)`. Give such helpers distinct
 names. Types, constants and aliases are not checked: a second definition of those never compiles.
+A `using namespace` at file scope (other than a `*_literals` one) fails too: it would reach the
+files after it in the batch.
 
 A folder stands for a target (one library per folder; a test folder's targets share helpers'
 names only by accident). Top-level definitions only (the style's namespaces are not indented).
@@ -26,16 +28,21 @@ SKIP_DIRS = {".git", "shared", "node_modules", "third_party"}
 # qualified (Foo::Bar, a member, does not match) and not a keyword or macro call.
 FUNCTION = re.compile(r"^(static\s+)?(?:(?:inline|constexpr|template\s*<[^>]*>)\s+)*"
                       r"[A-Za-z_][\w:<>,\s\*&]*?[\s\*&]([A-Za-z_]\w*)\s*\(")
+USING_NAMESPACE = re.compile(r"^using namespace (?!\S*_literals\b)")
 NOT_DEFINITIONS = re.compile(r"^(return|using|namespace|TEST|TEST_F|TEST_P|INSTANTIATE|TYPED_TEST|"
                              r"MATCHER|else|if|for|while|switch|case|delete|new|throw|typedef|friend)\b")
 
 
 def definitions(path):
-    """Yields (name, local, line number) for each top-level function the file defines."""
+    """Yields (name, local, line number) for each top-level function the file defines, and
+    ("using namespace", None, line number) for each file-scope `using namespace`."""
     anon = 0
     with open(path, encoding="utf-8", errors="replace") as f:
         lines = f.read().split("\n")
     for i, line in enumerate(lines):
+        if USING_NAMESPACE.match(line):
+            yield "using namespace", None, i + 1
+            continue
         if line.startswith("namespace {"):
             anon += 1
             continue
@@ -69,16 +76,20 @@ def main():
                 continue
             path = os.path.join(dirpath, name)
             for fn, local, line in definitions(path):
+                if local is None:
+                    problems.append(f"{os.path.relpath(path, root)}:{line}: a file-scope `using namespace` "
+                                    "reaches the next files of a unity batch")
+                    continue
                 seen[fn].append((os.path.relpath(path, root), line, local))
         for fn, where in sorted(seen.items()):
             files = {w[0] for w in where}
             if len(files) > 1 and any(w[2] for w in where):
                 places = ", ".join(f"{f}:{l}{' (file-local)' if loc else ''}" for f, l, loc in where)
-                problems.append(f"{fn}: {places}")
+                problems.append(f"one name, several files of a folder (unity builds mix them): {fn}: {places}")
     for p in problems:
-        print(f"check_unity: one name, several files of a folder (unity builds mix them): {p}")
+        print(f"check_unity: {p}")
     if problems:
-        print(f"check_unity: {len(problems)} name(s) to make distinct (scripts/check_unity.py says why)")
+        print(f"check_unity: {len(problems)} problem(s) (scripts/check_unity.py says why)")
         return 1
     print("check_unity: ok")
     return 0

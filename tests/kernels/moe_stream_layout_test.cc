@@ -22,10 +22,8 @@
 #include "kernels/moe/moe_q8_stream_layout.h"
 #include "kernels/moe/moe_stream_decode.h"
 
-namespace moeshard {
+namespace moeshard::gpu {  // the layouts' functions, unqualified
 namespace {
-
-using namespace gpu;  // NOLINT: the layouts' functions
 
 struct Words4 {
   uint32_t x, y, z, w;  // as the kernels' uint4
@@ -361,4 +359,4 @@ TEST(MoeStreamLayoutTest, RepackedRowBlocksAreTheStoredBlocks) {
 }
 
 }  // namespace
-}  // namespace moeshard
+}  // namespace moeshard::gpu

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The unity-build name check (scripts/check_unity.py) on fixture trees written here: file-local
 # helpers of one name in two files of a folder fail (the overload a unity build would mix in),
-# whether `namespace {` or `static`; distinct names, other folders and overloads declared for the
-# whole library pass. Then this tree.
+# whether `namespace {` or `static`, and so does a file-scope `using namespace`; distinct names,
+# other folders and overloads declared for the whole library pass. Then this tree.
 set -u
 check="python3 $1/scripts/check_unity.py"
 d=$(mktemp -d)
@@ -45,6 +45,10 @@ put apart/lib/more.cc 'void ToProto(const C& c, R* r) {' '}' 'int Declared(int x
   'absl::Status Foo::Run(int n) {' '  return {};' '}'
 put apart/lib/run.cc 'absl::Status Run(int n);' 'TEST(FooTest, Run) {' '}'
 expect 0 "distinct names, other folders, library overloads" "$d/apart" "check_unity: ok"
+
+put using/lib/a.cc 'namespace moeshard {' 'using namespace gpu;  // reaches b.cc' '}  // namespace moeshard'
+put using/lib/b.cc 'using namespace std::chrono_literals;' 'int F() {' '  return 1;' '}'
+expect 1 "a file-scope using namespace (literals allowed)" "$d/using" "lib/a.cc:2: a file-scope \`using namespace\`"
 
 expect 0 "this tree" "$1" "check_unity: ok"
 [ "$fails" -eq 0 ] && echo "all passed" || echo "$fails failed"
