@@ -159,7 +159,7 @@ TEST_P(MultiRankTest, BadShardsAreRefused) {
   EXPECT_FALSE((*r)->Forward({{{1, 2}, 16, {0}, false}}, &l).ok()) << "table too short";
 }
 
-INSTANTIATE_TEST_SUITE_P(TpTestData, MultiRankTest,
+INSTANTIATE_TEST_SUITE_P(TestData, MultiRankTest,
                          ::testing::Values(TpCase{"qwen3moe-tiny", {2}}, TpCase{"muse-spark-tiny", {2}},
                                            TpCase{"muse-spark-tiny-nvfp4", {2}}, TpCase{"muse-spark-kv4", {2, 4}}),
                          [](const auto& i) {
