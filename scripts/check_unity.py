@@ -15,7 +15,8 @@ files after it in the batch.
 A folder stands for a target (one library per folder; a test folder's targets share helpers'
 names only by accident). Top-level definitions only (the style's namespaces are not indented).
 
-Usage: check_unity.py [--root DIR]; exit 0 when clean, 1 when a name is defined twice.
+Usage: check_unity.py [--root DIR]; exit 0 when clean, 1 when a name is defined twice or a
+file-scope `using namespace` is found.
 """
 import argparse
 import collections
