@@ -201,6 +201,7 @@ gpu::MoeExpertParams Params(const WeightSet& ws, const Routing& r, int64_t T, fl
   gpu::MoeExpertParams p;
   p.experts = ws.dev;
   p.num_local_experts = kE;
+  p.num_total_experts = kEAll;
   p.width = kL;
   p.inter = kI;
   p.num_tokens = T;

@@ -24,4 +24,18 @@ inline PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
   return fn;
 }
 
+// A [rows, cols] bf16 row-major tensor in boxes of box_rows rows x 64 columns (128 bytes),
+// 128-byte swizzled (wgmma's K-major layout, kernels/cuda/wgmma.cuh); rows past the end read as zeros.
+inline cudaError_t EncodeBf16Map128B(const void* base, int64_t rows, int64_t cols, int box_rows, CUtensorMap* map) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols * 2)};
+  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(box_rows)}, elem[2] = {1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box, elem,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
 }  // namespace moeshard::gpu

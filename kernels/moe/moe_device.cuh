@@ -127,4 +127,41 @@ __device__ __forceinline__ int DirectBlockStart(const MoeExpertParams& p, const 
   return e;
 }
 
+// The persistent wgmma GEMMs' tiles (moe_wgmma.cu, moe_stream_wgmma.cu): warp-wide, the number of
+// `rows`-row tiles of every expert on path `path` as an exclusive prefix into base[E + 1] (shared
+// memory), from the route's offsets.
+__device__ __forceinline__ void MoeTilePrefix(const int32_t* offsets, const uint8_t* fast, int E, int path, int rows,
+                                              int32_t* base, int lane) {
+  int run = 0;
+  for (int e0 = 0; e0 < E; e0 += 32) {
+    const int e = e0 + lane;
+    int v = 0;
+    if (e < E && fast[e] == path) v = (__ldcg(offsets + e + 1) - __ldcg(offsets + e) + rows - 1) / rows;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int u = __shfl_up_sync(~0u, v, o);
+      if (lane >= o) v += u;
+    }
+    if (e < E) base[e + 1] = run + v;
+    run += __shfl_sync(~0u, v, 31);
+  }
+  if (lane == 0) base[0] = 0;
+}
+
+// Tile t's expert (the last e with base[e] <= t: experts without tiles are passed over) and its
+// index within the expert, from MoeTilePrefix's prefix.
+__device__ __forceinline__ void MoeTileOf(const int32_t* base, int E, int t, int& e, int& tile) {
+  int lo = 0, hi = E - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (base[mid] <= t) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  e = lo;
+  tile = t - base[e];
+}
+
 }  // namespace moeshard::gpu

@@ -96,6 +96,10 @@ absl::Status Validate(const MoeExpertParams& p) {
                                                    " width=", p.width, " inter=", p.inter, " tokens=", p.num_tokens,
                                                    " top_k=", p.top_k));
   }
+  if (p.num_total_experts < 0 || (p.num_total_experts > 0 && p.num_total_experts < p.num_local_experts)) {
+    return absl::InvalidArgumentError(absl::StrCat("MoeExpertStep: num_total_experts ", p.num_total_experts,
+                                                   " below the ", p.num_local_experts, " local experts"));
+  }
   if (p.num_tokens > (int64_t{1} << 31) / p.top_k) {
     return absl::InvalidArgumentError(absl::StrCat("MoeExpertStep: too many tokens: ", p.num_tokens));
   }
@@ -190,6 +194,25 @@ bool WgmmaRepackedEnabled() {
   return on;
 }
 
+// The wgmma GEMMs over repacked NVFP4 / MXFP4 experts (moe_stream_wgmma.cu; MOESHARD_MOE_STREAM_WGMMA=0
+// off) from this many expected local rows up (MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS; default 48 a
+// local expert on average). Measured on an H100, 2026-12-05 (kernels/moe/PERF_NOTES.md): at Muse Spark's
+// expert size (32 of 256 experts, L = I = 4,096) 94 rows an expert take 0.91 ms against the
+// streaming kernels' 1.34, 23 rows 0.62 against 0.43; at Qwen3-30B's (128 experts, 2,048 x 768)
+// 64 rows 0.43 against 0.46 ms, 16 rows 0.28 against 0.20.
+bool StreamWgmmaShape(int E, int64_t L, int64_t I, int64_t rows) {
+  static const int64_t min_rows = [] {
+    const char* v = std::getenv("MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS");
+    return v && *v ? std::atoll(v) : int64_t{-1};
+  }();
+  static const bool on = [] {
+    const char* v = std::getenv("MOESHARD_MOE_STREAM_WGMMA");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  const int64_t need = min_rows >= 0 ? min_rows : int64_t{48} * E;
+  return on && rows >= std::max<int64_t>(need, 1) && MoeStreamWgmmaSupported(E, L, I);
+}
+
 bool GemvEnabled() {
   static const bool on = [] {
     const char* v = std::getenv("MOESHARD_MOE_GEMV");
@@ -199,7 +222,7 @@ bool GemvEnabled() {
 }
 
 std::atomic<uint64_t> g_steps{0}, g_stream{0}, g_stream_direct{0}, g_direct{0}, g_wgmma{0}, g_wgmma_repacked{0},
-    g_generic{0};
+    g_stream_wgmma{0}, g_generic{0};
 
 void CountPaths(const MoeWork& w, bool repacked, bool need_generic) {
   constexpr auto kRelaxed = std::memory_order_relaxed;
@@ -209,6 +232,7 @@ void CountPaths(const MoeWork& w, bool repacked, bool need_generic) {
   if (w.direct && !w.stream_direct) g_direct.fetch_add(1, kRelaxed);
   if (w.wgmma) g_wgmma.fetch_add(1, kRelaxed);
   if (w.wgmma_repacked) g_wgmma_repacked.fetch_add(1, kRelaxed);
+  if (w.stream_wgmma) g_stream_wgmma.fetch_add(1, kRelaxed);
   if (need_generic) g_generic.fetch_add(1, kRelaxed);
 }
 
@@ -216,9 +240,9 @@ void CountPaths(const MoeWork& w, bool repacked, bool need_generic) {
 
 MoePathCounts MoeExpertPathCounts() {
   constexpr auto kRelaxed = std::memory_order_relaxed;
-  return {g_steps.load(kRelaxed),  g_stream.load(kRelaxed), g_stream_direct.load(kRelaxed),
-          g_direct.load(kRelaxed), g_wgmma.load(kRelaxed),  g_wgmma_repacked.load(kRelaxed),
-          g_generic.load(kRelaxed)};
+  return {g_steps.load(kRelaxed),        g_stream.load(kRelaxed), g_stream_direct.load(kRelaxed),
+          g_direct.load(kRelaxed),       g_wgmma.load(kRelaxed),  g_wgmma_repacked.load(kRelaxed),
+          g_stream_wgmma.load(kRelaxed), g_generic.load(kRelaxed)};
 }
 
 uint32_t MoeExpertFormats(const MoeExpertWeights* experts, int num_local_experts, int64_t width, int64_t inter) {
@@ -314,6 +338,12 @@ cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStr
                      WgmmaRepackedEnabled() && p.workspace_bytes >= l.end_with_wexp && MoeWgmmaSupported() &&
                      WgmmaShape(p.num_local_experts, p.width, p.inter, w.capacity);
   if (w.wgmma_repacked) w.wgmma = true;
+  // Prefill sizes of repacked NVFP4 / MXFP4 experts: wgmma over weights decoded into registers,
+  // chosen by this GPU's expected share of the pairs (the route's counts stay on the device).
+  const int64_t total_experts = p.num_total_experts > 0 ? p.num_total_experts : p.num_local_experts;
+  const int64_t expected_rows = w.capacity * p.num_local_experts / total_experts;
+  w.stream_wgmma = repacked && !w.stream_q8 && w.fast_allowed && !need_generic && !w.stream_direct &&
+                   !w.wgmma_repacked && StreamWgmmaShape(p.num_local_experts, p.width, p.inter, expected_rows);
   CountPaths(w, repacked, need_generic);
   using Launch = cudaError_t (*)(const MoeExpertParams&, const MoeWork&, cudaStream_t);
   enum Need { kAlways, kFast, kFastOld, kGemv, kGeneric };
@@ -325,15 +355,17 @@ cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStr
       {kMoeStageRoute, kAlways, LaunchMoeRoute},
       {kMoeStageGather, kFastOld, LaunchMoeGatherX},
       {kMoeStageFastGateUp, kFast,
-       w.stream_direct ? LaunchMoeStreamDirectGateUp
-       : repacked      ? LaunchMoeStreamGateUp
-                       : LaunchMoeFastGateUp},
+       w.stream_direct  ? LaunchMoeStreamDirectGateUp
+       : w.stream_wgmma ? LaunchMoeStreamWgmmaGateUp
+       : repacked       ? LaunchMoeStreamGateUp
+                        : LaunchMoeFastGateUp},
       {kMoeStageGemvGateUp, kGemv, w.wgmma ? LaunchMoeWgmmaGateUp : LaunchMoeGemvGateUp},
       {kMoeStageGenericGateUp, kGeneric, LaunchMoeGenericGateUp},
       {kMoeStageFastDown, kFast,
-       w.stream_direct ? LaunchMoeStreamDirectDown
-       : repacked      ? LaunchMoeStreamDown
-                       : LaunchMoeFastDown},
+       w.stream_direct  ? LaunchMoeStreamDirectDown
+       : w.stream_wgmma ? LaunchMoeStreamWgmmaDown
+       : repacked       ? LaunchMoeStreamDown
+                        : LaunchMoeFastDown},
       {kMoeStageGemvDown, kGemv, w.wgmma ? LaunchMoeWgmmaDown : LaunchMoeGemvDown},
       {kMoeStageGenericDown, kGeneric, LaunchMoeGenericDown},
       {kMoeStageCombine, kAlways, LaunchMoeCombine},

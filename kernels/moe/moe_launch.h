@@ -64,6 +64,9 @@ struct MoeWork {
   // stream_q8); the route gives them the GEMV path's number and the expansion pass reads the
   // streaming layouts (moe_stream_decode.h RepackedRowBlock) into the same bf16 tiles.
   bool wgmma_repacked = false;
+  // Prefill sizes of repacked NVFP4 / MXFP4 experts on Hopper (moe_stream_wgmma.cu): wgmma with
+  // the weights decoded into registers, a 128-token tile a decode, in place of the streaming kernels.
+  bool stream_wgmma = false;
   uint16_t* wexp = nullptr;  // [E][2I][L] gate/up interleaved, then [E][L][I] down (bf16)
   int num_sms = 0;
 };
@@ -98,6 +101,11 @@ constexpr int kMoeWgmmaMaxExperts = 4096;
 bool MoeWgmmaSupported();
 cudaError_t LaunchMoeWgmmaGateUp(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
 cudaError_t LaunchMoeWgmmaDown(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
+// The wgmma GEMMs over repacked e2m1 experts (moe_stream_wgmma.cu): whether this build, GPU and
+// shape run them, and their launches (the gate/up one gathers x into xg first).
+bool MoeStreamWgmmaSupported(int E, int64_t L, int64_t I);
+cudaError_t LaunchMoeStreamWgmmaGateUp(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
+cudaError_t LaunchMoeStreamWgmmaDown(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
 cudaError_t LaunchMoeCombine(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
 
 // Benchmarks only: MoeExpertStep (params already valid) restricted to the stages in `mask`,

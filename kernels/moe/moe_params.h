@@ -28,6 +28,9 @@ struct MoeExpertWeights {
 struct MoeExpertParams {
   const MoeExpertWeights* experts = nullptr;  // DEVICE array [num_local_experts]
   int num_local_experts = 0;
+  // Optional: the layer's experts on all GPUs (0: num_local_experts). The host's estimate of this
+  // GPU's share of the pairs (T · top_k · local / total) chooses between kernels of equal results.
+  int num_total_experts = 0;
   int64_t width = 0;  // L: input and output width
   int64_t inter = 0;  // I: gate/up output width
   int64_t num_tokens = 0;

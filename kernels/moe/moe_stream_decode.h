@@ -183,4 +183,15 @@ MOESHARD_LANE_HD void RepackedRowBlock(const uint8_t* data, const uint8_t* scale
   }
 }
 
+// ---- the activations of the wgmma GEMMs over repacked e2m1 experts (moe_stream_wgmma.cu) --------
+// wgmma reads B's k16 step u of a 64-column quad from positions 16u .. 16u + 15 of each token's
+// row, and the weights' A fragment of lane c holds, at k index 2c + (j & 1) + 8 (j >> 1), column
+// 16c + 4u + j of the quad (the layout above). So column i of a quad is stored at this position.
+MOESHARD_LANE_HD constexpr int StreamWgmmaPos(int i) {
+  return (i & ~63) + 16 * ((i >> 2) & 3) + 2 * ((i & 63) >> 4) + (i & 1) + 8 * ((i >> 1) & 1);
+}
+// The gather's form of the same: the 32-bit column pair at position pair `op` (0..31) of a quad
+// (positions 2 op, 2 op + 1) is the input pair returned (columns 2 r, 2 r + 1).
+MOESHARD_LANE_HD constexpr int StreamWgmmaGatherPair(int op) { return 8 * (op & 3) + 2 * (op >> 3) + ((op >> 2) & 1); }
+
 }  // namespace moeshard::gpu

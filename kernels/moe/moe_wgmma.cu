@@ -81,43 +81,12 @@ struct WgGemmArgs {
 };
 
 #ifdef MOESHARD_MOE_WGMMA_DEVICE
-// Tile t's expert, first row (within the expert) and first weight row, from the prefix of
-// m-tiles per expert in shared memory.
+// Tile t's expert, first row (within the expert) and first weight row.
 template <int kTN>
 __device__ __forceinline__ void TileAt(const int32_t* mt_base, int E, int n_tiles, int t, int& e, int& m0, int& n0) {
-  const int mt = t / n_tiles;
   n0 = (t % n_tiles) * kTN;
-  int lo = 0, hi = E - 1;  // the last e with mt_base[e] <= mt
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (mt_base[mid] <= mt) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  e = lo;
-  m0 = (mt - mt_base[e]) * kTM;
-}
-#endif
-
-#ifdef MOESHARD_MOE_WGMMA_DEVICE
-// Warp 0: m-tiles per expert (GEMV-path experts only), as an exclusive prefix into mt_base[E + 1].
-__device__ __forceinline__ void TilePrefix(const WgGemmArgs& a, int32_t* mt_base, int lane) {
-  int run = 0;
-  for (int e0 = 0; e0 < a.E; e0 += 32) {
-    const int e = e0 + lane;
-    int v = 0;
-    if (e < a.E && a.fast[e] == kMoePathGemv) v = (__ldcg(a.offsets + e + 1) - __ldcg(a.offsets + e) + kTM - 1) / kTM;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int u = __shfl_up_sync(~0u, v, o);
-      if (lane >= o) v += u;
-    }
-    if (e < a.E) mt_base[e + 1] = run + v;
-    run += __shfl_sync(~0u, v, 31);
-  }
-  if (lane == 0) mt_base[0] = 0;
+  MoeTileOf(mt_base, E, t / n_tiles, e, m0);
+  m0 *= kTM;
 }
 
 // A consumer warpgroup (cw 0 or 1: the tile's rows 64·cw..): every tile of this CTA through the
@@ -211,7 +180,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wg = warp / 4;
   PdlWait();
   PdlTrigger();
-  if (warp == 0) TilePrefix(a, mt_base, lane);
+  if (warp == 0) MoeTilePrefix(a.offsets, a.fast, a.E, kMoePathGemv, kTM, mt_base, lane);
   if (tid == 0) {
     for (int i = 0; i < kStages; ++i) {
       MbarrierInit(&full[i], 1);
@@ -358,26 +327,15 @@ __global__ void __launch_bounds__(256) ExpandKernel(const MoeExpertParams p, con
   }
 }
 
-// A [rows, cols] bf16 row-major tensor, boxes of box_rows rows x 64 columns, 128-byte swizzled.
-cudaError_t EncodeMap(const void* base, int64_t rows, int64_t cols, int box_rows, CUtensorMap* map) {
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols * 2)};
-  const cuuint32_t box[2] = {kTK, static_cast<cuuint32_t>(box_rows)}, elem[2] = {1, 1};
-  const CUresult r = TensorMapEncoder()(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims,
-                                        strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
-}
-
 template <bool kGateUp, int kTN>
 cudaError_t LaunchGemmAs(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
   const int E = p.num_local_experts;
   const int64_t L = p.width, I = p.inter, K = kGateUp ? L : I, n_rows = kGateUp ? 2 * I : L;
   CUtensorMap amap, bmap;
   const void* act = kGateUp ? static_cast<const void*>(w.y) : w.h;  // gate/up: the gathered x in y
-  if (cudaError_t err = EncodeMap(act, w.capacity, K, kTM, &amap); err != cudaSuccess) return err;
+  if (cudaError_t err = EncodeBf16Map128B(act, w.capacity, K, kTM, &amap); err != cudaSuccess) return err;
   const uint16_t* wts = kGateUp ? w.wexp : w.wexp + static_cast<int64_t>(E) * 2 * I * L;
-  if (cudaError_t err = EncodeMap(wts, E * n_rows, K, kTN, &bmap); err != cudaSuccess) return err;
+  if (cudaError_t err = EncodeBf16Map128B(wts, E * n_rows, K, kTN, &bmap); err != cudaSuccess) return err;
   WgGemmArgs a{w.offsets, w.fast, E, static_cast<int>(K), static_cast<int>(n_rows / kTN), static_cast<uint16_t*>(w.h),
                I,         w.y,    L};
   const size_t smem = GemmSmemBytes<kTN>(E);

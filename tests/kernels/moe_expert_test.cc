@@ -166,6 +166,11 @@ constexpr Shape kShapes[] = {
     {"wgmma prefill", 700, 4, 8, 8, 256, 128, 0, -1},
     {"wgmma wide", 520, 4, 8, 8, 512, 256, 0, 3},
     {"wgmma window", 600, 4, 6, 12, 256, 192, 32, 5},
+    // Repacked NVFP4 / MXFP4 experts through the wgmma GEMMs over decoded registers
+    // (moe_stream_wgmma.cu): ~50 rows an expert (64-token tiles), two row blocks of gate/up and of
+    // down, a window at column 64, an expert without tokens, slots on other GPUs. ("prefill" and
+    // "many tiles" give it several 128-token tiles an expert with 96- and 32-token tails.)
+    {"stream wgmma", 200, 4, 10, 16, 512, 256, 64, 7},
 };
 
 void RunCase(const Shape& s, WeightFormat f, ActDType act, bool norm, std::mt19937& rng) {
@@ -371,12 +376,12 @@ TEST_F(MoeExpertTest, MatchesCpuReference) {
   // (moe_expert_test_no_stream_direct).
   const gpu::MoePathCounts n = gpu::MoeExpertPathCounts();
   std::printf(
-      "  paths: %llu steps, %llu repacked (%llu direct), %llu direct stored, %llu wgmma (%llu from repacked), %llu "
-      "generic\n",
+      "  paths: %llu steps, %llu repacked (%llu direct, %llu wgmma), %llu direct stored, %llu wgmma (%llu from "
+      "repacked), %llu generic\n",
       static_cast<unsigned long long>(n.steps), static_cast<unsigned long long>(n.stream),
-      static_cast<unsigned long long>(n.stream_direct), static_cast<unsigned long long>(n.direct),
-      static_cast<unsigned long long>(n.wgmma), static_cast<unsigned long long>(n.wgmma_repacked),
-      static_cast<unsigned long long>(n.generic));
+      static_cast<unsigned long long>(n.stream_direct), static_cast<unsigned long long>(n.stream_wgmma),
+      static_cast<unsigned long long>(n.direct), static_cast<unsigned long long>(n.wgmma),
+      static_cast<unsigned long long>(n.wgmma_repacked), static_cast<unsigned long long>(n.generic));
   EXPECT_GT(n.stream, 0u);
   EXPECT_GT(n.direct, 0u);
   EXPECT_GT(n.wgmma, 0u);
@@ -388,6 +393,16 @@ TEST_F(MoeExpertTest, MatchesCpuReference) {
     EXPECT_GT(n.wgmma_repacked, 0u) << "MOESHARD_MOE_WGMMA_REPACKED=1, yet no step expanded repacked experts";
   } else {
     EXPECT_EQ(n.wgmma_repacked, 0u);
+  }
+  // The prefill shapes' repacked NVFP4 / MXFP4 experts through the wgmma GEMMs over decoded
+  // registers (moe_stream_wgmma.cu) on Hopper, never with MOESHARD_MOE_STREAM_WGMMA=0.
+  const char* sw = std::getenv("MOESHARD_MOE_STREAM_WGMMA");
+  cudaDeviceProp prop{};
+  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+  if ((sw != nullptr && std::string(sw) == "0") || prop.major != 9) {
+    EXPECT_EQ(n.stream_wgmma, 0u);
+  } else {
+    EXPECT_GT(n.stream_wgmma, 0u) << "no step took the wgmma GEMMs over repacked experts";
   }
   const char* sd = std::getenv("MOESHARD_MOE_STREAM_DIRECT");
   if (sd != nullptr && std::string(sd) == "0") {
@@ -437,6 +452,14 @@ TEST(MoeExpertNoDeviceTest, RejectsBadParams) {
   p.top_k = 2;
   p.num_tokens = 0;
   EXPECT_TRUE(gpu::MoeExpertStep(p, nullptr).ok());  // nothing to do
+  p.num_total_experts = 1;                           // fewer experts in the layer than on this GPU
+  const absl::Status fewer = gpu::MoeExpertStep(p, nullptr);
+  EXPECT_EQ(fewer.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(fewer.message().find("num_total_experts"), std::string::npos) << fewer;
+  p.num_total_experts = -3;
+  EXPECT_EQ(gpu::MoeExpertStep(p, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  p.num_total_experts = 8;
+  EXPECT_TRUE(gpu::MoeExpertStep(p, nullptr).ok());
   p.num_tokens = 4;
   EXPECT_EQ(gpu::MoeExpertStep(p, nullptr).code(), absl::StatusCode::kInvalidArgument);  // null pointers
   EXPECT_GT(gpu::MoeExpertWorkspaceBytes(32, 4096, 4096, 8, 8), size_t{8 * 8 * 4096 * 10});

@@ -360,3 +360,32 @@ TEST(MoeStreamLayoutTest, RepackedRowBlocksAreTheStoredBlocks) {
 
 }  // namespace
 }  // namespace moeshard::gpu
+
+// The wgmma GEMMs over repacked e2m1 experts (moe_stream_wgmma.cu) store each 64-column quad of the
+// activations permuted so that wgmma's k16 step u reads, at k index kk, the column that the weights'
+// A fragment holds there (lane c: 2c, 2c + 1 -> columns 16c + 4u, + 1; 2c + 8, 2c + 9 -> 16c + 4u + 2,
+// + 3; the layout the streaming kernels' mma.sync loop reads). The gather's pair table and the
+// epilogue's position function must both put every column there, and be one-to-one.
+TEST(MoeStreamLayoutTest, WgmmaActivationOrderMatchesTheFragments) {
+  std::vector<int> seen(128, 0);
+  for (int i = 0; i < 128; ++i) {
+    const int p = moeshard::gpu::StreamWgmmaPos(i);
+    ASSERT_GE(p, i & ~63);
+    ASSERT_LT(p, (i & ~63) + 64);
+    ++seen[p];
+  }
+  for (int p = 0; p < 128; ++p) EXPECT_EQ(seen[p], 1) << "position " << p;
+  for (int u = 0; u < 4; ++u) {
+    for (int c = 0; c < 4; ++c) {
+      for (int j = 0; j < 4; ++j) {
+        const int kk = 2 * c + (j & 1) + 8 * (j >> 1), col = 16 * c + 4 * u + j;
+        EXPECT_EQ(moeshard::gpu::StreamWgmmaPos(col), 16 * u + kk) << "u " << u << " lane c " << c << " j " << j;
+      }
+    }
+  }
+  for (int op = 0; op < 32; ++op) {
+    const int r = moeshard::gpu::StreamWgmmaGatherPair(op);
+    EXPECT_EQ(moeshard::gpu::StreamWgmmaPos(2 * r), 2 * op) << "pair " << op;
+    EXPECT_EQ(moeshard::gpu::StreamWgmmaPos(2 * r + 1), 2 * op + 1) << "pair " << op;
+  }
+}

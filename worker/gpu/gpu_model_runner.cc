@@ -433,6 +433,7 @@ absl::Status GpuModelRunner::Experts(int64_t li, const ExpertsOpts& opts) {
   MoeExpertParams mp;
   mp.experts = lw.experts;
   mp.num_local_experts = static_cast<int>(host_w_->num_local_experts);
+  mp.num_total_experts = static_cast<int>(c.num_experts);
   mp.width = Lw;
   mp.inter = c.expert_intermediate;
   mp.num_tokens = T;
