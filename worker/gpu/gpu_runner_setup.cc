@@ -43,6 +43,14 @@ std::string GpuModelRunner::backend() const {
                                kv_elem_ == KvElem::kF32    ? "float32"
                                : kv_elem_ == KvElem::kBF16 ? "bfloat16"
                                                            : "fp8");
+  // The Q/K/V projection writes K and V in the activations' dtype: a float32 cache beside bfloat16
+  // activations holds bfloat16 values exactly, at twice the memory (measured bit-identical results,
+  // docs/PERFORMANCE.md). Say so where the user reads the backend.
+  if (act_ == ActDType::kBF16 && kv_elem_ == KvElem::kF32) {
+    absl::StrAppend(&s,
+                    " (K and V are made in bfloat16: this float32 cache changes no result, only doubles the"
+                    " cache's memory; --dtype float32 computes them in float32)");
+  }
   int moe = 0, streaming = 0;
   if (w_) {
     for (const GpuLayerWeights& l : w_->layers) {
