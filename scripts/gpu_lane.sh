@@ -31,7 +31,10 @@
 #       size) as moe_expert_test-classes, and with MOESHARD_MOE_STREAM_DIRECT=0 (the route and
 #       the streaming kernels at decode sizes) as moe_expert_test-no-stream-direct, and with
 #       MOESHARD_MOE_WGMMA_REPACKED=1 (prefill of repacked experts on wgmma) as
-#       moe_expert_test-wgmma-repacked.
+#       moe_expert_test-wgmma-repacked, with MOESHARD_MOE_STREAM_WGMMA=0 (the streaming kernels at
+#       prefill sizes) as moe_expert_test-no-stream-wgmma and with
+#       MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1 (wgmma over decoded registers at every size) as
+#       moe_expert_test-stream-wgmma-all.
 #       MOESHARD_LANE_PART=checks runs steps 1-3b only, =e2e steps 4-5 only (default all): the
 #       two halves' bundles each fit one device call's 64 MiB beside the tree.
 #       A step that exits 77 (no GPU) is a failure here: the lane runs on a GPU machine. A gtest
@@ -200,6 +203,13 @@ run_lane() {
       # until it has passed here; ctest's moe_expert_test_wgmma_repacked).
       run_gtest moe_expert_test "$bin" "$work/moe_expert_test-wgmma-repacked.log" moe_expert_test-wgmma-repacked \
         MOESHARD_MOE_WGMMA_REPACKED=1
+      # Repacked NVFP4 / MXFP4 experts at prefill sizes without the wgmma GEMMs over decoded
+      # registers (kernels/moe/moe_stream_wgmma.cu), then through them at every size past the
+      # direct GEMV's (ctest's moe_expert_test_no_stream_wgmma, _stream_wgmma_all).
+      run_gtest moe_expert_test "$bin" "$work/moe_expert_test-no-stream-wgmma.log" moe_expert_test-no-stream-wgmma \
+        MOESHARD_MOE_STREAM_WGMMA=0
+      run_gtest moe_expert_test "$bin" "$work/moe_expert_test-stream-wgmma-all.log" moe_expert_test-stream-wgmma-all \
+        MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1
     fi
   fi
   if [[ $part == all || $part == checks ]]; then

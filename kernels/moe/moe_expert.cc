@@ -200,7 +200,7 @@ bool WgmmaRepackedEnabled() {
 // expert size (32 of 256 experts, L = I = 4,096) 94 rows an expert take 0.91 ms against the
 // streaming kernels' 1.34, 23 rows 0.62 against 0.43; at Qwen3-30B's (128 experts, 2,048 x 768)
 // 64 rows 0.43 against 0.46 ms, 16 rows 0.28 against 0.20.
-bool StreamWgmmaShape(int E, int64_t L, int64_t I, int64_t rows) {
+bool StreamWgmmaShape(int E, int64_t L, int64_t I, int64_t capacity, int64_t rows) {
   static const int64_t min_rows = [] {
     const char* v = std::getenv("MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS");
     return v && *v ? std::atoll(v) : int64_t{-1};
@@ -210,7 +210,7 @@ bool StreamWgmmaShape(int E, int64_t L, int64_t I, int64_t rows) {
     return !(v && std::strcmp(v, "0") == 0);
   }();
   const int64_t need = min_rows >= 0 ? min_rows : int64_t{48} * E;
-  return on && rows >= std::max<int64_t>(need, 1) && MoeStreamWgmmaSupported(E, L, I);
+  return on && rows >= std::max<int64_t>(need, 1) && MoeStreamWgmmaSupported(E, L, I, capacity);
 }
 
 bool GemvEnabled() {
@@ -343,7 +343,8 @@ cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStr
   const int64_t total_experts = p.num_total_experts > 0 ? p.num_total_experts : p.num_local_experts;
   const int64_t expected_rows = w.capacity * p.num_local_experts / total_experts;
   w.stream_wgmma = repacked && !w.stream_q8 && w.fast_allowed && !need_generic && !w.stream_direct &&
-                   !w.wgmma_repacked && StreamWgmmaShape(p.num_local_experts, p.width, p.inter, expected_rows);
+                   !w.wgmma_repacked &&
+                   StreamWgmmaShape(p.num_local_experts, p.width, p.inter, w.capacity, expected_rows);
   CountPaths(w, repacked, need_generic);
   using Launch = cudaError_t (*)(const MoeExpertParams&, const MoeWork&, cudaStream_t);
   enum Need { kAlways, kFast, kFastOld, kGemv, kGeneric };

@@ -103,7 +103,7 @@ cudaError_t LaunchMoeWgmmaGateUp(const MoeExpertParams& p, const MoeWork& w, cud
 cudaError_t LaunchMoeWgmmaDown(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
 // The wgmma GEMMs over repacked e2m1 experts (moe_stream_wgmma.cu): whether this build, GPU and
 // shape run them, and their launches (the gate/up one gathers x into xg first).
-bool MoeStreamWgmmaSupported(int E, int64_t L, int64_t I);
+bool MoeStreamWgmmaSupported(int E, int64_t L, int64_t I, int64_t capacity);
 cudaError_t LaunchMoeStreamWgmmaGateUp(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
 cudaError_t LaunchMoeStreamWgmmaDown(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
 cudaError_t LaunchMoeCombine(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);

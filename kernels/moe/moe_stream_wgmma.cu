@@ -498,13 +498,16 @@ cudaError_t LaunchGemm(const MoeExpertParams& p, const MoeWork& w, cudaStream_t 
 
 }  // namespace
 
-bool MoeStreamWgmmaSupported(int E, int64_t L, int64_t I) {
+bool MoeStreamWgmmaSupported(int E, int64_t L, int64_t I, int64_t capacity) {
 #ifndef MOESHARD_HAVE_SM90A
-  (void)E, (void)L, (void)I;
+  (void)E, (void)L, (void)I, (void)capacity;
   return false;
 #else
-  return E <= kMaxExperts && L % 256 == 0 && I % 256 == 0 && L <= (int64_t{1} << 20) && I <= (int64_t{1} << 20) &&
-         DeviceIsSm90() && TensorMapEncoder() != nullptr;
+  if (E > kMaxExperts || L % 256 != 0 || I % 256 != 0 || L > (int64_t{1} << 20) || I > (int64_t{1} << 20)) return false;
+  // The kernels count items ((tiles) x (row blocks)) and grouped rows in 32 bits.
+  const int64_t most_items = (capacity / 32 + E) * std::max(I / 128, L / 256);
+  return most_items < (int64_t{1} << 31) && capacity < (int64_t{1} << 31) && DeviceIsSm90() &&
+         TensorMapEncoder() != nullptr;
 #endif
 }
 
