@@ -66,21 +66,22 @@ constexpr int kMaxExperts = 1024;   // the tile prefix lives in shared memory
 // H100 (kernels/moe/PERF_NOTES.md); 2 leaves registers for two sets in flight up to 96 tokens.
 constexpr int kGroup = 2;
 // Two rings, each with its producer warp: the weights (from DRAM) six steps deep, the activations
-// (from L2) three. A weight stage holds the step's codes of every slice and the chunk's scale bytes
-// whole (their words interleave the quads).
+// (from L2) in 96 KB: three steps of 128 tokens (six of 64). A weight stage holds the step's codes
+// of every slice and the chunk's scale bytes whole (their words interleave the quads).
 constexpr int kWStages = 6, kBStages = 6;      // the most; SwArgs::wst, bst say how many run
 constexpr int kWCodes = kQ * kChunkCodes / 4;  // a slice's codes in a step
 constexpr int kWBytes = kSlices * (kWCodes + kScaleMax);
-constexpr int kBBytes = kQ * kQuadB;
+constexpr int kBBytes = kQ * kQuadB;  // one step of 128 tokens
+constexpr int kBRegion = 3 * kBBytes;
 static_assert(kBBytes % 1024 == 0, "activation stages stay 1024-byte aligned for the swizzled tiles");
 
 size_t SmemBytes(int E) {
-  return 1024 + size_t{3} * kBBytes + size_t{kWStages} * kWBytes + 256 + sizeof(int32_t) * (E + 1);
+  return 1024 + size_t{kBRegion} + size_t{kWStages} * kWBytes + 256 + sizeof(int32_t) * (E + 1);
 }
 
 // The rings in shared memory and a consumer's place in them (one step counter serves both).
 struct Rings {
-  uint8_t* b;  // 3 x kBBytes: SwArgs::bst stages of kQ x tok rows
+  uint8_t* b;  // kBRegion: SwArgs::bst stages of kQ quads x tok rows
   uint8_t* w;  // [kWStages][kWBytes]
   uint64_t *full_w, *empty_w, *full_b, *empty_b;
 };
@@ -97,7 +98,7 @@ struct SwArgs {
   int64_t inter;
   float* y;  // down output [capacity, L] fp32
   int64_t width;
-  int tok;       // tokens per item at most: 128 (MOESHARD_MOE_SW_TOK: 64, 96 or 128)
+  int tok;       // tokens per item at most: 128 (MOESHARD_MOE_SW_TOK: 32, 64, 96 or 128; benchmarks)
   int wst, bst;  // weight and activation stages in use (MOESHARD_MOE_SW_WST, _BST; benchmarks)
   int probe;     // benchmarks (MOESHARD_MOE_SW_PROBE; wrong results): 1 no decode, 2 no MMA,
                  // 3 no activation copies, 4 no weight copies, 5 neither
@@ -311,7 +312,7 @@ __global__ void __launch_bounds__(kThreads, 1) StreamWgmmaKernel(SwArgs a, const
   const uint32_t raw = SharedAddr(smem_raw);
   Rings r;
   r.b = smem_raw + (((raw + 1023u) & ~1023u) - raw);
-  r.w = r.b + 3 * kBBytes;
+  r.w = r.b + kBRegion;
   r.full_w = reinterpret_cast<uint64_t*>(r.w + kWStages * kWBytes);
   r.empty_w = r.full_w + kWStages;
   r.full_b = r.empty_w + kWStages;
@@ -453,7 +454,7 @@ Shape3 RingShape() {
     Shape3 r;
     r.tok = env("MOESHARD_MOE_SW_TOK", 128, 32, 128) / kBox * kBox;
     r.wst = env("MOESHARD_MOE_SW_WST", kWStages, 2, kWStages);
-    const int most_b = std::min(kBStages, 3 * kTok / r.tok);
+    const int most_b = std::min(kBStages, kBRegion / (kQ * 128 * r.tok));
     r.bst = env("MOESHARD_MOE_SW_BST", most_b, 2, most_b);
     return r;
   }();
