@@ -14,7 +14,8 @@
 //   moe_expert_bench [--t 1,8,64] [--skip-baseline] [--stages] [--iters N]
 //                    [--format q8_0|mxfp4|bf16|nvfp4] [--shape issue5|qwen30b]
 //                    [--routing uniform|zipf|both] [--no-hint] [--no-repack]
-// --stages adds each kernel's time alone (MoeExpertStepStages) under each row.
+// --stages adds each kernel's time alone (MoeExpertStepStages) under each row; the last column
+// names the kernels the timed steps took (the dispatcher's path counts).
 // --shape qwen30b: E_local = 128 of 128 experts, top-8, L = 2048, I = 768 (Qwen3-30B-A3B on
 // one GPU); T defaults to 1, 4, 8, 64, 4096. --format picks the experts' weight format (the
 // random bytes are made sane: see bench::SaneWeights). The step gets the caller's format hint
@@ -71,6 +72,17 @@ T* DevAlloc(size_t bytes) {
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+// Which kernels the timed steps took, from the dispatcher's counts before and after them.
+const char* PathName(const gpu::MoePathCounts& a, const gpu::MoePathCounts& b) {
+  if (b.stream_wgmma > a.stream_wgmma) return "wgmma-registers";
+  if (b.stream_direct > a.stream_direct) return "direct-repacked";
+  if (b.wgmma > a.wgmma) return "wgmma-expanded";
+  if (b.stream > a.stream) return "streaming";
+  if (b.direct > a.direct) return "direct-stored";
+  if (b.generic > a.generic) return "generic";
+  return "gemv";
 }
 
 // Median milliseconds of fn(i) over `iters` runs after `warm` runs, one event pair each.
@@ -465,8 +477,8 @@ int main(int argc, char** argv) {
   uint16_t* b_h = DevAlloc<uint16_t>(t_max * kTopK * kI * 2);
   float* b_y = DevAlloc<float>(t_max * kTopK * kL * 4);
   std::mt19937 rng(12345);
-  std::printf("\n%-8s %6s %6s %6s %10s %10s %10s %8s %7s %10s %7s %7s\n", "routing", "T", "pairs", "experts", "time_us",
-              "floor_us", "bytes_MB", "GFLOP", "ratio", "cublas_us", "GB/s", "check");
+  std::printf("\n%-8s %6s %6s %6s %10s %10s %10s %8s %7s %10s %7s %7s  %s\n", "routing", "T", "pairs", "experts",
+              "time_us", "floor_us", "bytes_MB", "GFLOP", "ratio", "cublas_us", "GB/s", "check", "path");
   for (bool zipf : routings) {
     for (int64_t T : Ts) {
       const double err = Check(sets[0], T, zipf, rng, out, work, work_bytes);
@@ -482,12 +494,14 @@ int main(int argc, char** argv) {
       }
       bytes /= kSets, flops /= kSets, pairs /= kSets, touched /= kSets;
       const int iters = iters_override ? iters_override : T <= 256 ? 200 : T <= 3012 ? 60 : 20;
+      const gpu::MoePathCounts before = gpu::MoeExpertPathCounts();
       const double ms = TimeMs(
           [&](int i) {
             gpu::MoeExpertParams p = Params(sets[i % kSets], rs[i % kSets], T, out, work, work_bytes);
             (void)gpu::MoeExpertStep(p, nullptr);
           },
           3, iters);
+      const char* path = PathName(before, gpu::MoeExpertPathCounts());
       double base_ms = 0;
       if (baseline) {
         const float one = 1.f, zero = 0.f;
@@ -539,9 +553,9 @@ int main(int argc, char** argv) {
         }
       }
       const double floor_us = std::max(bytes / copy_gbs / 1e3, flops / gemm_tflops / 1e6);
-      std::printf("%-8s %6ld %6.0f %6.1f %10.1f %10.1f %10.1f %8.1f %7.2f %10.1f %7.0f %7.1e\n",
+      std::printf("%-8s %6ld %6.0f %6.1f %10.1f %10.1f %10.1f %8.1f %7.2f %10.1f %7.0f %7.1e  %s\n",
                   zipf ? "zipf" : "uniform", long(T), pairs, touched, ms * 1e3, floor_us, bytes / 1e6, flops / 1e9,
-                  ms * 1e3 / floor_us, base_ms * 1e3, bytes / ms / 1e6, err);
+                  ms * 1e3 / floor_us, base_ms * 1e3, bytes / ms / 1e6, err, path);
       if (stages) std::printf("    stages_us:%s\n", stage_line.c_str());
       std::fflush(stdout);
       for (auto& r : rs) FreeRouting(r);
