@@ -20,6 +20,15 @@ __device__ __forceinline__ void MbarrierArrive(uint64_t* bar) {
 __device__ __forceinline__ void MbarrierArriveOnCpAsync(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(SharedAddr(bar)) : "memory");
 }
+// True in one lane of the (fully active) warp: elect.sync. What a branch on it holds runs in one
+// thread that the compiler knows is alone, so warp-uniform copy operands stay in uniform registers
+// — under `lane == 0` it loops over the active lanes around every copy (~120 cycles a bulk copy,
+// measured in moe_stream_wgmma.cu's producer).
+__device__ __forceinline__ bool ElectOne() {
+  uint32_t elected = 0;
+  asm volatile("{\n.reg .pred p;\nelect.sync _|p, 0xffffffff;\nselp.u32 %0, 1, 0, p;\n}\n" : "=r"(elected)::"memory");
+  return elected != 0;
+}
 // One arrival on `bar` that also expects `bytes` more from copies counted on it (BulkCopyToShared).
 __device__ __forceinline__ void MbarrierArriveExpectTx(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(SharedAddr(bar)), "r"(bytes) : "memory");

@@ -195,11 +195,12 @@ bool WgmmaRepackedEnabled() {
 }
 
 // The wgmma GEMMs over repacked NVFP4 / MXFP4 experts (moe_stream_wgmma.cu; MOESHARD_MOE_STREAM_WGMMA=0
-// off) from this many expected local rows up (MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS; default 48 a
-// local expert on average). Measured on an H100, 2026-12-05 (kernels/moe/PERF_NOTES.md): at Muse Spark's
-// expert size (32 of 256 experts, L = I = 4,096) 94 rows an expert take 0.91 ms against the
-// streaming kernels' 1.34, 23 rows 0.62 against 0.43; at Qwen3-30B's (128 experts, 2,048 x 768)
-// 64 rows 0.43 against 0.46 ms, 16 rows 0.28 against 0.20.
+// off) from this many expected local rows up (MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS; default 20 a
+// local expert on average). Measured on an H100, 2026-12-05, thirteenth session (kernels/moe/
+// PERF_NOTES.md): at Muse Spark's expert size (32 of 256 experts, L = I = 4,096) 94 rows an expert
+// take 0.80 ms against the streaming kernels' 1.36, 23 rows 0.43 against 0.43 (zipf routing 0.61
+// against 0.77), 2 rows 0.36 against 0.29; at Qwen3-30B's (128 experts, 2,048 x 768) 64 rows 0.40
+// against 0.46 ms, 16 rows 0.22 against 0.20.
 bool StreamWgmmaShape(int E, int64_t L, int64_t I, int64_t capacity, int64_t rows) {
   static const int64_t min_rows = [] {
     const char* v = std::getenv("MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS");
@@ -209,7 +210,7 @@ bool StreamWgmmaShape(int E, int64_t L, int64_t I, int64_t capacity, int64_t row
     const char* v = std::getenv("MOESHARD_MOE_STREAM_WGMMA");
     return !(v && std::strcmp(v, "0") == 0);
   }();
-  const int64_t need = min_rows >= 0 ? min_rows : int64_t{48} * E;
+  const int64_t need = min_rows >= 0 ? min_rows : int64_t{20} * E;
   return on && rows >= std::max<int64_t>(need, 1) && MoeStreamWgmmaSupported(E, L, I, capacity);
 }
 

@@ -15,25 +15,29 @@
 // The gather kernel writes x that way into the workspace's xg; the gate/up epilogue writes h that
 // way for the down GEMM.
 //
-// A CTA: warpgroups 0 and 1 consume (232 registers a thread); warps 8 and 9 produce. An item is
-// (expert, 128-token tile, row block): gate/up 128 intermediate rows (each warp 16 rows of gate
-// and the same 16 of up: SwiGLU in registers), down 256 output rows (each warp two 16-row
-// slices). Both warpgroups share the tile's activations. A step is half a 256-column chunk; two
-// rings, each with its producer warp: the weights (16 slices' codes and the chunk's scale bytes,
-// one bulk copy each) six steps deep, the activations (two 64-column quads of up to 128 rows
-// through a 2-D tensor map: 32-row boxes, 128-byte swizzle, wgmma's K-major layout) three. Each
-// consumer warpgroup decodes two half-quads, issues their eight wgmmas as one group and keeps up
-// to two groups in flight. Persistent: items strided over the grid, the row block fastest (CTAs
-// that run together share an expert's activations in L2). Every sum runs in a fixed order:
-// results repeat bit for bit.
+// A CTA: warpgroups 0 and 1 consume (232 registers a thread); warps 8 and 10 copy weights, warp 9
+// activations. An item is (expert, tile of up to kNT tokens, row block): gate/up 128 intermediate
+// rows (each warp 16 rows of gate and the same 16 of up: SwiGLU in registers), down 256 output rows
+// (each warp two 16-row slices). Both warpgroups share the tile's activations. A step is half a
+// 256-column chunk; two rings: the weights (each weight producer 8 slices' codes and scale bytes,
+// one bulk copy each, issued by one elected lane) six steps deep, the activations (two 64-column
+// quads of the tile's rows through a 2-D tensor map: 32-row boxes, 128-byte swizzle, wgmma's
+// K-major layout) in 96 KB. Each consumer warpgroup decodes a group of half-quads, issues their
+// wgmmas and keeps two groups in flight. A kernel has two accumulator shapes: kNT tokens (64, 96
+// or 128, chosen by the host from the expected rows of an expert) and 32 for an expert's last rows.
+// Persistent: items strided over the grid, the row block fastest (CTAs that run together share an
+// expert's activations in L2). Every sum runs in a fixed order: results repeat bit for bit.
 //
-// Where the time goes (H100, kernels/moe/PERF_NOTES.md): at Muse Spark's expert size the kernel
-// runs ~1.2 us a step whether or not it decodes, multiplies or copies (MOESHARD_MOE_SW_PROBE):
-// the consumers' per-step chain, not the tensor cores, the decode or the copies, bounds it.
+// Where the time went (ncu source counters, kernels/moe/PERF_NOTES.md): a benchmark branch around
+// the wgmmas made ptxas close every group early and wait for it whole; the weight copies, issued
+// lane by lane, took ~120 cycles each and bounded the step; four accumulator shapes in one kernel
+// left ptxas no registers for two groups in flight (C7512). Without them the kernel runs at 1.4x
+// its floor at 753 tokens and 2.2x at 3,012 (H100), the tensor pipe 61 % busy.
 #include <cuda.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -62,9 +66,6 @@ constexpr int kScaleMax = 256;      // scale bytes of a slice and chunk (NVFP4; 
 constexpr int kQ = 2;               // 64-column quads a step: half a chunk
 constexpr int kQuadB = kTok * 128;  // one quad's activations: 128 rows of 64 bf16
 constexpr int kMaxExperts = 1024;   // the tile prefix lives in shared memory
-// Half-quads decoded before their wgmmas are issued as one group. 1, 2 and 4 measured level on the
-// H100 (kernels/moe/PERF_NOTES.md); 2 leaves registers for two sets in flight up to 96 tokens.
-constexpr int kGroup = 2;
 // Two rings, each with its producer warp: the weights (from DRAM) six steps deep, the activations
 // (from L2) in 96 KB: three steps of 128 tokens (six of 64). A weight stage holds the step's codes
 // of every slice and the chunk's scale bytes whole (their words interleave the quads).
@@ -86,6 +87,16 @@ struct Rings {
   uint64_t *full_w, *empty_w, *full_b, *empty_b;
 };
 
+// A place in a ring of n stages: the stage and its phase parity, advanced by one step (no divisions
+// on the consumers' path: the ring depths are runtime values, a division a step cost ~50 instructions).
+struct RingPos {
+  int stage = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void Next(int n) {
+    if (++stage == n) stage = 0, phase ^= 1u;
+  }
+};
+
 struct SwArgs {
   const MoeExpertWeights* experts;
   const int32_t* offsets;
@@ -100,42 +111,34 @@ struct SwArgs {
   int64_t width;
   int tok;       // tokens per item at most: 128 (MOESHARD_MOE_SW_TOK: 32, 64, 96 or 128; benchmarks)
   int wst, bst;  // weight and activation stages in use (MOESHARD_MOE_SW_WST, _BST; benchmarks)
-  int probe;     // benchmarks (MOESHARD_MOE_SW_PROBE; wrong results): 1 no decode, 2 no MMA,
-                 // 3 no activation copies, 4 no weight copies, 5 neither
+  int probe;     // benchmarks (MOESHARD_MOE_SW_PROBE; wrong results): 3 no activation copies, 4 no
+                 // weight copies, 5 neither. Producer-side only: a branch around the consumers' wgmmas made
+                 // ptxas close each group early and wait for it whole (kernels/moe/PERF_NOTES.md).
 };
 
 #ifdef MOESHARD_MOE_SW_DEVICE
-// Slot of (warpgroup wg, warp w, slice m) in a stage, and its matrix and first row.
-__device__ __forceinline__ int SlotOf(int wg, int w, int m) { return (wg * 2 + m) * 4 + w; }
-
+// Slot of (warpgroup wg, warp w, slice m) in a weight stage. The two weight producers copy 8
+// consecutive 16-row slices of one matrix each: gate/up's warp 8 the gate rows of the row block
+// (wg * 64 + w * 16 in slots 0..7), warp 10 the same rows of up (slots 8..15); down's 256 rows are
+// wg * 128 + m * 64 + w * 16, slots 0..15 in that order, warp 8 the first 8, warp 10 the rest.
 template <bool kGateUp>
-__device__ __forceinline__ const WeightRef& SliceView(const MoeExpertWeights& ew, int rb, int slot, int& row) {
-  const int w = slot & 3, m = (slot >> 2) & 1, wg = slot >> 3;
-  if constexpr (kGateUp) {
-    row = rb * 128 + wg * 64 + w * 16;
-    return m ? ew.up : ew.gate;
-  } else {
-    row = rb * 256 + wg * 128 + m * 64 + w * 16;
-    return ew.down;
-  }
+__device__ __forceinline__ int SlotOf(int wg, int w, int m) {
+  return kGateUp ? m * 8 + wg * 4 + w : (wg * 2 + m) * 4 + w;
 }
 
-// Sets of A fragments in flight for NT tokens and groups of G half-quads (two k16 steps of both
-// slices, 16 registers, each): what the accumulators leave room for (ptxas serializes the wgmmas
-// otherwise), and whole sets a step (a step is 4 / G groups).
-template <int NT, int G>
-__host__ __device__ constexpr int SetsInFlight() {
-  if constexpr (G == 4) return 1;
-  if constexpr (G == 2) return NT <= 96 ? 2 : 1;
-  return NT <= 32 ? 4 : NT < 128 ? 2 : 1;
-}
+// Sets of A fragments in flight (G half-quads, two k16 steps of both slices, 16 registers, each):
+// two, so a warpgroup decodes one set while the wgmmas of the other run. ptxas keeps that only while
+// the kernel's accumulator shapes are few: a kernel holds a 32-token form (an expert's last rows)
+// and one larger one (StreamWgmmaKernel's kNT); with all four forms in one kernel ptxas serialized
+// every wgmma (C7512, insufficient registers).
+constexpr int kSets = 2;
 
 // One warpgroup's item: every step through the rings, then the epilogue. The A fragments of G
 // half-quads are decoded, then their 4 G wgmmas issued as one group; D - 1 groups stay in flight
 // while the next is decoded, and the other warpgroup's work overlaps this one's waits.
 template <bool kGateUp, int NT, int G>
 __device__ __forceinline__ void ConsumeItem(const SwArgs& a, int e, int rb, int32_t row0, int ntok, const Rings& r,
-                                            uint32_t& cnt, int wg, int w, int lane) {
+                                            RingPos& pw, RingPos& pb, int wg, int w, int lane) {
   constexpr int kAcc = NT / 2;
   float acc[2][kAcc];
 #pragma unroll
@@ -143,14 +146,14 @@ __device__ __forceinline__ void ConsumeItem(const SwArgs& a, int e, int rb, int3
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) acc[m][i] = 0.f;
   const int steps = a.K / (64 * kQ);
-  constexpr int D = SetsInFlight<NT, G>(), kGroups = 2 * kQ / G;
+  constexpr int D = kSets, kGroups = 2 * kQ / G;
   static_assert(kGroups % D == 0, "a step holds whole rounds of the sets");
   uint32_t buf[D][G][2][8] = {};  // [set][half-quad][slice][ag 0..3, ag8 0..3]
   int pend_w = -1, pend_b = -1;   // the stages whose last wgmmas are not yet known done
-  for (int st = 0; st < steps; ++st, ++cnt) {
-    const int sw = cnt % a.wst, sb = cnt % a.bst;
-    MbarrierWait(&r.full_w[sw], (cnt / a.wst) & 1);
-    MbarrierWait(&r.full_b[sb], (cnt / a.bst) & 1);
+  for (int st = 0; st < steps; ++st, pw.Next(a.wst), pb.Next(a.bst)) {
+    const int sw = pw.stage, sb = pb.stage;
+    MbarrierWait(&r.full_w[sw], pw.phase);
+    MbarrierWait(&r.full_b[sb], pb.phase);
     const uint8_t* wcodes = r.w + sw * kWBytes;
     const uint8_t* wscale = wcodes + kSlices * kWCodes;
     const uint32_t baddr = SharedAddr(r.b + sb * (kQ * 128 * a.tok));
@@ -166,7 +169,7 @@ __device__ __forceinline__ void ConsumeItem(const SwArgs& a, int e, int rb, int3
         if (jw == 0) {
 #pragma unroll
           for (int m = 0; m < 2; ++m) {
-            const int l = SlotOf(wg, w, m);
+            const int l = SlotOf<kGateUp>(wg, w, m);
             wd[m] = *reinterpret_cast<const uint4*>(wcodes + l * kWCodes + (q * 32 + lane) * 16);
             const uint32_t sc =
                 *reinterpret_cast<const uint32_t*>(wscale + l * kScaleMax + E2m1ScaleWord(lane, q0 + q, a.mx));
@@ -175,13 +178,8 @@ __device__ __forceinline__ void ConsumeItem(const SwArgs& a, int e, int rb, int3
         }
 #pragma unroll
         for (int m = 0; m < 2; ++m) {
-          if (a.probe == 1) {
-#pragma unroll
-            for (int i = 0; i < 8; ++i) set[h][m][i] = (jw == 0 ? wd[m].x : wd[m].z) ^ (i * s2[m][i & 1]);
-          } else {
-            DecodeRepacked(jw == 0 ? wd[m].x : wd[m].z, s2[m][0], &set[h][m][0]);
-            DecodeRepacked(jw == 0 ? wd[m].y : wd[m].w, s2[m][1], &set[h][m][4]);
-          }
+          DecodeRepacked(jw == 0 ? wd[m].x : wd[m].z, s2[m][0], &set[h][m][0]);
+          DecodeRepacked(jw == 0 ? wd[m].y : wd[m].w, s2[m][1], &set[h][m][4]);
         }
       }
       WgmmaFence();
@@ -189,7 +187,7 @@ __device__ __forceinline__ void ConsumeItem(const SwArgs& a, int e, int rb, int3
       for (int h = 0; h < G; ++h) {
         const int hq = gi * G + h, q = hq / 2, jw = hq % 2;
 #pragma unroll
-        for (int uu = 0; uu < 2 && a.probe != 2; ++uu) {
+        for (int uu = 0; uu < 2; ++uu) {
           const int u = 2 * jw + uu;
           const uint64_t desc = WgmmaDesc(baddr + q * 128 * a.tok + u * 32, 16, 1024);
 #pragma unroll
@@ -274,22 +272,15 @@ __device__ __forceinline__ void ConsumeItem(const SwArgs& a, int e, int rb, int3
   }
 }
 
-template <bool kGateUp, int G>
+// An item's tokens: the kernel's form for 33 to kNT of them, the 32-token form below (G = 1 at 128
+// tokens: its accumulators leave 32 registers for the sets).
+template <bool kGateUp, int kNT>
 __device__ __forceinline__ void ConsumeByTokens(const SwArgs& a, int e, int rb, int32_t row0, int ntok, const Rings& r,
-                                                uint32_t& cnt, int wg, int w, int lane) {
-  switch ((ntok + kBox - 1) / kBox) {
-    case 1:
-      ConsumeItem<kGateUp, 32, G>(a, e, rb, row0, ntok, r, cnt, wg, w, lane);
-      break;
-    case 2:
-      ConsumeItem<kGateUp, 64, G>(a, e, rb, row0, ntok, r, cnt, wg, w, lane);
-      break;
-    case 3:
-      ConsumeItem<kGateUp, 96, G>(a, e, rb, row0, ntok, r, cnt, wg, w, lane);
-      break;
-    default:
-      ConsumeItem<kGateUp, 128, G>(a, e, rb, row0, ntok, r, cnt, wg, w, lane);
-      break;
+                                                RingPos& pw, RingPos& pb, int wg, int w, int lane) {
+  if (ntok <= kBox) {
+    ConsumeItem<kGateUp, kBox, 2>(a, e, rb, row0, ntok, r, pw, pb, wg, w, lane);
+  } else {
+    ConsumeItem<kGateUp, kNT, kNT == 128 ? 1 : 2>(a, e, rb, row0, ntok, r, pw, pb, wg, w, lane);
   }
 }
 
@@ -305,7 +296,8 @@ __device__ __forceinline__ void ItemOf(const SwArgs& a, const int32_t* base, int
 }
 #endif
 
-template <bool kGateUp>
+// kNT: the tokens an item takes at most (SwArgs::tok), 64, 96 or 128.
+template <bool kGateUp, int kNT>
 __global__ void __launch_bounds__(kThreads, 1) StreamWgmmaKernel(SwArgs a, const __grid_constant__ CUtensorMap bmap) {
 #ifdef MOESHARD_MOE_SW_DEVICE
   extern __shared__ uint8_t smem_raw[];
@@ -324,7 +316,7 @@ __global__ void __launch_bounds__(kThreads, 1) StreamWgmmaKernel(SwArgs a, const
   if (warp == 0) MoeTilePrefix(a.offsets, a.fast, a.E, kMoePathNvfp4, a.tok, base, lane);
   if (tid == 0) {
     for (int i = 0; i < kWStages; ++i) {
-      MbarrierInit(&r.full_w[i], 1);
+      MbarrierInit(&r.full_w[i], 2);   // the two weight producers
       MbarrierInit(&r.empty_w[i], 8);  // lane 0 of each consumer warp
     }
     for (int i = 0; i < kBStages; ++i) {
@@ -337,51 +329,68 @@ __global__ void __launch_bounds__(kThreads, 1) StreamWgmmaKernel(SwArgs a, const
   const int total = base[a.E] * a.n_rb;
   const int steps = a.K / (64 * kQ);
   const uint32_t sbytes = a.mx ? 128 : 256;
-  if (warp >= 8) {  // the producer warpgroup: warp 8 copies weights, warp 9 activations
+  if (warp >= 8) {  // the producer warpgroup: warps 8 and 10 copy weights, warp 9 activations
     RegsDecrease<40>();
-    if (warp > 9) return;
-    uint32_t cnt = 0;
+    if (warp == 11) return;
+    RingPos pos;
     for (int t = blockIdx.x; t < total; t += gridDim.x) {
       int e, rb, ntok;
       int32_t row0;
       ItemOf(a, base, t, e, rb, row0, ntok);
-      if (warp == 8) {
-        const uint8_t *dsrc = nullptr, *ssrc = nullptr;
-        if (lane < kSlices) {
-          int row;
-          const WeightRef& wr = SliceView<kGateUp>(a.experts[e], rb, lane, row);
-          const int64_t idx = int64_t{row / 16} * (wr.cols / 256);
-          dsrc = wr.data + idx * kChunkCodes;
-          ssrc = wr.scale + idx * sbytes;
-        }
-        const uint32_t bytes = a.probe >= 4 ? 0 : kSlices * (kWCodes + sbytes);
-        for (int st = 0; st < steps; ++st, ++cnt) {
-          const int s = cnt % a.wst;
-          MbarrierWait(&r.empty_w[s], ((cnt / a.wst) & 1) ^ 1);
-          if (lane == 0) MbarrierArriveExpectTx(&r.full_w[s], bytes);
-          __syncwarp();
+      if (warp != 9) {
+        const int half = warp == 10;
+        const MoeExpertWeights& ew = a.experts[e];
+        const WeightRef& wr = kGateUp ? (half ? ew.up : ew.gate) : ew.down;
+        const int64_t chunks = wr.cols / 256, slice0 = kGateUp ? int64_t{rb} * 8 : int64_t{rb} * 16 + 8 * half;
+        const uint8_t* dsrc = wr.data + slice0 * chunks * kChunkCodes;
+        const uint8_t* ssrc = wr.scale + slice0 * chunks * sbytes;
+        const int64_t dstride = chunks * kChunkCodes, sstride = chunks * sbytes;
+        const uint32_t bytes = a.probe >= 4 ? 0 : (kSlices / 2) * (kWCodes + sbytes);
+        // One elected lane issues the 8 slices' codes and scale bytes a step, the warp's lanes all
+        // computing the same addresses (uniform registers). One thread alone (`lane == 0`) went
+        // through an elect loop around every copy, ~120 cycles each: the producers bounded the
+        // kernel (ncu, kernels/moe/PERF_NOTES.md).
+        for (int st = 0; st < steps; ++st, pos.Next(a.wst)) {
+          const int s = pos.stage;
+          MbarrierWait(&r.empty_w[s], pos.phase ^ 1u);
           const int kc = st / (4 / kQ), q0 = (st % (4 / kQ)) * kQ;
-          if (dsrc && bytes) {
-            uint8_t* sw = r.w + s * kWBytes;
-            BulkCopyToShared(sw + lane * kWCodes, dsrc + int64_t{kc} * kChunkCodes + q0 * (kChunkCodes / 4), kWCodes,
-                             &r.full_w[s]);
-            BulkCopyToShared(sw + kSlices * kWCodes + lane * kScaleMax, ssrc + int64_t{kc} * sbytes, sbytes,
-                             &r.full_w[s]);
+          uint8_t* sw = r.w + s * kWBytes + half * (kSlices / 2) * kWCodes;
+          uint8_t* ss = r.w + s * kWBytes + kSlices * kWCodes + half * (kSlices / 2) * kScaleMax;
+          const uint8_t* d = dsrc + int64_t{kc} * kChunkCodes + q0 * (kChunkCodes / 4);
+          const uint8_t* sc = ssrc + int64_t{kc} * sbytes;
+          if (ElectOne()) {
+            MbarrierArriveExpectTx(&r.full_w[s], bytes);
+            if (bytes != 0) {
+#pragma unroll
+              for (int j = 0; j < kSlices / 2; ++j) {
+                BulkCopyToShared(sw + j * kWCodes, d + j * dstride, kWCodes, &r.full_w[s]);
+                BulkCopyToShared(ss + j * kScaleMax, sc + j * sstride, sbytes, &r.full_w[s]);
+              }
+            }
           }
+          __syncwarp();
         }
       } else {
         const int boxes = (ntok + kBox - 1) / kBox;
         const uint32_t bytes = a.probe == 3 || a.probe == 5 ? 0 : kQ * boxes * kBox * 128;
-        for (int st = 0; st < steps; ++st, ++cnt) {
-          const int s = cnt % a.bst;
-          MbarrierWait(&r.empty_b[s], ((cnt / a.bst) & 1) ^ 1);
-          if (lane == 0) MbarrierArriveExpectTx(&r.full_b[s], bytes);
-          __syncwarp();
-          if (lane < kQ * boxes && bytes) {  // quad q, box j
-            const int q = lane % kQ, j = lane / kQ;
-            TensorCopy2dToShared(r.b + (s * kQ + q) * 128 * a.tok + j * kBox * 128, &bmap, (st * kQ + q) * 64,
-                                 row0 + j * kBox, &r.full_b[s]);
+        for (int st = 0; st < steps; ++st, pos.Next(a.bst)) {
+          const int s = pos.stage;
+          MbarrierWait(&r.empty_b[s], pos.phase ^ 1u);
+          if (ElectOne()) {  // as the weights': one elected lane, every box
+            MbarrierArriveExpectTx(&r.full_b[s], bytes);
+            if (bytes != 0) {
+#pragma unroll
+              for (int j = 0; j < kTok / kBox; ++j) {
+                if (j >= boxes) break;
+#pragma unroll
+                for (int q = 0; q < kQ; ++q) {
+                  TensorCopy2dToShared(r.b + (s * kQ + q) * 128 * a.tok + j * kBox * 128, &bmap, (st * kQ + q) * 64,
+                                       row0 + j * kBox, &r.full_b[s]);
+                }
+              }
+            }
           }
+          __syncwarp();
         }
       }
     }
@@ -389,12 +398,12 @@ __global__ void __launch_bounds__(kThreads, 1) StreamWgmmaKernel(SwArgs a, const
   }
   RegsIncrease<232>();
   const int wg = warp / 4, w = warp % 4;
-  uint32_t cnt = 0;
+  RingPos pw, pb;
   for (int t = blockIdx.x; t < total; t += gridDim.x) {
     int e, rb, ntok;
     int32_t row0;
     ItemOf(a, base, t, e, rb, row0, ntok);
-    ConsumeByTokens<kGateUp, kGroup>(a, e, rb, row0, ntok, r, cnt, wg, w, lane);
+    ConsumeByTokens<kGateUp, kNT>(a, e, rb, row0, ntok, r, pw, pb, wg, w, lane);
   }
 #else
   __trap();  // built without sm_90a: MoeStreamWgmmaSupported() is false and nothing launches this
@@ -439,35 +448,36 @@ int Probe() {
   return v;
 }
 
-struct Shape3 {
-  int tok, wst, bst;
-};
-// Tokens per item and ring depths: 128, 6 and 3 (the activation stages fill 96 KB: 3 of 128 tokens,
-// 6 of 64).
-Shape3 RingShape() {
-  static const Shape3 v = [] {
-    auto env = [](const char* name, int def, int lo, int hi) {
-      const char* e = std::getenv(name);
-      const int x = e && *e ? std::atoi(e) : def;
-      return std::min(std::max(x, lo), hi);
-    };
-    Shape3 r;
-    r.tok = env("MOESHARD_MOE_SW_TOK", 128, 32, 128) / kBox * kBox;
-    r.wst = env("MOESHARD_MOE_SW_WST", kWStages, 2, kWStages);
-    const int most_b = std::min(kBStages, kBRegion / (kQ * 128 * r.tok));
-    r.bst = env("MOESHARD_MOE_SW_BST", most_b, 2, most_b);
-    return r;
-  }();
-  return v;
+int EnvInt(const char* name, int def, int lo, int hi) {
+  const char* e = std::getenv(name);
+  const int x = e && *e ? std::atoi(e) : def;
+  return std::min(std::max(x, lo), hi);
 }
 
-template <bool kGateUp>
-cudaError_t LaunchGemm(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
+// Tokens an item takes at most: the smallest of 64, 96 and 128 that holds the expected rows of an
+// expert two standard deviations up (R + 2 sqrt(R), R = capacity / all experts: the host cannot see
+// the route's counts). An expert's rows past it go to a further item, at the 32-token form when 32
+// or fewer are left — an item that decodes and streams the expert's weights again, so at Muse
+// Spark's 94 rows an expert 128 (one item, a third of its MMA idle) beats 96 (a second item for
+// four experts in ten). MOESHARD_MOE_SW_TOK (64, 96 or 128) overrides it, for benchmarks.
+int ItemTokens(const MoeExpertParams& p, const MoeWork& w) {
+  static const int forced = EnvInt("MOESHARD_MOE_SW_TOK", 0, 0, 128) / kBox * kBox;
+  if (forced >= 2 * kBox) return forced;
+  const double total = static_cast<double>(p.num_total_experts > 0 ? p.num_total_experts : p.num_local_experts);
+  const double rows = static_cast<double>(w.capacity) / std::max(total, 1.0);
+  const double need = rows + 2.0 * std::sqrt(rows);
+  return need <= 2 * kBox ? 2 * kBox : need <= 3 * kBox ? 3 * kBox : 4 * kBox;
+}
+
+template <bool kGateUp, int kNT>
+cudaError_t LaunchGemmNT(const MoeExpertParams& p, const MoeWork& w, const CUtensorMap& bmap, cudaStream_t stream) {
   const int E = p.num_local_experts;
   const int64_t L = p.width, I = p.inter, K = kGateUp ? L : I;
-  CUtensorMap bmap;
-  const void* act = kGateUp ? static_cast<const void*>(w.xg) : w.h;
-  if (cudaError_t err = EncodeBf16Map128B(act, w.capacity, K, kBox, &bmap); err != cudaSuccess) return err;
+  // Ring depths: the weights 6 steps, the activations what 96 KB holds (3 steps of 128 tokens, 4 of
+  // 96, 6 of 64); MOESHARD_MOE_SW_WST / _BST lower them, for benchmarks.
+  static const int wst = EnvInt("MOESHARD_MOE_SW_WST", kWStages, 2, kWStages);
+  constexpr int kMostB = std::min(kBStages, kBRegion / (kQ * 128 * kNT));
+  static const int bst = EnvInt("MOESHARD_MOE_SW_BST", kMostB, 2, kMostB);
   SwArgs a{p.experts,
            w.offsets,
            w.fast,
@@ -479,22 +489,39 @@ cudaError_t LaunchGemm(const MoeExpertParams& p, const MoeWork& w, cudaStream_t 
            I,
            w.y,
            L,
-           RingShape().tok,
-           RingShape().wst,
-           RingShape().bst,
+           kNT,
+           wst,
+           bst,
            Probe()};
   static std::atomic<bool> smem_set{false};
   if (!smem_set.load(std::memory_order_relaxed)) {
-    if (cudaError_t err = cudaFuncSetAttribute(StreamWgmmaKernel<kGateUp>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(SmemBytes(kMaxExperts)));
+    if (cudaError_t err =
+            cudaFuncSetAttribute(StreamWgmmaKernel<kGateUp, kNT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 static_cast<int>(SmemBytes(kMaxExperts)));
         err != cudaSuccess) {
       return err;
     }
     smem_set.store(true, std::memory_order_relaxed);
   }
-  const int64_t most_items = (w.capacity / a.tok + E) * a.n_rb;
+  const int64_t most_items = (w.capacity / kNT + E) * a.n_rb;
   const unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(most_items, w.num_sms)));
-  return LaunchPdl(StreamWgmmaKernel<kGateUp>, grid, kThreads, SmemBytes(E), stream, a, bmap);
+  return LaunchPdl(StreamWgmmaKernel<kGateUp, kNT>, grid, kThreads, SmemBytes(E), stream, a, bmap);
+}
+
+template <bool kGateUp>
+cudaError_t LaunchGemm(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
+  const int64_t K = kGateUp ? p.width : p.inter;
+  CUtensorMap bmap;
+  const void* act = kGateUp ? static_cast<const void*>(w.xg) : w.h;
+  if (cudaError_t err = EncodeBf16Map128B(act, w.capacity, K, kBox, &bmap); err != cudaSuccess) return err;
+  switch (ItemTokens(p, w)) {
+    case 2 * kBox:
+      return LaunchGemmNT<kGateUp, 2 * kBox>(p, w, bmap, stream);
+    case 3 * kBox:
+      return LaunchGemmNT<kGateUp, 3 * kBox>(p, w, bmap, stream);
+    default:
+      return LaunchGemmNT<kGateUp, 4 * kBox>(p, w, bmap, stream);
+  }
 }
 
 }  // namespace
