@@ -7,6 +7,7 @@
 // multiplies them by the m16n8k16 fragment rules on the CPU. Free of CUDA headers.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -193,5 +194,17 @@ MOESHARD_LANE_HD constexpr int StreamWgmmaPos(int i) {
 // The gather's form of the same: the 32-bit column pair at position pair `op` (0..31) of a quad
 // (positions 2 op, 2 op + 1) is the input pair returned (columns 2 r, 2 r + 1).
 MOESHARD_LANE_HD constexpr int StreamWgmmaGatherPair(int op) { return 8 * (op & 3) + 2 * (op >> 3) + ((op >> 2) & 1); }
+
+// Tokens an item of those GEMMs takes at most (their kernels' larger accumulator shape: 64, 96 or
+// 128; an expert's rows past it go to further items, at the 32-token shape when 32 or fewer are
+// left): the smallest that holds the expected rows of an expert two standard deviations up,
+// R + 2 sqrt(R) with R = capacity / all experts (the host cannot see the route's counts). A
+// further item decodes and streams the expert's weights again; a larger shape idles MMA columns —
+// at Muse Spark's 94 rows an expert 128 measured ahead of 96 (kernels/moe/PERF_NOTES.md).
+inline int StreamWgmmaItemTokens(int64_t capacity, int64_t total_experts) {
+  const double rows = static_cast<double>(capacity) / static_cast<double>(total_experts > 0 ? total_experts : 1);
+  const double need = rows + 2.0 * std::sqrt(rows > 0 ? rows : 0.0);
+  return need <= 64 ? 64 : need <= 96 ? 96 : 128;
+}
 
 }  // namespace moeshard::gpu

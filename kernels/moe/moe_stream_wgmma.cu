@@ -454,19 +454,12 @@ int EnvInt(const char* name, int def, int lo, int hi) {
   return std::min(std::max(x, lo), hi);
 }
 
-// Tokens an item takes at most: the smallest of 64, 96 and 128 that holds the expected rows of an
-// expert two standard deviations up (R + 2 sqrt(R), R = capacity / all experts: the host cannot see
-// the route's counts). An expert's rows past it go to a further item, at the 32-token form when 32
-// or fewer are left — an item that decodes and streams the expert's weights again, so at Muse
-// Spark's 94 rows an expert 128 (one item, a third of its MMA idle) beats 96 (a second item for
-// four experts in ten). MOESHARD_MOE_SW_TOK (64, 96 or 128) overrides it, for benchmarks.
+// Tokens an item takes at most: moe_stream_decode.h StreamWgmmaItemTokens, or MOESHARD_MOE_SW_TOK
+// (64, 96 or 128), for benchmarks and tests.
 int ItemTokens(const MoeExpertParams& p, const MoeWork& w) {
   static const int forced = EnvInt("MOESHARD_MOE_SW_TOK", 0, 0, 128) / kBox * kBox;
   if (forced >= 2 * kBox) return forced;
-  const double total = static_cast<double>(p.num_total_experts > 0 ? p.num_total_experts : p.num_local_experts);
-  const double rows = static_cast<double>(w.capacity) / std::max(total, 1.0);
-  const double need = rows + 2.0 * std::sqrt(rows);
-  return need <= 2 * kBox ? 2 * kBox : need <= 3 * kBox ? 3 * kBox : 4 * kBox;
+  return StreamWgmmaItemTokens(w.capacity, p.num_total_experts > 0 ? p.num_total_experts : p.num_local_experts);
 }
 
 template <bool kGateUp, int kNT>

@@ -389,3 +389,17 @@ TEST(MoeStreamLayoutTest, WgmmaActivationOrderMatchesTheFragments) {
     EXPECT_EQ(moeshard::gpu::StreamWgmmaPos(2 * r + 1), 2 * op + 1) << "pair " << op;
   }
 }
+
+// The item size of the wgmma GEMMs over decoded registers, at the shapes it was measured on
+// (kernels/moe/PERF_NOTES.md): R + 2 sqrt(R) rows of an expert rounded up to 64, 96 or 128.
+TEST(MoeStreamLayoutTest, WgmmaItemTokensHoldTheExpectedRows) {
+  using moeshard::gpu::StreamWgmmaItemTokens;
+  EXPECT_EQ(StreamWgmmaItemTokens(753 * 8, 256), 64);    // Muse Spark, 23.5 rows: 33.2
+  EXPECT_EQ(StreamWgmmaItemTokens(3012 * 8, 256), 128);  // 94.1 rows: 113.5, not 96
+  EXPECT_EQ(StreamWgmmaItemTokens(8192 * 8, 256), 128);  // 256 rows: two items and a tail
+  EXPECT_EQ(StreamWgmmaItemTokens(1024 * 8, 128), 96);   // Qwen3-30B, 64 rows: 80
+  EXPECT_EQ(StreamWgmmaItemTokens(200 * 4, 16), 96);     // moe_expert_test's "stream wgmma": 50 rows, 64.1
+  EXPECT_EQ(StreamWgmmaItemTokens(49 * 16, 16), 64);     // 49 rows: 63.0
+  EXPECT_EQ(StreamWgmmaItemTokens(0, 256), 64);          // no rows: the smallest
+  EXPECT_EQ(StreamWgmmaItemTokens(100, 0), 128);         // no experts counted: read as one
+}
