@@ -109,11 +109,12 @@ struct SwArgs {
   int64_t inter;
   float* y;  // down output [capacity, L] fp32
   int64_t width;
-  int tok;       // tokens per item at most: 128 (MOESHARD_MOE_SW_TOK: 32, 64, 96 or 128; benchmarks)
+  int tok;       // tokens an item takes at most: the kernel's kNT (ItemTokens)
   int wst, bst;  // weight and activation stages in use (MOESHARD_MOE_SW_WST, _BST; benchmarks)
-  int probe;     // benchmarks (MOESHARD_MOE_SW_PROBE; wrong results): 3 no activation copies, 4 no
-                 // weight copies, 5 neither. Producer-side only: a branch around the consumers' wgmmas made
-                 // ptxas close each group early and wait for it whole (kernels/moe/PERF_NOTES.md).
+  // Benchmarks (MOESHARD_MOE_SW_PROBE; wrong results): 3 no activation copies, 4 no weight copies,
+  // 5 neither. Producers only: a branch around the consumers' wgmmas made ptxas close each group
+  // early and wait for it whole (kernels/moe/PERF_NOTES.md).
+  int probe;
 };
 
 #ifdef MOESHARD_MOE_SW_DEVICE
