@@ -75,6 +75,7 @@
 
 #include "kernels/cuda/mbarrier.cuh"
 #include "kernels/moe/moe_device.cuh"
+#include "kernels/moe/moe_env.h"
 #include "kernels/moe/moe_launch.h"
 #include "kernels/moe/moe_q8_stream_layout.h"
 
@@ -566,11 +567,6 @@ __global__ void __launch_bounds__(Threads(CW), kMinBlocks<CW, kQ8>)
         break;
     }
   }
-}
-
-inline int EnvInt(const char* name, int def) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : def;
 }
 
 // Ring depth: 2 stages of 256 columns (75 KB with 4 consumer warps) let 3 blocks share an

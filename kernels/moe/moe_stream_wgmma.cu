@@ -37,9 +37,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cmath>
-#include <cstdlib>
-#include <cstring>
 
 #include "kernels/cuda/mbarrier.cuh"
 #include "kernels/cuda/pdl.cuh"
@@ -47,6 +44,7 @@
 #include "kernels/cuda/wgmma.cuh"
 #include "kernels/cuda/wgmma_rs.cuh"
 #include "kernels/moe/moe_device.cuh"
+#include "kernels/moe/moe_env.h"
 #include "kernels/moe/moe_launch.h"
 #include "kernels/moe/moe_stream_decode.h"
 
@@ -442,23 +440,14 @@ __global__ void GatherPermutedKernel(const uint16_t* x, int64_t L, int top_k, co
 }
 
 int Probe() {
-  static const int v = [] {
-    const char* e = std::getenv("MOESHARD_MOE_SW_PROBE");
-    return e && *e ? std::atoi(e) : 0;
-  }();
+  static const int v = EnvInt("MOESHARD_MOE_SW_PROBE", 0);
   return v;
-}
-
-int EnvInt(const char* name, int def, int lo, int hi) {
-  const char* e = std::getenv(name);
-  const int x = e && *e ? std::atoi(e) : def;
-  return std::min(std::max(x, lo), hi);
 }
 
 // Tokens an item takes at most: moe_stream_decode.h StreamWgmmaItemTokens, or MOESHARD_MOE_SW_TOK
 // (64, 96 or 128), for benchmarks and tests.
 int ItemTokens(const MoeExpertParams& p, const MoeWork& w) {
-  static const int forced = EnvInt("MOESHARD_MOE_SW_TOK", 0, 0, 128) / kBox * kBox;
+  static const int forced = std::clamp(EnvInt("MOESHARD_MOE_SW_TOK", 0), 0, 128) / kBox * kBox;
   if (forced >= 2 * kBox) return forced;
   return StreamWgmmaItemTokens(w.capacity, p.num_total_experts > 0 ? p.num_total_experts : p.num_local_experts);
 }
@@ -469,9 +458,9 @@ cudaError_t LaunchGemmNT(const MoeExpertParams& p, const MoeWork& w, const CUten
   const int64_t L = p.width, I = p.inter, K = kGateUp ? L : I;
   // Ring depths: the weights 6 steps, the activations what 96 KB holds (3 steps of 128 tokens, 4 of
   // 96, 6 of 64); MOESHARD_MOE_SW_WST / _BST lower them, for benchmarks.
-  static const int wst = EnvInt("MOESHARD_MOE_SW_WST", kWStages, 2, kWStages);
+  static const int wst = std::clamp(EnvInt("MOESHARD_MOE_SW_WST", kWStages), 2, kWStages);
   constexpr int kMostB = std::min(kBStages, kBRegion / (kQ * 128 * kNT));
-  static const int bst = EnvInt("MOESHARD_MOE_SW_BST", kMostB, 2, kMostB);
+  static const int bst = std::clamp(EnvInt("MOESHARD_MOE_SW_BST", kMostB), 2, kMostB);
   SwArgs a{p.experts,
            w.offsets,
            w.fast,
