@@ -210,7 +210,9 @@ run_lane() {
         MOESHARD_MOE_STREAM_WGMMA=0
       run_gtest moe_expert_test "$bin" "$work/moe_expert_test-stream-wgmma-all.log" moe_expert_test-stream-wgmma-all \
         MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1
-      for tok in 96 128; do  # the larger accumulator shapes (ctest's moe_expert_test_stream_wgmma_tok*)
+      run_gtest moe_expert_test "$bin" "$work/moe_expert_test-stream-split.log" moe_expert_test-stream-split \
+        MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1000000 MOESHARD_MOE_SW_SPLIT_ROWS=48
+      for tok in 96 112 128; do  # the larger accumulator shapes (ctest's moe_expert_test_stream_wgmma_tok*)
         run_gtest moe_expert_test "$bin" "$work/moe_expert_test-stream-wgmma-tok$tok.log" \
           "moe_expert_test-stream-wgmma-tok$tok" MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1 "MOESHARD_MOE_SW_TOK=$tok"
       done

@@ -32,7 +32,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/moe/moe_env.h"
 #include "kernels/moe/moe_launch.h"
+#include "kernels/moe/moe_stream_decode.h"
 
 namespace moeshard::gpu {
 namespace {
@@ -195,13 +197,16 @@ bool WgmmaRepackedEnabled() {
 }
 
 // The wgmma GEMMs over repacked NVFP4 / MXFP4 experts (moe_stream_wgmma.cu; MOESHARD_MOE_STREAM_WGMMA=0
-// off) from this many expected local rows up (MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS; default 20 a
-// local expert on average). Measured on an H100, 2026-12-05, thirteenth session (kernels/moe/
+// off): every expert from this many expected local rows up (MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS;
+// default 20 a local expert on average); below that, from 4 an expert on average
+// (MOESHARD_MOE_SW_SPLIT_FROM), the experts with at least 24 rows (MOESHARD_MOE_SW_SPLIT_ROWS; 0:
+// never), counted by the route on the device, beside the streaming kernels for the rest
+// (moe_stream_decode.h PlanStreamWgmma). Measured on an H100, 2026-12-05, thirteenth session (kernels/moe/
 // PERF_NOTES.md): at Muse Spark's expert size (32 of 256 experts, L = I = 4,096) 94 rows an expert
 // take 0.80 ms against the streaming kernels' 1.36, 23 rows 0.43 against 0.43 (zipf routing 0.61
 // against 0.77), 2 rows 0.36 against 0.29; at Qwen3-30B's (128 experts, 2,048 x 768) 64 rows 0.40
 // against 0.46 ms, 16 rows 0.22 against 0.20.
-bool StreamWgmmaShape(int E, int64_t L, int64_t I, int64_t capacity, int64_t rows) {
+StreamWgmmaPlan StreamWgmmaPlanFor(int E, int64_t L, int64_t I, int64_t capacity, int64_t rows) {
   static const int64_t min_rows = [] {
     const char* v = std::getenv("MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS");
     return v && *v ? std::atoll(v) : int64_t{-1};
@@ -210,8 +215,21 @@ bool StreamWgmmaShape(int E, int64_t L, int64_t I, int64_t capacity, int64_t row
     const char* v = std::getenv("MOESHARD_MOE_STREAM_WGMMA");
     return !(v && std::strcmp(v, "0") == 0);
   }();
-  const int64_t need = min_rows >= 0 ? min_rows : int64_t{20} * E;
-  return on && rows >= std::max<int64_t>(need, 1) && MoeStreamWgmmaSupported(E, L, I, capacity);
+  static const int split_rows = EnvInt("MOESHARD_MOE_SW_SPLIT_ROWS", 24);
+  static const int split_from = EnvInt("MOESHARD_MOE_SW_SPLIT_FROM", 4);
+  if (!on || !MoeStreamWgmmaSupported(E, L, I, capacity)) return {};
+  return PlanStreamWgmma(E, rows, min_rows >= 0 ? min_rows : int64_t{20} * E, split_rows, split_from);
+}
+
+// A split step (MoeWork::stream_split): the streaming kernels over the experts the route left them,
+// then the wgmma GEMMs over those it marked kMoePathSw; each launch passes over the other's experts.
+cudaError_t LaunchSplitGateUp(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
+  if (cudaError_t err = LaunchMoeStreamGateUp(p, w, stream); err != cudaSuccess) return err;
+  return LaunchMoeStreamWgmmaGateUp(p, w, stream);
+}
+cudaError_t LaunchSplitDown(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
+  if (cudaError_t err = LaunchMoeStreamDown(p, w, stream); err != cudaSuccess) return err;
+  return LaunchMoeStreamWgmmaDown(p, w, stream);
 }
 
 bool GemvEnabled() {
@@ -223,7 +241,7 @@ bool GemvEnabled() {
 }
 
 std::atomic<uint64_t> g_steps{0}, g_stream{0}, g_stream_direct{0}, g_direct{0}, g_wgmma{0}, g_wgmma_repacked{0},
-    g_stream_wgmma{0}, g_generic{0};
+    g_stream_wgmma{0}, g_stream_split{0}, g_generic{0};
 
 void CountPaths(const MoeWork& w, bool repacked, bool need_generic) {
   constexpr auto kRelaxed = std::memory_order_relaxed;
@@ -234,6 +252,7 @@ void CountPaths(const MoeWork& w, bool repacked, bool need_generic) {
   if (w.wgmma) g_wgmma.fetch_add(1, kRelaxed);
   if (w.wgmma_repacked) g_wgmma_repacked.fetch_add(1, kRelaxed);
   if (w.stream_wgmma) g_stream_wgmma.fetch_add(1, kRelaxed);
+  if (w.stream_split) g_stream_split.fetch_add(1, kRelaxed);
   if (need_generic) g_generic.fetch_add(1, kRelaxed);
 }
 
@@ -241,9 +260,9 @@ void CountPaths(const MoeWork& w, bool repacked, bool need_generic) {
 
 MoePathCounts MoeExpertPathCounts() {
   constexpr auto kRelaxed = std::memory_order_relaxed;
-  return {g_steps.load(kRelaxed),        g_stream.load(kRelaxed), g_stream_direct.load(kRelaxed),
-          g_direct.load(kRelaxed),       g_wgmma.load(kRelaxed),  g_wgmma_repacked.load(kRelaxed),
-          g_stream_wgmma.load(kRelaxed), g_generic.load(kRelaxed)};
+  return {g_steps.load(kRelaxed),        g_stream.load(kRelaxed),       g_stream_direct.load(kRelaxed),
+          g_direct.load(kRelaxed),       g_wgmma.load(kRelaxed),        g_wgmma_repacked.load(kRelaxed),
+          g_stream_wgmma.load(kRelaxed), g_stream_split.load(kRelaxed), g_generic.load(kRelaxed)};
 }
 
 uint32_t MoeExpertFormats(const MoeExpertWeights* experts, int num_local_experts, int64_t width, int64_t inter) {
@@ -343,9 +362,12 @@ cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStr
   // chosen by this GPU's expected share of the pairs (the route's counts stay on the device).
   const int64_t total_experts = p.num_total_experts > 0 ? p.num_total_experts : p.num_local_experts;
   const int64_t expected_rows = w.capacity * p.num_local_experts / total_experts;
-  w.stream_wgmma = repacked && !w.stream_q8 && w.fast_allowed && !need_generic && !w.stream_direct &&
-                   !w.wgmma_repacked &&
-                   StreamWgmmaShape(p.num_local_experts, p.width, p.inter, w.capacity, expected_rows);
+  if (repacked && !w.stream_q8 && w.fast_allowed && !need_generic && !w.stream_direct && !w.wgmma_repacked) {
+    const StreamWgmmaPlan plan = StreamWgmmaPlanFor(p.num_local_experts, p.width, p.inter, w.capacity, expected_rows);
+    w.stream_wgmma = plan.all;
+    w.stream_split = plan.split_rows > 0;
+    w.sw_min_rows = plan.split_rows;
+  }
   CountPaths(w, repacked, need_generic);
   using Launch = cudaError_t (*)(const MoeExpertParams&, const MoeWork&, cudaStream_t);
   enum Need { kAlways, kFast, kFastOld, kGemv, kGeneric };
@@ -359,6 +381,7 @@ cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStr
       {kMoeStageFastGateUp, kFast,
        w.stream_direct  ? LaunchMoeStreamDirectGateUp
        : w.stream_wgmma ? LaunchMoeStreamWgmmaGateUp
+       : w.stream_split ? LaunchSplitGateUp
        : repacked       ? LaunchMoeStreamGateUp
                         : LaunchMoeFastGateUp},
       {kMoeStageGemvGateUp, kGemv, w.wgmma ? LaunchMoeWgmmaGateUp : LaunchMoeGemvGateUp},
@@ -366,6 +389,7 @@ cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStr
       {kMoeStageFastDown, kFast,
        w.stream_direct  ? LaunchMoeStreamDirectDown
        : w.stream_wgmma ? LaunchMoeStreamWgmmaDown
+       : w.stream_split ? LaunchSplitDown
        : repacked       ? LaunchMoeStreamDown
                         : LaunchMoeFastDown},
       {kMoeStageGemvDown, kGemv, w.wgmma ? LaunchMoeWgmmaDown : LaunchMoeGemvDown},

@@ -24,8 +24,9 @@ constexpr int64_t kMoeDirectMaxPairs = kMoePairOrderMaxPairs;  // gpu_params.h
 constexpr int kMoeFixBlocks = 512;
 constexpr int kMoeFixSlotFloats = 8 * 32 * 32;  // 8 warps × 32 lanes × 32 accumulators
 
-// Values of MoeWork::fast[e]: which path computes expert e.
-enum MoePath : uint8_t { kMoePathGeneric = 0, kMoePathNvfp4 = 1, kMoePathGemv = 2 };
+// Values of MoeWork::fast[e]: which path computes expert e. kMoePathSw: a repacked expert that the
+// route gave to the wgmma GEMMs over decoded registers by its own row count (MoeWork::stream_split).
+enum MoePath : uint8_t { kMoePathGeneric = 0, kMoePathNvfp4 = 1, kMoePathGemv = 2, kMoePathSw = 3 };
 
 struct MoeWork {
   int64_t capacity = 0;          // rows the buffers hold: T * top_k
@@ -67,6 +68,11 @@ struct MoeWork {
   // Prefill sizes of repacked NVFP4 / MXFP4 experts on Hopper (moe_stream_wgmma.cu): wgmma with
   // the weights decoded into registers, a 128-token tile a decode, in place of the streaming kernels.
   bool stream_wgmma = false;
+  // Below the sizes that send every expert there (moe_stream_decode.h PlanStreamWgmma): the route
+  // marks each repacked expert with at least sw_min_rows rows kMoePathSw (no streaming tiles); the
+  // streaming kernels take the rest and the wgmma GEMMs those, in the same step.
+  bool stream_split = false;
+  int32_t sw_min_rows = 0;   // with stream_split; 0 otherwise
   uint16_t* wexp = nullptr;  // [E][2I][L] gate/up interleaved, then [E][L][I] down (bf16)
   int num_sms = 0;
 };

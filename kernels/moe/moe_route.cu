@@ -29,6 +29,12 @@ constexpr int kRun = 16;  // pairs per thread per chunk of the compaction
 constexpr int kCombineThreads = 256;
 constexpr int kMaxTopK = 64;  // MoeExpertStep rejects more
 
+// An expert's path once its rows are counted: with MoeWork::stream_split, a repacked expert with at
+// least sw_min_rows rows goes to the wgmma GEMMs over decoded registers (no streaming tiles).
+__device__ __forceinline__ int PathOf(int flag, int32_t rows, int32_t sw_min_rows) {
+  return flag == kMoePathNvfp4 && sw_min_rows > 0 && rows >= sw_min_rows ? int{kMoePathSw} : flag;
+}
+
 __global__ void __launch_bounds__(kRouteThreads) RouteKernel(MoeExpertParams p, MoeWork w) {
   extern __shared__ int32_t hist[];  // [E] counts, then [E] fast flags
   int32_t* fast_flag = hist + p.num_local_experts;
@@ -73,7 +79,7 @@ __global__ void __launch_bounds__(kRouteThreads) RouteKernel(MoeExpertParams p, 
   }
   __syncthreads();
   if (warp == 0) {  // block 0's warp 0 also writes the offsets and the tile prefix  // integer sums: any order gives the same result
-    if (lane == 0) w.fast[e] = fast_flag[e];
+    if (lane == 0) w.fast[e] = static_cast<uint8_t>(PathOf(fast_flag[e], hist[e], w.sw_min_rows));
     int32_t part = 0;
     for (int i = lane; i < e; i += 32) part += hist[i];
     for (int d = 16; d > 0; d >>= 1) part += __shfl_xor_sync(0xffffffffu, part, d);
@@ -83,7 +89,7 @@ __global__ void __launch_bounds__(kRouteThreads) RouteKernel(MoeExpertParams p, 
       for (int i0 = 0; i0 < E; i0 += 32) {
         const int i = i0 + lane;
         const int32_t h = i < E ? hist[i] : 0;
-        const int flag = i < E ? fast_flag[i] : 0;
+        const int flag = i < E ? PathOf(fast_flag[i], h, w.sw_min_rows) : 0;
         const int32_t nt = flag == kMoePathNvfp4 ? (h + kMoeTileTokens - 1) / kMoeTileTokens : 0;
         const int32_t ng = flag == kMoePathGemv ? (h + kMoeGemvTokens - 1) / kMoeGemvTokens : 0;
         int32_t sh = h, st = nt, sg = ng;

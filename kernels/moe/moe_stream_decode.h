@@ -207,4 +207,26 @@ inline int StreamWgmmaItemTokens(int64_t capacity, int64_t total_experts) {
   return need <= 64 ? 64 : need <= 96 ? 96 : 128;
 }
 
+// Which repacked NVFP4 / MXFP4 experts of a prefill-sized step take those GEMMs, from the rows the
+// host expects this GPU to hold (`rows`, all local experts together; the route's counts stay on the
+// device): every expert from `all_from` rows up; below that, from an average of `split_from` rows an
+// expert, each expert by its own count — the route gives those with at least `split_rows` rows to
+// the GEMMs and the rest to the streaming kernels, in the same step (skewed routing leaves a few hot
+// experts with hundreds of rows beside many with a handful, which the average hides). split_rows 0:
+// no split.
+struct StreamWgmmaPlan {
+  bool all = false;        // every expert through the wgmma GEMMs
+  int32_t split_rows = 0;  // > 0: experts with at least this many rows through them, the rest streamed
+};
+inline StreamWgmmaPlan PlanStreamWgmma(int64_t experts, int64_t rows, int64_t all_from, int64_t split_rows,
+                                       int64_t split_from) {
+  StreamWgmmaPlan plan;
+  if (rows >= (all_from > 1 ? all_from : 1)) {
+    plan.all = true;
+  } else if (split_rows > 0 && split_rows < (int64_t{1} << 30) && rows >= split_from * experts && rows > 0) {
+    plan.split_rows = static_cast<int32_t>(split_rows);
+  }
+  return plan;
+}
+
 }  // namespace moeshard::gpu

@@ -2,7 +2,7 @@
 // moe_stream.cuh) on Hopper's warpgroup MMA with the weights as the A operand in registers:
 // each consumer warp decodes its 16-row slices of a 256-column chunk from shared memory into
 // m16n8k16 A fragments (DecodeRepacked, as the streaming kernels do) and multiplies them by up
-// to 128 tokens at once (wgmma m64nNk16, N = 32 / 64 / 96 / 128, B = the tokens' activations in
+// to 128 tokens at once (wgmma m64nNk16, N = 32 / 64 / 96 / 112 / 128, B = the tokens' activations in
 // shared memory). A weight is decoded once per 128 tokens of its expert, where the streaming
 // kernels decode it once per 32 and multiply on mma.sync; nothing is expanded to memory (the
 // path that moe_wgmma.cu takes for stored MXFP4 / Q8_0 would write 3.2 GB of bf16 a step at
@@ -23,8 +23,8 @@
 // one bulk copy each, issued by one elected lane) six steps deep, the activations (two 64-column
 // quads of the tile's rows through a 2-D tensor map: 32-row boxes, 128-byte swizzle, wgmma's
 // K-major layout) in 96 KB. Each consumer warpgroup decodes a group of half-quads, issues their
-// wgmmas and keeps two groups in flight. A kernel has two accumulator shapes: kNT tokens (64, 96
-// or 128, chosen by the host from the expected rows of an expert) and 32 for an expert's last rows.
+// wgmmas and keeps two groups in flight. A kernel has two accumulator shapes: kNT tokens (64, 96,
+// 112 or 128, chosen by the host from the expected rows of an expert) and 32 for an expert's last rows.
 // Persistent: items strided over the grid, the row block fastest (CTAs that run together share an
 // expert's activations in L2). Every sum runs in a fixed order: results repeat bit for bit.
 //
@@ -64,6 +64,8 @@ constexpr int kScaleMax = 256;      // scale bytes of a slice and chunk (NVFP4; 
 constexpr int kQ = 2;               // 64-column quads a step: half a chunk
 constexpr int kQuadB = kTok * 128;  // one quad's activations: 128 rows of 64 bf16
 constexpr int kMaxExperts = 1024;   // the tile prefix lives in shared memory
+// Rows of a quad in an activation stage for items of up to nt tokens: whole tensor-map boxes.
+__host__ __device__ constexpr int StageRows(int nt) { return (nt + kBox - 1) / kBox * kBox; }
 // Two rings, each with its producer warp: the weights (from DRAM) six steps deep, the activations
 // (from L2) in 96 KB: three steps of 128 tokens (six of 64). A weight stage holds the step's codes
 // of every slice and the chunk's scale bytes whole (their words interleave the quads).
@@ -99,6 +101,7 @@ struct SwArgs {
   const MoeExpertWeights* experts;
   const int32_t* offsets;
   const uint8_t* fast;
+  int path;  // the experts it takes: MoeWork::fast == kMoePathNvfp4 (every repacked one) or kMoePathSw
   int E;
   int K;        // L (gate/up) or I (down)
   int n_rb;     // row blocks of an expert: I / 128 (gate/up) or L / 256 (down)
@@ -135,7 +138,8 @@ constexpr int kSets = 2;
 // One warpgroup's item: every step through the rings, then the epilogue. The A fragments of G
 // half-quads are decoded, then their 4 G wgmmas issued as one group; D - 1 groups stay in flight
 // while the next is decoded, and the other warpgroup's work overlaps this one's waits.
-template <bool kGateUp, int NT, int G>
+// kRows: rows of a quad in an activation stage, the kernel's kNT in whole 32-row boxes.
+template <bool kGateUp, int NT, int G, int kRows>
 __device__ __forceinline__ void ConsumeItem(const SwArgs& a, int e, int rb, int32_t row0, int ntok, const Rings& r,
                                             RingPos& pw, RingPos& pb, int wg, int w, int lane) {
   constexpr int kAcc = NT / 2;
@@ -155,8 +159,24 @@ __device__ __forceinline__ void ConsumeItem(const SwArgs& a, int e, int rb, int3
     MbarrierWait(&r.full_b[sb], pb.phase);
     const uint8_t* wcodes = r.w + sw * kWBytes;
     const uint8_t* wscale = wcodes + kSlices * kWCodes;
-    const uint32_t baddr = SharedAddr(r.b + sb * (kQ * 128 * a.tok));
+    const uint32_t baddr = SharedAddr(r.b + sb * (kQ * 128 * kRows));
     const int q0 = (st % (4 / kQ)) * kQ;  // the step's first quad in its chunk
+    // The step's scale words (and, below 112 tokens, its codes) read at its top: read right before
+    // their use they stalled the decode on shared memory (ncu, kernels/moe/PERF_NOTES.md). At 112
+    // and 128 tokens the accumulators leave no room for the codes of both quads.
+    constexpr bool kAllCodes = NT < 112;
+    uint32_t scw[kQ][2];
+    uint4 wdq[kAllCodes ? kQ : 1][2];
+#pragma unroll
+    for (int q = 0; q < kQ; ++q)
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        const int l = SlotOf<kGateUp>(wg, w, m);
+        scw[q][m] = *reinterpret_cast<const uint32_t*>(wscale + l * kScaleMax + E2m1ScaleWord(lane, q0 + q, a.mx));
+        if constexpr (kAllCodes) {
+          wdq[q][m] = *reinterpret_cast<const uint4*>(wcodes + l * kWCodes + (q * 32 + lane) * 16);
+        }
+      }
     uint4 wd[2];
     uint32_t s2[2][2];
 #pragma unroll
@@ -168,11 +188,13 @@ __device__ __forceinline__ void ConsumeItem(const SwArgs& a, int e, int rb, int3
         if (jw == 0) {
 #pragma unroll
           for (int m = 0; m < 2; ++m) {
-            const int l = SlotOf<kGateUp>(wg, w, m);
-            wd[m] = *reinterpret_cast<const uint4*>(wcodes + l * kWCodes + (q * 32 + lane) * 16);
-            const uint32_t sc =
-                *reinterpret_cast<const uint32_t*>(wscale + l * kScaleMax + E2m1ScaleWord(lane, q0 + q, a.mx));
-            E2m1ScalePair(sc, q0 + q, a.mx, s2[m]);
+            if constexpr (kAllCodes) {
+              wd[m] = wdq[q][m];
+            } else {
+              const int l = SlotOf<kGateUp>(wg, w, m);
+              wd[m] = *reinterpret_cast<const uint4*>(wcodes + l * kWCodes + (q * 32 + lane) * 16);
+            }
+            E2m1ScalePair(scw[q][m], q0 + q, a.mx, s2[m]);
           }
         }
 #pragma unroll
@@ -188,7 +210,7 @@ __device__ __forceinline__ void ConsumeItem(const SwArgs& a, int e, int rb, int3
 #pragma unroll
         for (int uu = 0; uu < 2; ++uu) {
           const int u = 2 * jw + uu;
-          const uint64_t desc = WgmmaDesc(baddr + q * 128 * a.tok + u * 32, 16, 1024);
+          const uint64_t desc = WgmmaDesc(baddr + q * 128 * kRows + u * 32, 16, 1024);
 #pragma unroll
           for (int m = 0; m < 2; ++m) {
             const uint32_t(&f)[8] = set[h][m];
@@ -247,7 +269,9 @@ __device__ __forceinline__ void ConsumeItem(const SwArgs& a, int e, int rb, int3
           if (tok >= ntok) continue;
           const float gv = RoundBf16(acc[0][4 * n8 + 2 * half + j] * sg);
           const float uv = RoundBf16(acc[1][4 * n8 + 2 * half + j] * su);
-          a.h[(row0 + tok) * a.inter + pi] = DevF32ToBf16(Silu(gv) * uv);
+          // SiLU with the fast exponential and division: the result is rounded to bf16 next, and
+          // IEEE expf and the division were a tenth of the kernel's samples at 128 tokens (ncu).
+          a.h[(row0 + tok) * a.inter + pi] = DevF32ToBf16(__fdividef(gv, 1.f + __expf(-gv)) * uv);
         }
       }
     }
@@ -271,15 +295,15 @@ __device__ __forceinline__ void ConsumeItem(const SwArgs& a, int e, int rb, int3
   }
 }
 
-// An item's tokens: the kernel's form for 33 to kNT of them, the 32-token form below (G = 1 at 128
-// tokens: its accumulators leave 32 registers for the sets).
+// An item's tokens: the kernel's form for 33 to kNT of them, the 32-token form below (G = 1 at 112
+// and 128 tokens: their accumulators leave 32 registers for the sets).
 template <bool kGateUp, int kNT>
 __device__ __forceinline__ void ConsumeByTokens(const SwArgs& a, int e, int rb, int32_t row0, int ntok, const Rings& r,
                                                 RingPos& pw, RingPos& pb, int wg, int w, int lane) {
   if (ntok <= kBox) {
-    ConsumeItem<kGateUp, kBox, 2>(a, e, rb, row0, ntok, r, pw, pb, wg, w, lane);
+    ConsumeItem<kGateUp, kBox, 2, StageRows(kNT)>(a, e, rb, row0, ntok, r, pw, pb, wg, w, lane);
   } else {
-    ConsumeItem<kGateUp, kNT, kNT == 128 ? 1 : 2>(a, e, rb, row0, ntok, r, pw, pb, wg, w, lane);
+    ConsumeItem<kGateUp, kNT, kNT >= 112 ? 1 : 2, StageRows(kNT)>(a, e, rb, row0, ntok, r, pw, pb, wg, w, lane);
   }
 }
 
@@ -295,7 +319,7 @@ __device__ __forceinline__ void ItemOf(const SwArgs& a, const int32_t* base, int
 }
 #endif
 
-// kNT: the tokens an item takes at most (SwArgs::tok), 64, 96 or 128.
+// kNT: the tokens an item takes at most (SwArgs::tok), 64, 96, 112 or 128.
 template <bool kGateUp, int kNT>
 __global__ void __launch_bounds__(kThreads, 1) StreamWgmmaKernel(SwArgs a, const __grid_constant__ CUtensorMap bmap) {
 #ifdef MOESHARD_MOE_SW_DEVICE
@@ -312,7 +336,7 @@ __global__ void __launch_bounds__(kThreads, 1) StreamWgmmaKernel(SwArgs a, const
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   PdlWait();
   PdlTrigger();
-  if (warp == 0) MoeTilePrefix(a.offsets, a.fast, a.E, kMoePathNvfp4, a.tok, base, lane);
+  if (warp == 0) MoeTilePrefix(a.offsets, a.fast, a.E, a.path, a.tok, base, lane);
   if (tid == 0) {
     for (int i = 0; i < kWStages; ++i) {
       MbarrierInit(&r.full_w[i], 2);   // the two weight producers
@@ -383,8 +407,8 @@ __global__ void __launch_bounds__(kThreads, 1) StreamWgmmaKernel(SwArgs a, const
                 if (j >= boxes) break;
 #pragma unroll
                 for (int q = 0; q < kQ; ++q) {
-                  TensorCopy2dToShared(r.b + (s * kQ + q) * 128 * a.tok + j * kBox * 128, &bmap, (st * kQ + q) * 64,
-                                       row0 + j * kBox, &r.full_b[s]);
+                  TensorCopy2dToShared(r.b + (s * kQ + q) * 128 * StageRows(kNT) + j * kBox * 128, &bmap,
+                                       (st * kQ + q) * 64, row0 + j * kBox, &r.full_b[s]);
                 }
               }
             }
@@ -444,11 +468,18 @@ int Probe() {
   return v;
 }
 
-// Tokens an item takes at most: moe_stream_decode.h StreamWgmmaItemTokens, or MOESHARD_MOE_SW_TOK
-// (64, 96 or 128), for benchmarks and tests.
+// Tokens an item takes at most: moe_stream_decode.h StreamWgmmaItemTokens (128 in a split step), or
+// MOESHARD_MOE_SW_TOK (64, 96, 112 or 128), for benchmarks and tests.
 int ItemTokens(const MoeExpertParams& p, const MoeWork& w) {
-  static const int forced = std::clamp(EnvInt("MOESHARD_MOE_SW_TOK", 0), 0, 128) / kBox * kBox;
+  static const int forced = [] {
+    const int v = EnvInt("MOESHARD_MOE_SW_TOK", 0);
+    return v == 112 ? v : std::clamp(v, 0, 128) / kBox * kBox;
+  }();
   if (forced >= 2 * kBox) return forced;
+  // A split step's experts hold at least MoeWork::sw_min_rows rows each, and skewed routing gives
+  // the hottest hundreds, which the average hides: the fewest items an expert. (The kernel's step
+  // costs about the same at 64 tokens as at 128: kernels/moe/PERF_NOTES.md.)
+  if (w.stream_split) return 4 * kBox;
   return StreamWgmmaItemTokens(w.capacity, p.num_total_experts > 0 ? p.num_total_experts : p.num_local_experts);
 }
 
@@ -459,11 +490,13 @@ cudaError_t LaunchGemmNT(const MoeExpertParams& p, const MoeWork& w, const CUten
   // Ring depths: the weights 6 steps, the activations what 96 KB holds (3 steps of 128 tokens, 4 of
   // 96, 6 of 64); MOESHARD_MOE_SW_WST / _BST lower them, for benchmarks.
   static const int wst = std::clamp(EnvInt("MOESHARD_MOE_SW_WST", kWStages), 2, kWStages);
-  constexpr int kMostB = std::min(kBStages, kBRegion / (kQ * 128 * kNT));
+  constexpr int kRows = StageRows(kNT);
+  constexpr int kMostB = std::min(kBStages, kBRegion / (kQ * 128 * kRows));
   static const int bst = std::clamp(EnvInt("MOESHARD_MOE_SW_BST", kMostB), 2, kMostB);
   SwArgs a{p.experts,
            w.offsets,
            w.fast,
+           w.stream_split ? int{kMoePathSw} : int{kMoePathNvfp4},
            E,
            static_cast<int>(K),
            static_cast<int>(kGateUp ? I / 128 : L / 256),
@@ -502,6 +535,8 @@ cudaError_t LaunchGemm(const MoeExpertParams& p, const MoeWork& w, cudaStream_t 
       return LaunchGemmNT<kGateUp, 2 * kBox>(p, w, bmap, stream);
     case 3 * kBox:
       return LaunchGemmNT<kGateUp, 3 * kBox>(p, w, bmap, stream);
+    case 112:
+      return LaunchGemmNT<kGateUp, 112>(p, w, bmap, stream);
     default:
       return LaunchGemmNT<kGateUp, 4 * kBox>(p, w, bmap, stream);
   }

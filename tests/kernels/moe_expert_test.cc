@@ -377,12 +377,13 @@ TEST_F(MoeExpertTest, MatchesCpuReference) {
   // (moe_expert_test_no_stream_direct).
   const gpu::MoePathCounts n = gpu::MoeExpertPathCounts();
   std::printf(
-      "  paths: %llu steps, %llu repacked (%llu direct, %llu wgmma), %llu direct stored, %llu wgmma (%llu from "
-      "repacked), %llu generic\n",
+      "  paths: %llu steps, %llu repacked (%llu direct, %llu wgmma, %llu split), %llu direct stored, %llu wgmma "
+      "(%llu from repacked), %llu generic\n",
       static_cast<unsigned long long>(n.steps), static_cast<unsigned long long>(n.stream),
       static_cast<unsigned long long>(n.stream_direct), static_cast<unsigned long long>(n.stream_wgmma),
-      static_cast<unsigned long long>(n.direct), static_cast<unsigned long long>(n.wgmma),
-      static_cast<unsigned long long>(n.wgmma_repacked), static_cast<unsigned long long>(n.generic));
+      static_cast<unsigned long long>(n.stream_split), static_cast<unsigned long long>(n.direct),
+      static_cast<unsigned long long>(n.wgmma), static_cast<unsigned long long>(n.wgmma_repacked),
+      static_cast<unsigned long long>(n.generic));
   EXPECT_GT(n.stream, 0u);
   EXPECT_GT(n.direct, 0u);
   EXPECT_GT(n.wgmma, 0u);
@@ -400,10 +401,30 @@ TEST_F(MoeExpertTest, MatchesCpuReference) {
   const char* sw = std::getenv("MOESHARD_MOE_STREAM_WGMMA");
   cudaDeviceProp prop{};
   CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+  // Below the rows that send every expert there, each expert by its own rows (a split step): at the
+  // defaults the "tp window" shape (~12 rows an expert; few reach the 24-row split, so mostly the
+  // wgmma side's empty launch), and ctest's moe_expert_test_stream_split (the all-threshold out of
+  // reach, the split at 48 rows: "stream wgmma"'s ~50 rows an expert fill both sides). Never with
+  // MOESHARD_MOE_SW_SPLIT_ROWS=0, nor when MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1 sends every step there.
+  const char* split_rows = std::getenv("MOESHARD_MOE_SW_SPLIT_ROWS");
+  const char* min_rows = std::getenv("MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS");
+  const bool split_off = (split_rows != nullptr && *split_rows && std::atoi(split_rows) <= 0) ||
+                         (min_rows != nullptr && *min_rows && std::atoll(min_rows) <= 1);
   if ((sw != nullptr && std::string(sw) == "0") || prop.major != 9) {
     EXPECT_EQ(n.stream_wgmma, 0u);
+    EXPECT_EQ(n.stream_split, 0u);
   } else {
-    EXPECT_GT(n.stream_wgmma, 0u) << "no step took the wgmma GEMMs over repacked experts";
+    const bool all_out_of_reach = min_rows != nullptr && *min_rows && std::atoll(min_rows) >= 1000000;
+    if (all_out_of_reach) {
+      EXPECT_EQ(n.stream_wgmma, 0u);
+    } else {
+      EXPECT_GT(n.stream_wgmma, 0u) << "no step took the wgmma GEMMs over repacked experts";
+    }
+    if (split_off) {
+      EXPECT_EQ(n.stream_split, 0u) << "the split is off, yet a step split its experts";
+    } else {
+      EXPECT_GT(n.stream_split, 0u) << "no step split its experts between the streaming kernels and wgmma";
+    }
   }
   const char* sd = std::getenv("MOESHARD_MOE_STREAM_DIRECT");
   if (sd != nullptr && std::string(sd) == "0") {

@@ -403,3 +403,30 @@ TEST(MoeStreamLayoutTest, WgmmaItemTokensHoldTheExpectedRows) {
   EXPECT_EQ(StreamWgmmaItemTokens(0, 256), 64);          // no rows: the smallest
   EXPECT_EQ(StreamWgmmaItemTokens(100, 0), 128);         // no experts counted: read as one
 }
+
+// Which experts take those GEMMs (moe_expert.cc reads the thresholds from the environment; these
+// are its defaults at Muse Spark's shape on one GPU: 32 local experts, all from 20 rows an expert,
+// the split from 4 at 24 rows).
+TEST(MoeStreamLayoutTest, WgmmaPlanSplitsBelowTheAverageThatTakesAll) {
+  using moeshard::gpu::PlanStreamWgmma;
+  const auto at = [](int64_t rows) { return PlanStreamWgmma(32, rows, 20 * 32, 24, 4); };
+  EXPECT_TRUE(at(753 * 8 / 8).all);  // T = 753: 23.5 rows an expert
+  EXPECT_EQ(at(753 * 8 / 8).split_rows, 0);
+  EXPECT_TRUE(at(640).all);  // exactly 20 an expert
+  EXPECT_FALSE(at(639).all);
+  EXPECT_EQ(at(639).split_rows, 24);
+  EXPECT_EQ(at(256).split_rows, 24);  // T = 256: 8 rows an expert on average
+  EXPECT_EQ(at(128).split_rows, 24);  // 4 an expert: the split's lower end
+  EXPECT_EQ(at(127).split_rows, 0);   // decode sizes stay on the streaming kernels
+  EXPECT_FALSE(at(127).all);
+  EXPECT_EQ(at(0).split_rows, 0);
+  // split_rows 0 turns the split off; all_from <= 1 sends every step with a row to the GEMMs.
+  EXPECT_EQ(PlanStreamWgmma(32, 256, 640, 0, 4).split_rows, 0);
+  EXPECT_FALSE(PlanStreamWgmma(32, 256, 640, 0, 4).all);
+  EXPECT_TRUE(PlanStreamWgmma(32, 1, 1, 24, 4).all);
+  EXPECT_FALSE(PlanStreamWgmma(32, 0, 0, 24, 4).all);  // a step without rows: neither
+  EXPECT_EQ(PlanStreamWgmma(32, 0, 0, 24, 0).split_rows, 0);
+  // moe_expert_test's split variant: the "stream wgmma" shape (10 local experts, ~50 rows each)
+  // with the all-threshold out of reach and the split at 48 rows.
+  EXPECT_EQ(PlanStreamWgmma(10, 500, 1000000, 48, 4).split_rows, 48);
+}
