@@ -203,10 +203,11 @@ bool WgmmaRepackedEnabled() {
 // 0: never), counted by the route on the device, beside the streaming kernels for the rest
 // (moe_stream_decode.h PlanStreamWgmma). The split runs as launches after the streaming kernels'
 // and lost 4-15 % wherever measured but zipf routing at 512 tokens (-16 %; H100, 2026-12-06,
-// kernels/moe/PERF_NOTES.md): off until both sides share one launch. Measured on an H100, 2026-12-05, thirteenth
-// session (kernels/moe/ PERF_NOTES.md): at Muse Spark's expert size (32 of 256 experts, L = I = 4,096) 94 rows an
-// expert take 0.80 ms against the streaming kernels' 1.36, 23 rows 0.43 against 0.43 (zipf routing 0.61 against 0.77),
-// 2 rows 0.36 against 0.29; at Qwen3-30B's (128 experts, 2,048 x 768) 64 rows 0.40 against 0.46 ms, 16 rows 0.22
+// kernels/moe/PERF_NOTES.md): off until both sides share one launch. The all-threshold, measured
+// on an H100, 2026-12-05, thirteenth session (kernels/moe/PERF_NOTES.md): at Muse Spark's expert
+// size (32 of 256 experts, L = I = 4,096) 94 rows an expert take 0.80 ms against the streaming
+// kernels' 1.36, 23 rows 0.43 against 0.43 (zipf routing 0.61 against 0.77), 2 rows 0.36 against
+// 0.29; at Qwen3-30B's (128 experts, 2,048 x 768) 64 rows 0.40 against 0.46 ms, 16 rows 0.22
 // against 0.20.
 StreamWgmmaPlan StreamWgmmaPlanFor(int E, int64_t L, int64_t I, int64_t capacity, int64_t rows) {
   static const int64_t min_rows = [] {

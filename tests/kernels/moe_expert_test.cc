@@ -404,13 +404,12 @@ TEST_F(MoeExpertTest, MatchesCpuReference) {
   // Below the rows that send every expert there, each expert by its own rows (a split step; off by
   // default): ctest's moe_expert_test_stream_split puts the all-threshold out of reach and splits at
   // 48 rows, so "stream wgmma"'s ~50 rows an expert fill both sides and every prefill shape splits.
-  // Never with MOESHARD_MOE_SW_SPLIT_ROWS=0, nor when MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1 sends
-  // every step there.
+  // Never at the defaults, with MOESHARD_MOE_SW_SPLIT_ROWS=0, or when
+  // MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1 sends every step there.
   const char* split_rows = std::getenv("MOESHARD_MOE_SW_SPLIT_ROWS");
   const char* min_rows = std::getenv("MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS");
-  const bool split_asked = split_rows != nullptr && *split_rows && std::atoi(split_rows) > 0;
-  const bool split_off = (split_rows != nullptr && *split_rows && std::atoi(split_rows) <= 0) ||
-                         (min_rows != nullptr && *min_rows && std::atoll(min_rows) <= 1);
+  const bool split_expected = split_rows != nullptr && *split_rows && std::atoi(split_rows) > 0 &&
+                              !(min_rows != nullptr && *min_rows && std::atoll(min_rows) <= 1);
   if ((sw != nullptr && std::string(sw) == "0") || prop.major != 9) {
     EXPECT_EQ(n.stream_wgmma, 0u);
     EXPECT_EQ(n.stream_split, 0u);
@@ -421,10 +420,10 @@ TEST_F(MoeExpertTest, MatchesCpuReference) {
     } else {
       EXPECT_GT(n.stream_wgmma, 0u) << "no step took the wgmma GEMMs over repacked experts";
     }
-    if (split_off) {
-      EXPECT_EQ(n.stream_split, 0u) << "the split is off, yet a step split its experts";
-    } else if (split_asked) {
+    if (split_expected) {
       EXPECT_GT(n.stream_split, 0u) << "no step split its experts between the streaming kernels and wgmma";
+    } else {
+      EXPECT_EQ(n.stream_split, 0u) << "the split is off, yet a step split its experts";
     }
   }
   const char* sd = std::getenv("MOESHARD_MOE_STREAM_DIRECT");
