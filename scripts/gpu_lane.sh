@@ -34,7 +34,10 @@
 #       moe_expert_test-wgmma-repacked, with MOESHARD_MOE_STREAM_WGMMA=0 (the streaming kernels at
 #       prefill sizes) as moe_expert_test-no-stream-wgmma and with
 #       MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1 (wgmma over decoded registers at every size) as
-#       moe_expert_test-stream-wgmma-all.
+#       moe_expert_test-stream-wgmma-all, with items forced to 96, 112 and 128 tokens as
+#       moe_expert_test-stream-wgmma-tok96 / -tok112 / -tok128, and with every prefill step split by
+#       experts' rows (MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1000000 MOESHARD_MOE_SW_SPLIT_ROWS=48) as
+#       moe_expert_test-stream-split.
 #       MOESHARD_LANE_PART=checks runs steps 1-3b only, =e2e steps 4-5 only (default all): the
 #       two halves' bundles each fit one device call's 64 MiB beside the tree.
 #       A step that exits 77 (no GPU) is a failure here: the lane runs on a GPU machine. A gtest
