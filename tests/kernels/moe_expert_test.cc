@@ -167,10 +167,10 @@ constexpr Shape kShapes[] = {
     {"wgmma wide", 520, 4, 8, 8, 512, 256, 0, 3},
     {"wgmma window", 600, 4, 6, 12, 256, 192, 32, 5},
     // Repacked NVFP4 / MXFP4 experts through the wgmma GEMMs over decoded registers
-    // (moe_stream_wgmma.cu): ~50 rows an expert (items of up to 96 tokens, the last rows of an
+    // (moe_stream_wgmma.cu): ~50 rows an expert (items of up to 64 tokens, the last rows of an
     // expert at the 32-token form), two row blocks of gate/up and of down, a window at column 64,
     // an expert without tokens, slots on other GPUs. ("prefill" and "many tiles" give it several
-    // items an expert; ctest's _tok96 / _tok128 variants force the larger item sizes.)
+    // items an expert; ctest's _tok96 / _tok112 / _tok128 variants force the larger item sizes.)
     {"stream wgmma", 200, 4, 10, 16, 512, 256, 64, 7},
 };
 
