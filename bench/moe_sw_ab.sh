@@ -10,8 +10,9 @@
 #   2. moe_expert_bench, T = 64 .. 8,192, uniform and zipf routing: BASE, then NEW with cuBLAS on
 #      bf16 weights in the same run (the floor: the run's own copy and GEMM rates);
 #   3. NEW with items of 112 tokens (MOESHARD_MOE_SW_TOK=112) at T = 3,012 and 8,192;
-#   4. NEW at split sizes (T = 128, 256, 512): the defaults, the split off
-#      (MOESHARD_MOE_SW_SPLIT_ROWS=0: the streaming kernels whole), and 64-token items;
+#   4. NEW at split sizes (T = 128, 256, 512): the streaming kernels whole (the default,
+#      MOESHARD_MOE_SW_SPLIT_ROWS=0), the experts with 24 or more rows split off to the wgmma GEMMs
+#      (=24), and the same with 64-token items;
 #   5. moeshard bench-model, Muse Spark 8 full-width NVFP4 layers, 4,096-token prefill: BASE, NEW.
 # Exits 1 when a test or a run fails.
 set -uo pipefail
@@ -45,8 +46,8 @@ log "moe_expert_bench NEW (cublas_us: cuBLAS on bf16 weights)"
 bench "$new" --t 64,256,753,3012,8192 --routing both
 log "NEW, MOESHARD_MOE_SW_TOK=112"
 MOESHARD_MOE_SW_TOK=112 bench "$new" --t 3012,8192 --routing both --skip-baseline
-for v in "" MOESHARD_MOE_SW_SPLIT_ROWS=0 MOESHARD_MOE_SW_TOK=64; do
-  log "NEW at split sizes ${v:-(defaults)}"
+for v in MOESHARD_MOE_SW_SPLIT_ROWS=0 MOESHARD_MOE_SW_SPLIT_ROWS=24 "MOESHARD_MOE_SW_SPLIT_ROWS=24 MOESHARD_MOE_SW_TOK=64"; do
+  log "NEW at split sizes, $v"
   env $v "$new/moe_expert_bench" --t 128,256,512 --routing both --skip-baseline 2>&1 |
     grep -E '^(routing|uniform|zipf) ' || rc=1
 done
