@@ -63,30 +63,24 @@ constexpr int kThreads = 3 * 128;   // two consumer warpgroups; warps 8 and 9 (o
 constexpr int kSlices = 16;         // weight slices a step: 2 warpgroups x 4 warps x 2
 constexpr int kChunkCodes = 2048;   // code bytes of a slice and 256-column chunk (the layout's unit)
 constexpr int kScaleMax = 256;      // scale bytes of a slice and chunk (NVFP4; MXFP4 128)
+constexpr int kQ = 2;               // 64-column quads a step: half a chunk
 constexpr int kQuadB = kTok * 128;  // one quad's activations: 128 rows of 64 bf16
 constexpr int kMaxExperts = 1024;   // the tile prefix lives in shared memory
 // Rows of a quad in an activation stage for items of up to nt tokens: whole tensor-map boxes.
 __host__ __device__ constexpr int StageRows(int nt) { return (nt + kBox - 1) / kBox * kBox; }
-// A step is kQ 64-column quads: half a 256-column chunk (kQ = 2, every form) or a whole one (kQ = 4,
-// the 64-token form on request: MOESHARD_MOE_SW_Q; half the steps, so half the per-step chain of
-// barrier waits, scale words and group waits for the same weights). Two rings, each with its producer
-// warp: the weights (from DRAM) six half-chunk steps deep (four whole-chunk ones), the activations
-// (from L2) in 96 KB (64 KB): three steps of 128 tokens (six of 64; two whole-chunk steps of 64). A
-// weight stage holds the step's codes of every slice and the chunk's scale bytes whole (their words
-// interleave the quads).
-template <int kQ>
-struct Geo {
-  static_assert(kQ == 2 || kQ == 4, "a step is half a chunk or a whole one");
-  static constexpr int kWStages = kQ == 2 ? 6 : 4, kBStages = 6;  // the most; SwArgs::wst, bst say how many run
-  static constexpr int kWCodes = kQ * kChunkCodes / 4;            // a slice's codes in a step
-  static constexpr int kWBytes = kSlices * (kWCodes + kScaleMax);
-  static constexpr int kBRegion = kQ == 2 ? 3 * kQ * kQuadB : 2 * kQ * kQuadB / 2;
-  static_assert(kBRegion % 1024 == 0 && (kQ * 128 * 64) % 1024 == 0,
-                "activation stages stay 1024-byte aligned for the swizzled tiles");
-  static size_t SmemBytes(int E) {
-    return 1024 + size_t{kBRegion} + size_t{kWStages} * kWBytes + 256 + sizeof(int32_t) * (E + 1);
-  }
-};
+// Two rings, each with its producer warp: the weights (from DRAM) six steps deep, the activations
+// (from L2) in 96 KB: three steps of 128 tokens (six of 64). A weight stage holds the step's codes
+// of every slice and the chunk's scale bytes whole (their words interleave the quads).
+constexpr int kWStages = 6, kBStages = 6;      // the most; SwArgs::wst, bst say how many run
+constexpr int kWCodes = kQ * kChunkCodes / 4;  // a slice's codes in a step
+constexpr int kWBytes = kSlices * (kWCodes + kScaleMax);
+constexpr int kBBytes = kQ * kQuadB;  // one step of 128 tokens
+constexpr int kBRegion = 3 * kBBytes;
+static_assert(kBBytes % 1024 == 0, "activation stages stay 1024-byte aligned for the swizzled tiles");
+
+size_t SmemBytes(int E) {
+  return 1024 + size_t{kBRegion} + size_t{kWStages} * kWBytes + 256 + sizeof(int32_t) * (E + 1);
+}
 
 // The rings in shared memory and a consumer's place in them (one step counter serves both).
 struct Rings {
@@ -147,10 +141,10 @@ constexpr int kSets = 2;
 // half-quads are decoded, then their 4 G wgmmas issued as one group; D - 1 groups stay in flight
 // while the next is decoded, and the other warpgroup's work overlaps this one's waits.
 // kRows: rows of a quad in an activation stage, the kernel's kNT in whole 32-row boxes.
-template <bool kGateUp, int NT, int G, int kRows, int kQ>
+template <bool kGateUp, int NT, int G, int kRows>
 __device__ __forceinline__ void ConsumeItem(const SwArgs& a, int e, int rb, int32_t row0, int ntok, const Rings& r,
                                             RingPos& pw, RingPos& pb, int wg, int w, int lane) {
-  constexpr int kAcc = NT / 2, kWCodes = Geo<kQ>::kWCodes, kWBytes = Geo<kQ>::kWBytes;
+  constexpr int kAcc = NT / 2;
   float acc[2][kAcc];
 #pragma unroll
   for (int m = 0; m < 2; ++m)
@@ -305,13 +299,13 @@ __device__ __forceinline__ void ConsumeItem(const SwArgs& a, int e, int rb, int3
 
 // An item's tokens: the kernel's form for 33 to kNT of them, the 32-token form below (G = 1 at 112
 // and 128 tokens: their accumulators leave 32 registers for the sets).
-template <bool kGateUp, int kNT, int kQ>
+template <bool kGateUp, int kNT>
 __device__ __forceinline__ void ConsumeByTokens(const SwArgs& a, int e, int rb, int32_t row0, int ntok, const Rings& r,
                                                 RingPos& pw, RingPos& pb, int wg, int w, int lane) {
   if (ntok <= kBox) {
-    ConsumeItem<kGateUp, kBox, 2, StageRows(kNT), kQ>(a, e, rb, row0, ntok, r, pw, pb, wg, w, lane);
+    ConsumeItem<kGateUp, kBox, 2, StageRows(kNT)>(a, e, rb, row0, ntok, r, pw, pb, wg, w, lane);
   } else {
-    ConsumeItem<kGateUp, kNT, kNT >= 112 ? 1 : 2, StageRows(kNT), kQ>(a, e, rb, row0, ntok, r, pw, pb, wg, w, lane);
+    ConsumeItem<kGateUp, kNT, kNT >= 112 ? 1 : 2, StageRows(kNT)>(a, e, rb, row0, ntok, r, pw, pb, wg, w, lane);
   }
 }
 
@@ -327,17 +321,15 @@ __device__ __forceinline__ void ItemOf(const SwArgs& a, const int32_t* base, int
 }
 #endif
 
-// kNT: the tokens an item takes at most (SwArgs::tok), 64, 96, 112 or 128; kQ: quads a step (Geo).
-template <bool kGateUp, int kNT, int kQ>
+// kNT: the tokens an item takes at most (SwArgs::tok), 64, 96, 112 or 128.
+template <bool kGateUp, int kNT>
 __global__ void __launch_bounds__(kThreads, 1) StreamWgmmaKernel(SwArgs a, const __grid_constant__ CUtensorMap bmap) {
 #ifdef MOESHARD_MOE_SW_DEVICE
-  using G = Geo<kQ>;
-  constexpr int kWStages = G::kWStages, kBStages = G::kBStages, kWCodes = G::kWCodes, kWBytes = G::kWBytes;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = SharedAddr(smem_raw);
   Rings r;
   r.b = smem_raw + (((raw + 1023u) & ~1023u) - raw);
-  r.w = r.b + G::kBRegion;
+  r.w = r.b + kBRegion;
   r.full_w = reinterpret_cast<uint64_t*>(r.w + kWStages * kWBytes);
   r.empty_w = r.full_w + kWStages;
   r.full_b = r.empty_w + kWStages;
@@ -436,7 +428,7 @@ __global__ void __launch_bounds__(kThreads, 1) StreamWgmmaKernel(SwArgs a, const
     int e, rb, ntok;
     int32_t row0;
     ItemOf(a, base, t, e, rb, row0, ntok);
-    ConsumeByTokens<kGateUp, kNT, kQ>(a, e, rb, row0, ntok, r, pw, pb, wg, w, lane);
+    ConsumeByTokens<kGateUp, kNT>(a, e, rb, row0, ntok, r, pw, pb, wg, w, lane);
   }
 #else
   __trap();  // built without sm_90a: MoeStreamWgmmaSupported() is false and nothing launches this
@@ -473,13 +465,6 @@ __global__ void GatherPermutedKernel(const uint16_t* x, int64_t L, int top_k, co
   }
 }
 
-// Whole 256-column chunks a step for the 64-token form (MOESHARD_MOE_SW_Q=4; Geo): off by default
-// until a device run says it pays.
-bool WholeChunkSteps() {
-  static const bool v = EnvInt("MOESHARD_MOE_SW_Q", 2) == 4;
-  return v;
-}
-
 int Probe() {
   static const int v = EnvInt("MOESHARD_MOE_SW_PROBE", 0);
   return v;
@@ -500,17 +485,15 @@ int ItemTokens(const MoeExpertParams& p, const MoeWork& w) {
   return StreamWgmmaItemTokens(w.capacity, p.num_total_experts > 0 ? p.num_total_experts : p.num_local_experts);
 }
 
-template <bool kGateUp, int kNT, int kQ>
+template <bool kGateUp, int kNT>
 cudaError_t LaunchGemmNT(const MoeExpertParams& p, const MoeWork& w, const CUtensorMap& bmap, cudaStream_t stream) {
   const int E = p.num_local_experts;
   const int64_t L = p.width, I = p.inter, K = kGateUp ? L : I;
-  // Ring depths (Geo): the weights 6 half-chunk steps (4 whole ones), the activations what their
-  // region holds; MOESHARD_MOE_SW_WST / _BST lower them, for benchmarks.
-  using G = Geo<kQ>;
-  constexpr int kWStages = G::kWStages, kBStages = G::kBStages;
+  // Ring depths: the weights 6 steps, the activations what 96 KB holds (3 steps of 128 tokens, 4 of
+  // 96, 6 of 64); MOESHARD_MOE_SW_WST / _BST lower them, for benchmarks.
   static const int wst = std::clamp(EnvInt("MOESHARD_MOE_SW_WST", kWStages), 2, kWStages);
   constexpr int kRows = StageRows(kNT);
-  constexpr int kMostB = std::min(kBStages, G::kBRegion / (kQ * 128 * kRows));
+  constexpr int kMostB = std::min(kBStages, kBRegion / (kQ * 128 * kRows));
   static const int bst = std::clamp(EnvInt("MOESHARD_MOE_SW_BST", kMostB), 2, kMostB);
   SwArgs a{p.experts,
            w.offsets,
@@ -531,8 +514,8 @@ cudaError_t LaunchGemmNT(const MoeExpertParams& p, const MoeWork& w, const CUten
   static std::atomic<bool> smem_set{false};
   if (!smem_set.load(std::memory_order_relaxed)) {
     if (cudaError_t err =
-            cudaFuncSetAttribute(StreamWgmmaKernel<kGateUp, kNT, kQ>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 static_cast<int>(G::SmemBytes(kMaxExperts)));
+            cudaFuncSetAttribute(StreamWgmmaKernel<kGateUp, kNT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 static_cast<int>(SmemBytes(kMaxExperts)));
         err != cudaSuccess) {
       return err;
     }
@@ -540,7 +523,7 @@ cudaError_t LaunchGemmNT(const MoeExpertParams& p, const MoeWork& w, const CUten
   }
   const int64_t most_items = (w.capacity / kNT + E) * a.n_rb;
   const unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(most_items, w.num_sms)));
-  return LaunchPdl(StreamWgmmaKernel<kGateUp, kNT, kQ>, grid, kThreads, G::SmemBytes(E), stream, a, bmap);
+  return LaunchPdl(StreamWgmmaKernel<kGateUp, kNT>, grid, kThreads, SmemBytes(E), stream, a, bmap);
 }
 
 template <bool kGateUp>
@@ -551,14 +534,13 @@ cudaError_t LaunchGemm(const MoeExpertParams& p, const MoeWork& w, cudaStream_t 
   if (cudaError_t err = EncodeBf16Map128B(act, w.capacity, K, kBox, &bmap); err != cudaSuccess) return err;
   switch (ItemTokens(p, w)) {
     case 2 * kBox:
-      if (WholeChunkSteps()) return LaunchGemmNT<kGateUp, 2 * kBox, 4>(p, w, bmap, stream);
-      return LaunchGemmNT<kGateUp, 2 * kBox, 2>(p, w, bmap, stream);
+      return LaunchGemmNT<kGateUp, 2 * kBox>(p, w, bmap, stream);
     case 3 * kBox:
-      return LaunchGemmNT<kGateUp, 3 * kBox, 2>(p, w, bmap, stream);
+      return LaunchGemmNT<kGateUp, 3 * kBox>(p, w, bmap, stream);
     case 112:
-      return LaunchGemmNT<kGateUp, 112, 2>(p, w, bmap, stream);
+      return LaunchGemmNT<kGateUp, 112>(p, w, bmap, stream);
     default:
-      return LaunchGemmNT<kGateUp, 4 * kBox, 2>(p, w, bmap, stream);
+      return LaunchGemmNT<kGateUp, 4 * kBox>(p, w, bmap, stream);
   }
 }
 
