@@ -78,14 +78,30 @@ constexpr int kBBytes = kQ * kQuadB;  // one step of 128 tokens
 constexpr int kBRegion = 3 * kBBytes;
 static_assert(kBBytes % 1024 == 0, "activation stages stay 1024-byte aligned for the swizzled tiles");
 
-size_t SmemBytes(int E) {
-  return 1024 + size_t{kBRegion} + size_t{kWStages} * kWBytes + 256 + sizeof(int32_t) * (E + 1);
-}
+// The 32-token form as a kernel of its own (kNT = 32: items of one 32-row box, MOESHARD_MOE_SW_TOK=32):
+// two CTAs an SM, so four consumer warps a scheduler instead of two. At ~24 rows an expert (T ~ 750
+// at the issue shape) the consumers' decode and wgmma chain issues ~36 % of the cycles with two warps
+// a scheduler (ncu, kernels/moe/PERF_NOTES.md): twice the warps hide twice the latency. Half the
+// shared memory each (weights 4 steps deep, activations 3 steps of 32 rows) and 80 registers a thread
+// at launch: the consumers take 104, the producers give theirs up to 24.
+template <int kNT>
+struct Form {
+  static constexpr bool kPair = kNT == kBox;
+  static constexpr int kCtas = kPair ? 2 : 1;
+  static constexpr int kWSt = kPair ? 4 : kWStages;
+  static constexpr int kBReg = kPair ? 3 * kQ * 128 * kBox : kBRegion;
+  static constexpr int kConsumerRegs = kPair ? 104 : 232, kProducerRegs = kPair ? 32 : 40;
+  static constexpr size_t SmemBytes(int E) {
+    return 1024 + size_t{kBReg} + size_t{kWSt} * kWBytes + 256 + sizeof(int32_t) * (E + 1);
+  }
+};
+static_assert(2 * (Form<kBox>::SmemBytes(kMaxExperts) + 1024) <= 228 * 1024, "two CTAs of the 32-token form an SM");
+static_assert(Form<kBox>::kBReg % 1024 == 0, "activation stages stay 1024-byte aligned for the swizzled tiles");
 
 // The rings in shared memory and a consumer's place in them (one step counter serves both).
 struct Rings {
-  uint8_t* b;  // kBRegion: SwArgs::bst stages of kQ quads x tok rows
-  uint8_t* w;  // [kWStages][kWBytes]
+  uint8_t* b;  // Form::kBReg: SwArgs::bst stages of kQ quads x tok rows
+  uint8_t* w;  // [Form::kWSt][kWBytes]
   uint64_t *full_w, *empty_w, *full_b, *empty_b;
 };
 
@@ -140,8 +156,9 @@ constexpr int kSets = 2;
 // One warpgroup's item: every step through the rings, then the epilogue. The A fragments of G
 // half-quads are decoded, then their 4 G wgmmas issued as one group; D - 1 groups stay in flight
 // while the next is decoded, and the other warpgroup's work overlaps this one's waits.
-// kRows: rows of a quad in an activation stage, the kernel's kNT in whole 32-row boxes.
-template <bool kGateUp, int NT, int G, int kRows>
+// kRows: rows of a quad in an activation stage, the kernel's kNT in whole 32-row boxes; kLean: the
+// two-CTA form's register budget (Form), which leaves no room for the step's codes read at its top.
+template <bool kGateUp, int NT, int G, int kRows, bool kLean = false>
 __device__ __forceinline__ void ConsumeItem(const SwArgs& a, int e, int rb, int32_t row0, int ntok, const Rings& r,
                                             RingPos& pw, RingPos& pb, int wg, int w, int lane) {
   constexpr int kAcc = NT / 2;
@@ -166,7 +183,7 @@ __device__ __forceinline__ void ConsumeItem(const SwArgs& a, int e, int rb, int3
     // The step's scale words (and, below 112 tokens, its codes) read at its top: read right before
     // their use they stalled the decode on shared memory (ncu, kernels/moe/PERF_NOTES.md). At 112
     // and 128 tokens the accumulators leave no room for the codes of both quads.
-    constexpr bool kAllCodes = NT < 112;
+    constexpr bool kAllCodes = NT < 112 && !kLean;
     uint32_t scw[kQ][2];
     uint4 wdq[kAllCodes ? kQ : 1][2];
 #pragma unroll
@@ -298,11 +315,14 @@ __device__ __forceinline__ void ConsumeItem(const SwArgs& a, int e, int rb, int3
 }
 
 // An item's tokens: the kernel's form for 33 to kNT of them, the 32-token form below (G = 1 at 112
-// and 128 tokens: their accumulators leave 32 registers for the sets).
+// and 128 tokens: their accumulators leave 32 registers for the sets). The two-CTA kernel (kNT = 32)
+// has the 32-token form only, one half-quad a group (G = 1) in its 104 registers.
 template <bool kGateUp, int kNT>
 __device__ __forceinline__ void ConsumeByTokens(const SwArgs& a, int e, int rb, int32_t row0, int ntok, const Rings& r,
                                                 RingPos& pw, RingPos& pb, int wg, int w, int lane) {
-  if (ntok <= kBox) {
+  if constexpr (Form<kNT>::kPair) {
+    ConsumeItem<kGateUp, kBox, 1, kBox, true>(a, e, rb, row0, ntok, r, pw, pb, wg, w, lane);
+  } else if (ntok <= kBox) {
     ConsumeItem<kGateUp, kBox, 2, StageRows(kNT)>(a, e, rb, row0, ntok, r, pw, pb, wg, w, lane);
   } else {
     ConsumeItem<kGateUp, kNT, kNT >= 112 ? 1 : 2, StageRows(kNT)>(a, e, rb, row0, ntok, r, pw, pb, wg, w, lane);
@@ -321,17 +341,19 @@ __device__ __forceinline__ void ItemOf(const SwArgs& a, const int32_t* base, int
 }
 #endif
 
-// kNT: the tokens an item takes at most (SwArgs::tok), 64, 96, 112 or 128.
+// kNT: the tokens an item takes at most (SwArgs::tok), 32 (the two-CTA form), 64, 96, 112 or 128.
 template <bool kGateUp, int kNT>
-__global__ void __launch_bounds__(kThreads, 1) StreamWgmmaKernel(SwArgs a, const __grid_constant__ CUtensorMap bmap) {
+__global__ void __launch_bounds__(kThreads, Form<kNT>::kCtas)
+    StreamWgmmaKernel(SwArgs a, const __grid_constant__ CUtensorMap bmap) {
 #ifdef MOESHARD_MOE_SW_DEVICE
+  constexpr int kWSt = Form<kNT>::kWSt;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = SharedAddr(smem_raw);
   Rings r;
   r.b = smem_raw + (((raw + 1023u) & ~1023u) - raw);
-  r.w = r.b + kBRegion;
-  r.full_w = reinterpret_cast<uint64_t*>(r.w + kWStages * kWBytes);
-  r.empty_w = r.full_w + kWStages;
+  r.w = r.b + Form<kNT>::kBReg;
+  r.full_w = reinterpret_cast<uint64_t*>(r.w + kWSt * kWBytes);
+  r.empty_w = r.full_w + kWSt;
   r.full_b = r.empty_w + kWStages;
   r.empty_b = r.full_b + kBStages;
   int32_t* base = reinterpret_cast<int32_t*>(r.empty_b + kBStages);  // [E + 1]
@@ -340,7 +362,7 @@ __global__ void __launch_bounds__(kThreads, 1) StreamWgmmaKernel(SwArgs a, const
   PdlTrigger();
   if (warp == 0) MoeTilePrefix(a.offsets, a.fast, a.E, a.path, a.tok, base, lane);
   if (tid == 0) {
-    for (int i = 0; i < kWStages; ++i) {
+    for (int i = 0; i < kWSt; ++i) {
       MbarrierInit(&r.full_w[i], 2);   // the two weight producers
       MbarrierInit(&r.empty_w[i], 8);  // lane 0 of each consumer warp
     }
@@ -355,7 +377,7 @@ __global__ void __launch_bounds__(kThreads, 1) StreamWgmmaKernel(SwArgs a, const
   const int steps = a.K / (64 * kQ);
   const uint32_t sbytes = a.mx ? 128 : 256;
   if (warp >= 8) {  // the producer warpgroup: warps 8 and 10 copy weights, warp 9 activations
-    RegsDecrease<40>();
+    RegsDecrease<Form<kNT>::kProducerRegs>();
     if (warp == 11) return;
     RingPos pos;
     for (int t = blockIdx.x; t < total; t += gridDim.x) {
@@ -421,7 +443,7 @@ __global__ void __launch_bounds__(kThreads, 1) StreamWgmmaKernel(SwArgs a, const
     }
     return;
   }
-  RegsIncrease<232>();
+  RegsIncrease<Form<kNT>::kConsumerRegs>();
   const int wg = warp / 4, w = warp % 4;
   RingPos pw, pb;
   for (int t = blockIdx.x; t < total; t += gridDim.x) {
@@ -471,13 +493,13 @@ int Probe() {
 }
 
 // Tokens an item takes at most: moe_stream_decode.h StreamWgmmaItemTokens (128 in a split step), or
-// MOESHARD_MOE_SW_TOK (64, 96, 112 or 128), for benchmarks and tests.
+// MOESHARD_MOE_SW_TOK (32: the two-CTA form; 64, 96, 112 or 128), for benchmarks and tests.
 int ItemTokens(const MoeExpertParams& p, const MoeWork& w) {
   static const int forced = [] {
     const int v = EnvInt("MOESHARD_MOE_SW_TOK", 0);
     return v == 112 ? v : std::clamp(v, 0, 128) / kBox * kBox;
   }();
-  if (forced >= 2 * kBox) return forced;
+  if (forced >= kBox) return forced;
   // A split step's experts hold at least MoeWork::sw_min_rows rows each, and skewed routing gives
   // the hottest hundreds, which the average hides: the fewest items an expert. (The kernel's step
   // costs about the same at 64 tokens as at 128: kernels/moe/PERF_NOTES.md.)
@@ -491,9 +513,10 @@ cudaError_t LaunchGemmNT(const MoeExpertParams& p, const MoeWork& w, const CUten
   const int64_t L = p.width, I = p.inter, K = kGateUp ? L : I;
   // Ring depths: the weights 6 steps, the activations what 96 KB holds (3 steps of 128 tokens, 4 of
   // 96, 6 of 64); MOESHARD_MOE_SW_WST / _BST lower them, for benchmarks.
-  static const int wst = std::clamp(EnvInt("MOESHARD_MOE_SW_WST", kWStages), 2, kWStages);
+  using F = Form<kNT>;
+  static const int wst = std::clamp(EnvInt("MOESHARD_MOE_SW_WST", F::kWSt), 2, F::kWSt);
   constexpr int kRows = StageRows(kNT);
-  constexpr int kMostB = std::min(kBStages, kBRegion / (kQ * 128 * kRows));
+  constexpr int kMostB = std::min(kBStages, F::kBReg / (kQ * 128 * kRows));
   static const int bst = std::clamp(EnvInt("MOESHARD_MOE_SW_BST", kMostB), 2, kMostB);
   SwArgs a{p.experts,
            w.offsets,
@@ -515,15 +538,23 @@ cudaError_t LaunchGemmNT(const MoeExpertParams& p, const MoeWork& w, const CUten
   if (!smem_set.load(std::memory_order_relaxed)) {
     if (cudaError_t err =
             cudaFuncSetAttribute(StreamWgmmaKernel<kGateUp, kNT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 static_cast<int>(SmemBytes(kMaxExperts)));
+                                 static_cast<int>(F::SmemBytes(kMaxExperts)));
+        err != cudaSuccess) {
+      return err;
+    }
+    // The whole carveout for shared memory: two CTAs of the 32-token form an SM need it.
+    if (cudaError_t err =
+            cudaFuncSetAttribute(StreamWgmmaKernel<kGateUp, kNT>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 static_cast<int>(cudaSharedmemCarveoutMaxShared));
         err != cudaSuccess) {
       return err;
     }
     smem_set.store(true, std::memory_order_relaxed);
   }
   const int64_t most_items = (w.capacity / kNT + E) * a.n_rb;
-  const unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(most_items, w.num_sms)));
-  return LaunchPdl(StreamWgmmaKernel<kGateUp, kNT>, grid, kThreads, SmemBytes(E), stream, a, bmap);
+  const unsigned grid =
+      static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(most_items, int64_t{F::kCtas} * w.num_sms)));
+  return LaunchPdl(StreamWgmmaKernel<kGateUp, kNT>, grid, kThreads, F::SmemBytes(E), stream, a, bmap);
 }
 
 template <bool kGateUp>
@@ -533,6 +564,8 @@ cudaError_t LaunchGemm(const MoeExpertParams& p, const MoeWork& w, cudaStream_t 
   const void* act = kGateUp ? static_cast<const void*>(w.xg) : w.h;
   if (cudaError_t err = EncodeBf16Map128B(act, w.capacity, K, kBox, &bmap); err != cudaSuccess) return err;
   switch (ItemTokens(p, w)) {
+    case kBox:
+      return LaunchGemmNT<kGateUp, kBox>(p, w, bmap, stream);
     case 2 * kBox:
       return LaunchGemmNT<kGateUp, 2 * kBox>(p, w, bmap, stream);
     case 3 * kBox:
