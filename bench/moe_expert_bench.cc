@@ -76,6 +76,7 @@ double Median(std::vector<double> v) {
 
 // Which kernels the timed steps took, from the dispatcher's counts before and after them.
 const char* PathName(const gpu::MoePathCounts& a, const gpu::MoePathCounts& b) {
+  if (b.stream_wgmma_pair > a.stream_wgmma_pair) return "wgmma-pair";
   if (b.stream_wgmma > a.stream_wgmma) return "wgmma-registers";
   if (b.stream_split > a.stream_split) return "split-rows";
   if (b.stream_direct > a.stream_direct) return "direct-repacked";

@@ -224,6 +224,17 @@ StreamWgmmaPlan StreamWgmmaPlanFor(int E, int64_t L, int64_t I, int64_t capacity
   return PlanStreamWgmma(E, rows, min_rows >= 0 ? min_rows : int64_t{20} * E, split_rows, split_from);
 }
 
+// Whether an all-wgmma step takes the two-CTA 32-token kernel beside the 128-token one (MoeWork::sw_pair),
+// on request (MOESHARD_MOE_SW_PAIR, default 0; no item size forced by MOESHARD_MOE_SW_TOK): 1 or 2 (the
+// 128-token kernel first) when the host's rule expects at most 32 rows an expert (moe_stream_decode.h
+// StreamWgmmaItemTokens), 3 at every size (tests). Off by default: on the H200 (2026-12-06) it took
+// 6-11 % off T = 640 and zipf routing but added 14 % at T = 753 uniform, where an expert or two past 32
+// rows leave the 128-token kernel's items as a tail (items are strided over a static grid).
+bool StreamWgmmaPairFor(int64_t capacity, int64_t total_experts) {
+  static const int mode = EnvInt("MOESHARD_MOE_SW_TOK", 0) == 0 ? EnvInt("MOESHARD_MOE_SW_PAIR", 0) : 0;
+  return mode == 3 || ((mode == 1 || mode == 2) && StreamWgmmaItemTokens(capacity, total_experts) == 32);
+}
+
 // A split step (MoeWork::stream_split): the streaming kernels over the experts the route left them,
 // then the wgmma GEMMs over those it marked kMoePathSw; each launch passes over the other's experts.
 cudaError_t LaunchSplitGateUp(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
@@ -244,7 +255,7 @@ bool GemvEnabled() {
 }
 
 std::atomic<uint64_t> g_steps{0}, g_stream{0}, g_stream_direct{0}, g_direct{0}, g_wgmma{0}, g_wgmma_repacked{0},
-    g_stream_wgmma{0}, g_stream_split{0}, g_generic{0};
+    g_stream_wgmma{0}, g_stream_split{0}, g_stream_wgmma_pair{0}, g_generic{0};
 
 void CountPaths(const MoeWork& w, bool repacked, bool need_generic) {
   constexpr auto kRelaxed = std::memory_order_relaxed;
@@ -256,6 +267,7 @@ void CountPaths(const MoeWork& w, bool repacked, bool need_generic) {
   if (w.wgmma_repacked) g_wgmma_repacked.fetch_add(1, kRelaxed);
   if (w.stream_wgmma) g_stream_wgmma.fetch_add(1, kRelaxed);
   if (w.stream_split) g_stream_split.fetch_add(1, kRelaxed);
+  if (w.sw_pair) g_stream_wgmma_pair.fetch_add(1, kRelaxed);
   if (need_generic) g_generic.fetch_add(1, kRelaxed);
 }
 
@@ -265,7 +277,8 @@ MoePathCounts MoeExpertPathCounts() {
   constexpr auto kRelaxed = std::memory_order_relaxed;
   return {g_steps.load(kRelaxed),        g_stream.load(kRelaxed),       g_stream_direct.load(kRelaxed),
           g_direct.load(kRelaxed),       g_wgmma.load(kRelaxed),        g_wgmma_repacked.load(kRelaxed),
-          g_stream_wgmma.load(kRelaxed), g_stream_split.load(kRelaxed), g_generic.load(kRelaxed)};
+          g_stream_wgmma.load(kRelaxed), g_stream_split.load(kRelaxed), g_stream_wgmma_pair.load(kRelaxed),
+          g_generic.load(kRelaxed)};
 }
 
 uint32_t MoeExpertFormats(const MoeExpertWeights* experts, int num_local_experts, int64_t width, int64_t inter) {
@@ -370,6 +383,10 @@ cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStr
     w.stream_wgmma = plan.all;
     w.stream_split = plan.split_rows > 0;
     w.sw_min_rows = plan.split_rows;
+    if (w.stream_wgmma && StreamWgmmaPairFor(w.capacity, total_experts)) {
+      w.sw_pair = true;
+      w.sw_min_rows = 33;
+    }
   }
   CountPaths(w, repacked, need_generic);
   using Launch = cudaError_t (*)(const MoeExpertParams&, const MoeWork&, cudaStream_t);

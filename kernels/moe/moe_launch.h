@@ -72,7 +72,12 @@ struct MoeWork {
   // marks each repacked expert with at least sw_min_rows rows kMoePathSw (no streaming tiles); the
   // streaming kernels take the rest and the wgmma GEMMs those, in the same step.
   bool stream_split = false;
-  int32_t sw_min_rows = 0;   // with stream_split; 0 otherwise
+  // With stream_wgmma, on request (moe_expert.cc StreamWgmmaPairFor): the two-CTA kernel of 32-token
+  // items takes the experts with at most 32 rows, the 128-token kernel those the route marked
+  // kMoePathSw (sw_min_rows = 33), the second launched taking the SMs the first leaves (it waits for
+  // it only before exiting: moe_stream_wgmma.cu SwArgs::defer).
+  bool sw_pair = false;
+  int32_t sw_min_rows = 0;   // with stream_split or sw_pair; 0 otherwise
   uint16_t* wexp = nullptr;  // [E][2I][L] gate/up interleaved, then [E][L][I] down (bf16)
   int num_sms = 0;
 };

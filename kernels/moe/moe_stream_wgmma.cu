@@ -134,6 +134,13 @@ struct SwArgs {
   // 5 neither. Producers only: a branch around the consumers' wgmmas made ptxas close each group
   // early and wait for it whole (kernels/moe/PERF_NOTES.md).
   int probe;
+  // 1: the second kernel of a pair step (MoeWork::sw_pair), which does not wait for the kernel before:
+  // its experts are not the first kernel's, its inputs were written two launches back or more
+  // (pdl.cuh's rule 1) and its outputs are rows the first kernel does not touch, so it can take each
+  // SM the first kernel leaves. One warp of each CTA waits before it exits, so the grid cannot
+  // complete before the first's and the kernel after both still waits for both (pdl.cuh's rule 2,
+  // which asks it of every thread for the same end).
+  int defer;
 };
 
 #ifdef MOESHARD_MOE_SW_DEVICE
@@ -358,7 +365,7 @@ __global__ void __launch_bounds__(kThreads, Form<kNT>::kCtas)
   r.empty_b = r.full_b + kBStages;
   int32_t* base = reinterpret_cast<int32_t*>(r.empty_b + kBStages);  // [E + 1]
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  PdlWait();
+  if (!a.defer) PdlWait();
   PdlTrigger();
   if (warp == 0) MoeTilePrefix(a.offsets, a.fast, a.E, a.path, a.tok, base, lane);
   if (tid == 0) {
@@ -378,7 +385,13 @@ __global__ void __launch_bounds__(kThreads, Form<kNT>::kCtas)
   const uint32_t sbytes = a.mx ? 128 : 256;
   if (warp >= 8) {  // the producer warpgroup: warps 8 and 10 copy weights, warp 9 activations
     RegsDecrease<Form<kNT>::kProducerRegs>();
-    if (warp == 11) return;
+    if (warp == 11) {
+      // SwArgs::defer: this warp, idle otherwise, holds the CTA until the kernel before has completed,
+      // so that the grid cannot complete before it. (This second wait, wherever it is put, costs the
+      // down kernels of 32, 96, 112 and 128 tokens 4-8 bytes of spill.)
+      if (a.defer) PdlWait();
+      return;
+    }
     RingPos pos;
     for (int t = blockIdx.x; t < total; t += gridDim.x) {
       int e, rb, ntok;
@@ -504,11 +517,15 @@ int ItemTokens(const MoeExpertParams& p, const MoeWork& w) {
   // the hottest hundreds, which the average hides: the fewest items an expert. (The kernel's step
   // costs about the same at 64 tokens as at 128: kernels/moe/PERF_NOTES.md.)
   if (w.stream_split) return 4 * kBox;
-  return StreamWgmmaItemTokens(w.capacity, p.num_total_experts > 0 ? p.num_total_experts : p.num_local_experts);
+  // 32 by the rule is the pair step's (MoeWork::sw_pair, launched above); without it, 64.
+  const int t = StreamWgmmaItemTokens(w.capacity, p.num_total_experts > 0 ? p.num_total_experts : p.num_local_experts);
+  return t == kBox ? 2 * kBox : t;
 }
 
+// path: the experts the kernel takes (SwArgs::path); defer: SwArgs::defer.
 template <bool kGateUp, int kNT>
-cudaError_t LaunchGemmNT(const MoeExpertParams& p, const MoeWork& w, const CUtensorMap& bmap, cudaStream_t stream) {
+cudaError_t LaunchGemmNT(const MoeExpertParams& p, const MoeWork& w, const CUtensorMap& bmap, int path, bool defer,
+                         cudaStream_t stream) {
   const int E = p.num_local_experts;
   const int64_t L = p.width, I = p.inter, K = kGateUp ? L : I;
   // Ring depths: the weights 6 steps, the activations what 96 KB holds (3 steps of 128 tokens, 4 of
@@ -521,7 +538,7 @@ cudaError_t LaunchGemmNT(const MoeExpertParams& p, const MoeWork& w, const CUten
   SwArgs a{p.experts,
            w.offsets,
            w.fast,
-           w.stream_split ? int{kMoePathSw} : int{kMoePathNvfp4},
+           path,
            E,
            static_cast<int>(K),
            static_cast<int>(kGateUp ? I / 128 : L / 256),
@@ -533,7 +550,8 @@ cudaError_t LaunchGemmNT(const MoeExpertParams& p, const MoeWork& w, const CUten
            kNT,
            wst,
            bst,
-           Probe()};
+           Probe(),
+           defer ? 1 : 0};
   static std::atomic<bool> smem_set{false};
   if (!smem_set.load(std::memory_order_relaxed)) {
     if (cudaError_t err =
@@ -563,17 +581,35 @@ cudaError_t LaunchGemm(const MoeExpertParams& p, const MoeWork& w, cudaStream_t 
   CUtensorMap bmap;
   const void* act = kGateUp ? static_cast<const void*>(w.xg) : w.h;
   if (cudaError_t err = EncodeBf16Map128B(act, w.capacity, K, kBox, &bmap); err != cudaSuccess) return err;
+  if (w.sw_pair) {
+    // The experts with at most 32 rows on the two-CTA kernel, those the route marked kMoePathSw on
+    // the 128-token one; the second launched takes the SMs the first leaves (SwArgs::defer).
+    // MOESHARD_MOE_SW_PAIR=2 launches the 128-token kernel first (moe_expert.cc StreamWgmmaPairFor).
+    static const bool big_first = EnvInt("MOESHARD_MOE_SW_PAIR", 1) == 2;
+    if (big_first) {
+      if (cudaError_t err = LaunchGemmNT<kGateUp, 4 * kBox>(p, w, bmap, kMoePathSw, false, stream);
+          err != cudaSuccess) {
+        return err;
+      }
+      return LaunchGemmNT<kGateUp, kBox>(p, w, bmap, kMoePathNvfp4, true, stream);
+    }
+    if (cudaError_t err = LaunchGemmNT<kGateUp, kBox>(p, w, bmap, kMoePathNvfp4, false, stream); err != cudaSuccess) {
+      return err;
+    }
+    return LaunchGemmNT<kGateUp, 4 * kBox>(p, w, bmap, kMoePathSw, true, stream);
+  }
+  const int path = w.stream_split ? int{kMoePathSw} : int{kMoePathNvfp4};
   switch (ItemTokens(p, w)) {
     case kBox:
-      return LaunchGemmNT<kGateUp, kBox>(p, w, bmap, stream);
+      return LaunchGemmNT<kGateUp, kBox>(p, w, bmap, path, false, stream);
     case 2 * kBox:
-      return LaunchGemmNT<kGateUp, 2 * kBox>(p, w, bmap, stream);
+      return LaunchGemmNT<kGateUp, 2 * kBox>(p, w, bmap, path, false, stream);
     case 3 * kBox:
-      return LaunchGemmNT<kGateUp, 3 * kBox>(p, w, bmap, stream);
+      return LaunchGemmNT<kGateUp, 3 * kBox>(p, w, bmap, path, false, stream);
     case 112:
-      return LaunchGemmNT<kGateUp, 112>(p, w, bmap, stream);
+      return LaunchGemmNT<kGateUp, 112>(p, w, bmap, path, false, stream);
     default:
-      return LaunchGemmNT<kGateUp, 4 * kBox>(p, w, bmap, stream);
+      return LaunchGemmNT<kGateUp, 4 * kBox>(p, w, bmap, path, false, stream);
   }
 }
 

@@ -377,13 +377,13 @@ TEST_F(MoeExpertTest, MatchesCpuReference) {
   // (moe_expert_test_no_stream_direct).
   const gpu::MoePathCounts n = gpu::MoeExpertPathCounts();
   std::printf(
-      "  paths: %llu steps, %llu repacked (%llu direct, %llu wgmma, %llu split), %llu direct stored, %llu wgmma "
-      "(%llu from repacked), %llu generic\n",
+      "  paths: %llu steps, %llu repacked (%llu direct, %llu wgmma, %llu of them paired, %llu split), %llu direct "
+      "stored, %llu wgmma (%llu from repacked), %llu generic\n",
       static_cast<unsigned long long>(n.steps), static_cast<unsigned long long>(n.stream),
       static_cast<unsigned long long>(n.stream_direct), static_cast<unsigned long long>(n.stream_wgmma),
-      static_cast<unsigned long long>(n.stream_split), static_cast<unsigned long long>(n.direct),
-      static_cast<unsigned long long>(n.wgmma), static_cast<unsigned long long>(n.wgmma_repacked),
-      static_cast<unsigned long long>(n.generic));
+      static_cast<unsigned long long>(n.stream_wgmma_pair), static_cast<unsigned long long>(n.stream_split),
+      static_cast<unsigned long long>(n.direct), static_cast<unsigned long long>(n.wgmma),
+      static_cast<unsigned long long>(n.wgmma_repacked), static_cast<unsigned long long>(n.generic));
   EXPECT_GT(n.stream, 0u);
   EXPECT_GT(n.direct, 0u);
   EXPECT_GT(n.wgmma, 0u);
@@ -410,10 +410,27 @@ TEST_F(MoeExpertTest, MatchesCpuReference) {
   const char* min_rows = std::getenv("MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS");
   const bool split_expected = split_rows != nullptr && *split_rows && std::atoi(split_rows) > 0 &&
                               !(min_rows != nullptr && *min_rows && std::atoll(min_rows) <= 1);
+  // The pair step (the two-CTA 32-token kernel beside the 128-token one, MoeWork::sw_pair; off by
+  // default): ctest's moe_expert_test_stream_wgmma_pair forces it at every wgmma size
+  // (MOESHARD_MOE_SW_PAIR=3 with MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1), so every prefill shape takes
+  // it and those with experts past 32 rows ("prefill", "many tiles") fill its second kernel. Never
+  // without MOESHARD_MOE_SW_PAIR or with an item size forced (MOESHARD_MOE_SW_TOK); by the rule (1, 2)
+  // only where it expects at most 32 rows an expert, which none of these shapes need hit.
+  const char* pair = std::getenv("MOESHARD_MOE_SW_PAIR");
+  const char* tok = std::getenv("MOESHARD_MOE_SW_TOK");
+  const int pair_mode = pair != nullptr && *pair ? std::atoi(pair) : 0;
+  const bool pair_off = pair_mode == 0 || (tok != nullptr && *tok && std::atoi(tok) != 0);
+  const bool all_rows = min_rows != nullptr && *min_rows && std::atoll(min_rows) == 1;
   if ((sw != nullptr && std::string(sw) == "0") || prop.major != 9) {
     EXPECT_EQ(n.stream_wgmma, 0u);
     EXPECT_EQ(n.stream_split, 0u);
+    EXPECT_EQ(n.stream_wgmma_pair, 0u);
   } else {
+    if (pair_off) {
+      EXPECT_EQ(n.stream_wgmma_pair, 0u) << "the pair step is off, yet a step took it";
+    } else if (all_rows && pair_mode == 3) {
+      EXPECT_GT(n.stream_wgmma_pair, 0u) << "MOESHARD_MOE_SW_PAIR=3, yet no step took the two-CTA 32-token kernel";
+    }
     const bool all_out_of_reach = min_rows != nullptr && *min_rows && std::atoll(min_rows) >= 1000000;
     if (all_out_of_reach) {
       EXPECT_EQ(n.stream_wgmma, 0u);

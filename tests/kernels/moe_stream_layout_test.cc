@@ -391,10 +391,11 @@ TEST(MoeStreamLayoutTest, WgmmaActivationOrderMatchesTheFragments) {
 }
 
 // The item size of the wgmma GEMMs over decoded registers, at the shapes it was measured on
-// (kernels/moe/PERF_NOTES.md): R + 1.5 sqrt(R) rows of an expert rounded up to 64, 96, 112 or 128.
+// (kernels/moe/PERF_NOTES.md): R + 1.5 sqrt(R) rows of an expert rounded up to 32, 64, 96, 112 or 128.
 TEST(MoeStreamLayoutTest, WgmmaItemTokensHoldTheExpectedRows) {
   using moeshard::gpu::StreamWgmmaItemTokens;
-  EXPECT_EQ(StreamWgmmaItemTokens(753 * 8, 256), 64);    // Muse Spark, 23.5 rows: 30.8
+  EXPECT_EQ(StreamWgmmaItemTokens(753 * 8, 256), 32);    // Muse Spark, 23.5 rows: 30.8 (the two-CTA kernel)
+  EXPECT_EQ(StreamWgmmaItemTokens(800 * 8, 256), 64);    // 25 rows: 32.5
   EXPECT_EQ(StreamWgmmaItemTokens(3012 * 8, 256), 112);  // 94.1 rows: 108.7 (112 measured ahead of 128)
   EXPECT_EQ(StreamWgmmaItemTokens(4096 * 8, 256), 128);  // 128 rows: 145.0
   EXPECT_EQ(StreamWgmmaItemTokens(8192 * 8, 256), 128);  // 256 rows: two items and a tail
