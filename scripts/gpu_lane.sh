@@ -35,8 +35,11 @@
 #       prefill sizes) as moe_expert_test-no-stream-wgmma and with
 #       MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1 (wgmma over decoded registers at every size) as
 #       moe_expert_test-stream-wgmma-all, with items forced to 96, 112 and 128 tokens as
-#       moe_expert_test-stream-wgmma-tok96 / -tok112 / -tok128, and with every prefill step split by
-#       experts' rows (MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1000000 MOESHARD_MOE_SW_SPLIT_ROWS=48) as
+#       moe_expert_test-stream-wgmma-tok96 / -tok112 / -tok128 (and -tok32: the two-CTA kernel of
+#       32-token items for every expert), with the pair step forced (MOESHARD_MOE_SW_PAIR=3: that
+#       kernel beside the 128-token one) as moe_expert_test-stream-wgmma-pair, and with every
+#       prefill step split by experts' rows (MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1000000
+#       MOESHARD_MOE_SW_SPLIT_ROWS=48) as
 #       moe_expert_test-stream-split.
 #       MOESHARD_LANE_PART=checks runs steps 1-3b only, =e2e steps 4-5 only (default all): the
 #       two halves' bundles each fit one device call's 64 MiB beside the tree.
@@ -215,10 +218,12 @@ run_lane() {
         MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1
       run_gtest moe_expert_test "$bin" "$work/moe_expert_test-stream-split.log" moe_expert_test-stream-split \
         MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1000000 MOESHARD_MOE_SW_SPLIT_ROWS=48
-      for tok in 96 112 128; do  # the larger accumulator shapes (ctest's moe_expert_test_stream_wgmma_tok*)
+      for tok in 32 96 112 128; do  # the other kernel forms (ctest's moe_expert_test_stream_wgmma_tok*)
         run_gtest moe_expert_test "$bin" "$work/moe_expert_test-stream-wgmma-tok$tok.log" \
           "moe_expert_test-stream-wgmma-tok$tok" MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1 "MOESHARD_MOE_SW_TOK=$tok"
       done
+      run_gtest moe_expert_test "$bin" "$work/moe_expert_test-stream-wgmma-pair.log" moe_expert_test-stream-wgmma-pair \
+        MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1 MOESHARD_MOE_SW_PAIR=3
     fi
   fi
   if [[ $part == all || $part == checks ]]; then
