@@ -45,7 +45,7 @@ size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 // Byte offsets of the workspace's buffers; `end` is the total.
 struct Layout {
-  size_t offsets, tile_base, gemv_base, fast, rows, pos, xg, h, y, fix_count, fix_part, wexp, end;
+  size_t offsets, tile_base, gemv_base, fast, sw_next, rows, pos, xg, h, y, fix_count, fix_part, wexp, end;
   size_t end_with_wexp;  // end plus the wgmma path's expanded weights (MoeWork::wexp)
 };
 
@@ -57,6 +57,7 @@ Layout MakeLayout(int E, int64_t L, int64_t I, int64_t T, int top_k) {
   l.tile_base = o, o = AlignUp(o + sizeof(int32_t) * (E + 1));
   l.gemv_base = o, o = AlignUp(o + sizeof(int32_t) * (E + 1));
   l.fast = o, o = AlignUp(o + E);
+  l.sw_next = o, o = AlignUp(o + sizeof(int32_t) * 2);
   l.rows = o, o = AlignUp(o + sizeof(int32_t) * cap);
   l.pos = o, o = AlignUp(o + sizeof(int32_t) * cap);
   l.xg = o, o = AlignUp(o + sizeof(uint16_t) * cap * L);
@@ -227,12 +228,12 @@ StreamWgmmaPlan StreamWgmmaPlanFor(int E, int64_t L, int64_t I, int64_t capacity
 // Whether an all-wgmma step takes the two-CTA 32-token kernel beside the 128-token one (MoeWork::sw_pair),
 // on request (MOESHARD_MOE_SW_PAIR, default 0; no item size forced by MOESHARD_MOE_SW_TOK): 1 or 2 (the
 // 128-token kernel first) when the host's rule expects at most 32 rows an expert (moe_stream_decode.h
-// StreamWgmmaItemTokens), 3 at every size (tests). Off by default: on the H200 (2026-12-06) it took
-// 6-11 % off T = 640 and zipf routing but added 14 % at T = 753 uniform, where an expert or two past 32
-// rows leave the 128-token kernel's items as a tail (items are strided over a static grid).
+// StreamWgmmaItemTokens), 3 or 4 (the 128-token kernel first) at every size (tests). Off by default: on the H200
+// (2026-12-06) it took 6-11 % off T = 640 and zipf routing but added 14 % at T = 753 uniform, where an expert or two
+// past 32 rows leave the 128-token kernel's items as a tail (items are strided over a static grid).
 bool StreamWgmmaPairFor(int64_t capacity, int64_t total_experts) {
   static const int mode = EnvInt("MOESHARD_MOE_SW_TOK", 0) == 0 ? EnvInt("MOESHARD_MOE_SW_PAIR", 0) : 0;
-  return mode == 3 || ((mode == 1 || mode == 2) && StreamWgmmaItemTokens(capacity, total_experts) == 32);
+  return mode == 3 || mode == 4 || ((mode == 1 || mode == 2) && StreamWgmmaItemTokens(capacity, total_experts) == 32);
 }
 
 // A split step (MoeWork::stream_split): the streaming kernels over the experts the route left them,
@@ -322,6 +323,7 @@ cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStr
   w.tile_base = reinterpret_cast<int32_t*>(ws + l.tile_base);
   w.gemv_base = reinterpret_cast<int32_t*>(ws + l.gemv_base);
   w.fast = ws + l.fast;
+  w.sw_next = reinterpret_cast<int32_t*>(ws + l.sw_next);
   w.rows = reinterpret_cast<int32_t*>(ws + l.rows);
   w.pos = reinterpret_cast<int32_t*>(ws + l.pos);
   w.xg = reinterpret_cast<uint16_t*>(ws + l.xg);

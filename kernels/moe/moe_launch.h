@@ -77,6 +77,9 @@ struct MoeWork {
   // kMoePathSw (sw_min_rows = 33), the second launched taking the SMs the first leaves (it waits for
   // it only before exiting: moe_stream_wgmma.cu SwArgs::defer).
   bool sw_pair = false;
+  // Two item counters (gate/up, down) for the pair step's two-CTA kernel (MOESHARD_MOE_SW_DYN=1),
+  // zeroed by the route each step.
+  int32_t* sw_next = nullptr;
   int32_t sw_min_rows = 0;   // with stream_split or sw_pair; 0 otherwise
   uint16_t* wexp = nullptr;  // [E][2I][L] gate/up interleaved, then [E][L][I] down (bf16)
   int num_sms = 0;

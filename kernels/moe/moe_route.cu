@@ -80,6 +80,7 @@ __global__ void __launch_bounds__(kRouteThreads) RouteKernel(MoeExpertParams p, 
   __syncthreads();
   if (warp == 0) {  // block 0's warp 0 also writes the offsets and the tile prefix  // integer sums: any order gives the same result
     if (lane == 0) w.fast[e] = static_cast<uint8_t>(PathOf(fast_flag[e], hist[e], w.sw_min_rows));
+    if (e == 0 && lane < 2 && w.sw_next != nullptr) w.sw_next[lane] = 0;  // the pair step's item counters
     int32_t part = 0;
     for (int i = lane; i < e; i += 32) part += hist[i];
     for (int d = 16; d > 0; d >>= 1) part += __shfl_xor_sync(0xffffffffu, part, d);

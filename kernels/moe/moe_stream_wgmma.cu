@@ -92,7 +92,7 @@ struct Form {
   static constexpr int kBReg = kPair ? 3 * kQ * 128 * kBox : kBRegion;
   static constexpr int kConsumerRegs = kPair ? 104 : 232, kProducerRegs = kPair ? 32 : 40;
   static constexpr size_t SmemBytes(int E) {
-    return 1024 + size_t{kBReg} + size_t{kWSt} * kWBytes + 256 + sizeof(int32_t) * (E + 1);
+    return 1024 + size_t{kBReg} + size_t{kWSt} * kWBytes + 512 + sizeof(int32_t) * (E + 1);
   }
 };
 static_assert(2 * (Form<kBox>::SmemBytes(kMaxExperts) + 1024) <= 228 * 1024, "two CTAs of the 32-token form an SM");
@@ -141,6 +141,9 @@ struct SwArgs {
   // complete before the first's and the kernel after both still waits for both (pdl.cuh's rule 2,
   // which asks it of every thread for the same end).
   int defer;
+  // The two-CTA kernel's item counter (its first item is blockIdx.x, the rest gridDim.x + a draw;
+  // MoeWork::sw_next, zeroed by the route each step); null: items strided over the grid.
+  int32_t* next;
 };
 
 #ifdef MOESHARD_MOE_SW_DEVICE
@@ -336,6 +339,46 @@ __device__ __forceinline__ void ConsumeByTokens(const SwArgs& a, int e, int rb, 
   }
 }
 
+// Where a CTA's items come from. Strided over the grid, except in the two-CTA kernel (kDyn): there
+// warp 9 draws each next item (from SwArgs::next when set, else by the stride) an item ahead of
+// its own copies and hands it to the other warps through a ring of shared slots, so that CTAs that
+// start late — on SMs the pair step's other kernel held — take fewer items (kernels/moe/PERF_NOTES.md:
+// items strided over a static grid left a tail). t < total: an item; otherwise the end.
+constexpr int kItemSlots = 4;
+struct ItemRing {
+  volatile int32_t* slot;  // [kItemSlots]
+  uint64_t *full, *empty;  // one arrival (warp 9); ten (warps 8 and 10, the eight consumer warps)
+};
+// k: the items this warp has passed through the ring (its slot k % kItemSlots, phase k / kItemSlots; one
+// register where the two-CTA kernel's consumers have none to spare).
+__device__ __forceinline__ void PublishItem(const ItemRing& q, int& k, int t, int lane) {
+  const int i = k % kItemSlots;
+  MbarrierWait(&q.empty[i], ((k / kItemSlots) & 1) ^ 1u);
+  if (lane == 0) {
+    q.slot[i] = t;
+    MbarrierArrive(&q.full[i]);  // release: the slot's value is seen by whoever waits on it
+  }
+  __syncwarp();
+  ++k;
+}
+__device__ __forceinline__ int ReadItem(const ItemRing& q, int& k, int lane) {
+  const int i = k % kItemSlots;
+  MbarrierWait(&q.full[i], (k / kItemSlots) & 1);
+  const int t = q.slot[i];
+  __syncwarp();
+  if (lane == 0) MbarrierArrive(&q.empty[i]);
+  ++k;
+  return t;
+}
+// Warp 9's draw of the item after t, published before t's copies.
+__device__ __forceinline__ int DrawItem(const SwArgs& a, const ItemRing& q, int& p, int t, int lane) {
+  int tn = 0;
+  if (lane == 0) tn = a.next != nullptr ? atomicAdd(a.next, 1) + static_cast<int>(gridDim.x) : t + gridDim.x;
+  tn = __shfl_sync(~0u, tn, 0);
+  PublishItem(q, p, tn, lane);
+  return tn;
+}
+
 // Item t's expert, first grouped row and tokens (at most kTok) and row block.
 __device__ __forceinline__ void ItemOf(const SwArgs& a, const int32_t* base, int t, int& e, int& rb, int32_t& row0,
                                        int& ntok) {
@@ -349,7 +392,10 @@ __device__ __forceinline__ void ItemOf(const SwArgs& a, const int32_t* base, int
 #endif
 
 // kNT: the tokens an item takes at most (SwArgs::tok), 32 (the two-CTA form), 64, 96, 112 or 128.
-template <bool kGateUp, int kNT>
+// kDyn: the two-CTA kernel drawing its items from SwArgs::next (the item ring below), a kernel of its
+// own: the ring costs the producers registers, which the consumers give up (96 / 48 instead of 104 /
+// 32), so the kernel measured without it stays as it was.
+template <bool kGateUp, int kNT, bool kDyn = false>
 __global__ void __launch_bounds__(kThreads, Form<kNT>::kCtas)
     StreamWgmmaKernel(SwArgs a, const __grid_constant__ CUtensorMap bmap) {
 #ifdef MOESHARD_MOE_SW_DEVICE
@@ -361,9 +407,16 @@ __global__ void __launch_bounds__(kThreads, Form<kNT>::kCtas)
   r.w = r.b + Form<kNT>::kBReg;
   r.full_w = reinterpret_cast<uint64_t*>(r.w + kWSt * kWBytes);
   r.empty_w = r.full_w + kWSt;
-  r.full_b = r.empty_w + kWStages;
+  r.full_b = r.empty_w + kWSt;
   r.empty_b = r.full_b + kBStages;
-  int32_t* base = reinterpret_cast<int32_t*>(r.empty_b + kBStages);  // [E + 1]
+  ItemRing q;
+  q.full = r.empty_b + kBStages;
+  q.empty = q.full + kItemSlots;
+  q.slot = reinterpret_cast<int32_t*>(q.empty + kItemSlots);
+  int32_t* base = const_cast<int32_t*>(q.slot) + kItemSlots;  // [E + 1]
+  static_assert(!kDyn || Form<kNT>::kPair, "only the two-CTA kernel draws its items");
+  constexpr int kProducerRegs = kDyn ? 48 : Form<kNT>::kProducerRegs;
+  constexpr int kConsumerRegs = kDyn ? 96 : Form<kNT>::kConsumerRegs;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   if (!a.defer) PdlWait();
   PdlTrigger();
@@ -377,6 +430,10 @@ __global__ void __launch_bounds__(kThreads, Form<kNT>::kCtas)
       MbarrierInit(&r.full_b[i], 1);
       MbarrierInit(&r.empty_b[i], 8);
     }
+    for (int i = 0; i < kItemSlots; ++i) {
+      MbarrierInit(&q.full[i], 1);
+      MbarrierInit(&q.empty[i], 10);
+    }
     FenceMbarrierInit();
   }
   __syncthreads();
@@ -384,7 +441,7 @@ __global__ void __launch_bounds__(kThreads, Form<kNT>::kCtas)
   const int steps = a.K / (64 * kQ);
   const uint32_t sbytes = a.mx ? 128 : 256;
   if (warp >= 8) {  // the producer warpgroup: warps 8 and 10 copy weights, warp 9 activations
-    RegsDecrease<Form<kNT>::kProducerRegs>();
+    RegsDecrease<kProducerRegs>();
     if (warp == 11) {
       // SwArgs::defer: this warp, idle otherwise, holds the CTA until the kernel before has completed,
       // so that the grid cannot complete before it. (This second wait, wherever it is put, costs the
@@ -393,7 +450,17 @@ __global__ void __launch_bounds__(kThreads, Form<kNT>::kCtas)
       return;
     }
     RingPos pos;
-    for (int t = blockIdx.x; t < total; t += gridDim.x) {
+    int pi = 0, t = blockIdx.x;
+    if (kDyn) {
+      if (warp == 9) {
+        PublishItem(q, pi, t, lane);
+      } else {
+        t = ReadItem(q, pi, lane);
+      }
+    }
+    while (t < total) {
+      int tn = t + gridDim.x;
+      if (kDyn && warp == 9) tn = DrawItem(a, q, pi, t, lane);
       int e, rb, ntok;
       int32_t row0;
       ItemOf(a, base, t, e, rb, row0, ntok);
@@ -453,13 +520,16 @@ __global__ void __launch_bounds__(kThreads, Form<kNT>::kCtas)
           __syncwarp();
         }
       }
+      t = kDyn && warp != 9 ? ReadItem(q, pi, lane) : tn;
     }
     return;
   }
-  RegsIncrease<Form<kNT>::kConsumerRegs>();
+  RegsIncrease<kConsumerRegs>();
   const int wg = warp / 4, w = warp % 4;
   RingPos pw, pb;
-  for (int t = blockIdx.x; t < total; t += gridDim.x) {
+  int pi = 0;
+  for (int t = kDyn ? ReadItem(q, pi, lane) : static_cast<int>(blockIdx.x); t < total;
+       t = kDyn ? ReadItem(q, pi, lane) : t + static_cast<int>(gridDim.x)) {
     int e, rb, ntok;
     int32_t row0;
     ItemOf(a, base, t, e, rb, row0, ntok);
@@ -522,10 +592,10 @@ int ItemTokens(const MoeExpertParams& p, const MoeWork& w) {
   return t == kBox ? 2 * kBox : t;
 }
 
-// path: the experts the kernel takes (SwArgs::path); defer: SwArgs::defer.
-template <bool kGateUp, int kNT>
+// path: the experts the kernel takes (SwArgs::path); defer: SwArgs::defer; next: SwArgs::next.
+template <bool kGateUp, int kNT, bool kDyn = false>
 cudaError_t LaunchGemmNT(const MoeExpertParams& p, const MoeWork& w, const CUtensorMap& bmap, int path, bool defer,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, int32_t* next = nullptr) {
   const int E = p.num_local_experts;
   const int64_t L = p.width, I = p.inter, K = kGateUp ? L : I;
   // Ring depths: the weights 6 steps, the activations what 96 KB holds (3 steps of 128 tokens, 4 of
@@ -551,18 +621,19 @@ cudaError_t LaunchGemmNT(const MoeExpertParams& p, const MoeWork& w, const CUten
            wst,
            bst,
            Probe(),
-           defer ? 1 : 0};
+           defer ? 1 : 0,
+           next};
   static std::atomic<bool> smem_set{false};
   if (!smem_set.load(std::memory_order_relaxed)) {
     if (cudaError_t err =
-            cudaFuncSetAttribute(StreamWgmmaKernel<kGateUp, kNT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+            cudaFuncSetAttribute(StreamWgmmaKernel<kGateUp, kNT, kDyn>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  static_cast<int>(F::SmemBytes(kMaxExperts)));
         err != cudaSuccess) {
       return err;
     }
     // The whole carveout for shared memory: two CTAs of the 32-token form an SM need it.
     if (cudaError_t err =
-            cudaFuncSetAttribute(StreamWgmmaKernel<kGateUp, kNT>, cudaFuncAttributePreferredSharedMemoryCarveout,
+            cudaFuncSetAttribute(StreamWgmmaKernel<kGateUp, kNT, kDyn>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                  static_cast<int>(cudaSharedmemCarveoutMaxShared));
         err != cudaSuccess) {
       return err;
@@ -572,7 +643,7 @@ cudaError_t LaunchGemmNT(const MoeExpertParams& p, const MoeWork& w, const CUten
   const int64_t most_items = (w.capacity / kNT + E) * a.n_rb;
   const unsigned grid =
       static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(most_items, int64_t{F::kCtas} * w.num_sms)));
-  return LaunchPdl(StreamWgmmaKernel<kGateUp, kNT>, grid, kThreads, F::SmemBytes(E), stream, a, bmap);
+  return LaunchPdl(StreamWgmmaKernel<kGateUp, kNT, kDyn>, grid, kThreads, F::SmemBytes(E), stream, a, bmap);
 }
 
 template <bool kGateUp>
@@ -584,18 +655,23 @@ cudaError_t LaunchGemm(const MoeExpertParams& p, const MoeWork& w, cudaStream_t 
   if (w.sw_pair) {
     // The experts with at most 32 rows on the two-CTA kernel, those the route marked kMoePathSw on
     // the 128-token one; the second launched takes the SMs the first leaves (SwArgs::defer).
-    // MOESHARD_MOE_SW_PAIR=2 launches the 128-token kernel first (moe_expert.cc StreamWgmmaPairFor).
-    static const bool big_first = EnvInt("MOESHARD_MOE_SW_PAIR", 1) == 2;
+    // MOESHARD_MOE_SW_PAIR=2 or 4 launches the 128-token kernel first (moe_expert.cc StreamWgmmaPairFor).
+    // MOESHARD_MOE_SW_DYN=1: the two-CTA kernel draws its items from a counter (SwArgs::next).
+    static const bool big_first = EnvInt("MOESHARD_MOE_SW_PAIR", 1) % 2 == 0;
+    static const bool dyn = EnvInt("MOESHARD_MOE_SW_DYN", 0) == 1;
+    int32_t* next = dyn && w.sw_next != nullptr ? w.sw_next + (kGateUp ? 0 : 1) : nullptr;
+    auto pair = [&](bool defer) {
+      return next != nullptr ? LaunchGemmNT<kGateUp, kBox, true>(p, w, bmap, kMoePathNvfp4, defer, stream, next)
+                             : LaunchGemmNT<kGateUp, kBox>(p, w, bmap, kMoePathNvfp4, defer, stream);
+    };
     if (big_first) {
       if (cudaError_t err = LaunchGemmNT<kGateUp, 4 * kBox>(p, w, bmap, kMoePathSw, false, stream);
           err != cudaSuccess) {
         return err;
       }
-      return LaunchGemmNT<kGateUp, kBox>(p, w, bmap, kMoePathNvfp4, true, stream);
+      return pair(true);
     }
-    if (cudaError_t err = LaunchGemmNT<kGateUp, kBox>(p, w, bmap, kMoePathNvfp4, false, stream); err != cudaSuccess) {
-      return err;
-    }
+    if (cudaError_t err = pair(false); err != cudaSuccess) return err;
     return LaunchGemmNT<kGateUp, 4 * kBox>(p, w, bmap, kMoePathSw, true, stream);
   }
   const int path = w.stream_split ? int{kMoePathSw} : int{kMoePathNvfp4};
