@@ -78,7 +78,8 @@ struct MoeWork {
   // it only before exiting: moe_stream_wgmma.cu SwArgs::defer).
   bool sw_pair = false;
   // Two item counters (gate/up, down) for the pair step's two-CTA kernel (MOESHARD_MOE_SW_DYN=1),
-  // zeroed by the route each step.
+  // zeroed by the route each step (a stage run again without the route — moe_expert_bench --stages —
+  // starts from the last run's count and skips items: its stage times are void with the counters).
   int32_t* sw_next = nullptr;
   int32_t sw_min_rows = 0;   // with stream_split or sw_pair; 0 otherwise
   uint16_t* wexp = nullptr;  // [E][2I][L] gate/up interleaved, then [E][L][I] down (bf16)
