@@ -129,14 +129,15 @@ __device__ __forceinline__ int DirectBlockStart(const MoeExpertParams& p, const 
 
 // The persistent wgmma GEMMs' tiles (moe_wgmma.cu, moe_stream_wgmma.cu): warp-wide, the number of
 // `rows`-row tiles of every expert on path `path` as an exclusive prefix into base[E + 1] (shared
-// memory), from the route's offsets.
+// memory), from the route's offsets and flags, both read through L2 (a kernel that reads them before
+// its PDL wait — moe_stream_wgmma.cu's SwArgs::defer — must not see a line an earlier step left in L1).
 __device__ __forceinline__ void MoeTilePrefix(const int32_t* offsets, const uint8_t* fast, int E, int path, int rows,
                                               int32_t* base, int lane) {
   int run = 0;
   for (int e0 = 0; e0 < E; e0 += 32) {
     const int e = e0 + lane;
     int v = 0;
-    if (e < E && fast[e] == path) v = (__ldcg(offsets + e + 1) - __ldcg(offsets + e) + rows - 1) / rows;
+    if (e < E && __ldcg(fast + e) == path) v = (__ldcg(offsets + e + 1) - __ldcg(offsets + e) + rows - 1) / rows;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
       const int u = __shfl_up_sync(~0u, v, o);
