@@ -199,10 +199,10 @@ MOESHARD_LANE_HD constexpr int StreamWgmmaGatherPair(int op) { return 8 * (op & 
 // or 128; an expert's rows past it go to further items, at the 32-token shape when 32 or fewer are
 // left; 32: the two-CTA 32-token kernel beside the 128-token one, MoeWork::sw_pair): the smallest
 // that holds the expected rows of an expert one and a half standard deviations up, R + 1.5 sqrt(R)
-// with R = capacity / all experts (the host cannot see the route's counts). A
-// further item decodes and streams the expert's weights again; a larger shape idles MMA columns —
-// at Muse Spark's 94 rows an expert 128 measured ahead of 96 and 112 ahead of 128 (7 %), at 256
-// rows 128 ahead of 112 (kernels/moe/PERF_NOTES.md).
+// with R = capacity / all experts (the host cannot see the route's counts). A further item decodes
+// and streams the expert's weights again; a larger shape idles MMA columns — at Muse Spark's 94
+// rows an expert 128 measured ahead of 96 and 112 ahead of 128 (7 %), at 256 rows 128 ahead of 112
+// (kernels/moe/PERF_NOTES.md).
 inline int StreamWgmmaItemTokens(int64_t capacity, int64_t total_experts) {
   const double rows = static_cast<double>(capacity) / static_cast<double>(total_experts > 0 ? total_experts : 1);
   const double need = rows + 1.5 * std::sqrt(rows > 0 ? rows : 0.0);
