@@ -394,7 +394,7 @@ TEST(MoeStreamLayoutTest, WgmmaActivationOrderMatchesTheFragments) {
 // (kernels/moe/PERF_NOTES.md): R + 1.5 sqrt(R) rows of an expert rounded up to 32, 64, 96, 112 or 128.
 TEST(MoeStreamLayoutTest, WgmmaItemTokensHoldTheExpectedRows) {
   using moeshard::gpu::StreamWgmmaItemTokens;
-  EXPECT_EQ(StreamWgmmaItemTokens(753 * 8, 256), 32);    // Muse Spark, 23.5 rows: 30.8 (the two-CTA kernel)
+  EXPECT_EQ(StreamWgmmaItemTokens(753 * 8, 256), 32);    // Muse Spark, 23.5 rows: 30.8 (the pair step; 64 without)
   EXPECT_EQ(StreamWgmmaItemTokens(800 * 8, 256), 64);    // 25 rows: 32.5
   EXPECT_EQ(StreamWgmmaItemTokens(3012 * 8, 256), 112);  // 94.1 rows: 108.7 (112 measured ahead of 128)
   EXPECT_EQ(StreamWgmmaItemTokens(4096 * 8, 256), 128);  // 128 rows: 145.0
@@ -403,7 +403,7 @@ TEST(MoeStreamLayoutTest, WgmmaItemTokensHoldTheExpectedRows) {
   EXPECT_EQ(StreamWgmmaItemTokens(200 * 4, 16), 64);     // moe_expert_test's "stream wgmma": 50 rows, 60.6
   EXPECT_EQ(StreamWgmmaItemTokens(90 * 16, 16), 112);    // 90 rows: 104.2
   EXPECT_EQ(StreamWgmmaItemTokens(100 * 16, 16), 128);   // 100 rows: 115
-  EXPECT_EQ(StreamWgmmaItemTokens(0, 256), 64);          // no rows: the smallest
+  EXPECT_EQ(StreamWgmmaItemTokens(0, 256), 32);          // no rows: the smallest (the pair step's; 64 without it)
   EXPECT_EQ(StreamWgmmaItemTokens(100, 0), 128);         // no experts counted: read as one
 }
 
