@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The pair step of the wgmma GEMMs over decoded registers (kernels/moe/moe_stream_wgmma.cu; issue 14)
+# in one GPU session: the two-CTA 32-token kernel for the experts of at most 32 rows beside the
+# 128-token kernel for the rest, with items strided over the grid or drawn from a counter.
+#   bench/moe_sw_pair.sh BIN_DIR
+# BIN_DIR holds moe_expert_test and moe_expert_bench (a device bundle's bin/). Steps, each headed by a
+# UTC time:
+#   1. moe_expert_test at the defaults, with the pair step forced (ctest's
+#      moe_expert_test_stream_wgmma_pair) and forced with the counter and the 128-token kernel first
+#      (_pair_dyn);
+#   2. moe_expert_bench at the sizes where the host's rule takes the pair (T = 640 .. 800 at the issue
+#      shape), uniform and zipf routing, twice, each variant on the same routing draws:
+#      64-token items (MOESHARD_MOE_SW_PAIR=0, the default), the pair with the two-CTA kernel first
+#      (=1), the 128-token kernel first (=2), and that with the counter (=2 MOESHARD_MOE_SW_DYN=1).
+#      Not --stages: a stage run again without the route starts from the last run's count.
+# Exits 1 when a test or a run fails.
+set -uo pipefail
+bin=${1:?usage: moe_sw_pair.sh BIN_DIR}
+for p in moe_expert_test moe_expert_bench; do
+  [ -x "$bin/$p" ] || { echo "moe_sw_pair: no $bin/$p" >&2; exit 2; }
+done
+export NCCL_NVLS_ENABLE=0
+log() { echo "== $(date -u +%H:%M:%S) $*"; }
+rc=0
+test_run() {  # test_run NAME [VAR=VALUE...]
+  local name=$1
+  shift
+  local out=/tmp/moe_sw_pair_$name.log
+  env "$@" "$bin/moe_expert_test" >"$out" 2>&1 || rc=1
+  log "moe_expert_test $name ($*): $(grep -E '^\[  (PASSED|FAILED) ' "$out" | tr '\n' ' ')"
+  grep -E 'paths:|Failure' -A2 "$out" | head -12
+}
+test_run defaults
+test_run pair MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1 MOESHARD_MOE_SW_PAIR=3
+test_run pair_dyn MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1 MOESHARD_MOE_SW_PAIR=4 MOESHARD_MOE_SW_DYN=1
+for rep in 1 2; do
+  for v in MOESHARD_MOE_SW_PAIR=0 MOESHARD_MOE_SW_PAIR=1 MOESHARD_MOE_SW_PAIR=2 \
+    "MOESHARD_MOE_SW_PAIR=2 MOESHARD_MOE_SW_DYN=1"; do
+    log "repetition $rep, $v: routing T pairs time_us ratio path"
+    # shellcheck disable=SC2086  # $v is one or two VAR=VALUE words
+    env $v "$bin/moe_expert_bench" --t 640,700,753,800 --routing both --skip-baseline 2>&1 |
+      grep -E '^(uniform|zipf) ' | awk '{print "  " $1, $2, $3, $5, $9, $13}' || rc=1
+  done
+done
+exit $rc
