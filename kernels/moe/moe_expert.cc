@@ -229,7 +229,7 @@ StreamWgmmaPlan StreamWgmmaPlanFor(int E, int64_t L, int64_t I, int64_t capacity
 // on request (MOESHARD_MOE_SW_PAIR, default 0; no item size forced by MOESHARD_MOE_SW_TOK): 1 or 2 (the
 // 128-token kernel first) when the host's rule expects at most 32 rows an expert (moe_stream_decode.h
 // StreamWgmmaItemTokens), 3 or 4 (the 128-token kernel first) at every size (tests). Off by default: on the H200
-// (2026-12-06) it took 6-11 % off T = 640 and zipf routing but added 14 % at T = 753 uniform, where an expert or two
+// (2026-12-06) it took 3-11 % off T = 640 and zipf routing but added 14 % at T = 753 uniform, where an expert or two
 // past 32 rows leave the 128-token kernel's items as a tail (items are strided over a static grid).
 bool StreamWgmmaPairFor(int64_t capacity, int64_t total_experts) {
   static const int mode = EnvInt("MOESHARD_MOE_SW_TOK", 0) == 0 ? EnvInt("MOESHARD_MOE_SW_PAIR", 0) : 0;
