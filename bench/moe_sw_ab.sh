@@ -18,23 +18,14 @@
 set -uo pipefail
 base=${1:?usage: moe_sw_ab.sh BASE_BIN NEW_BIN}
 new=${2:?usage: moe_sw_ab.sh BASE_BIN NEW_BIN}
-for p in "$base/moe_expert_bench" "$base/moeshard" "$new/moe_expert_bench" "$new/moeshard" "$new/moe_expert_test"; do
-  [ -x "$p" ] || { echo "moe_sw_ab: no $p" >&2; exit 2; }
-done
-export NCCL_NVLS_ENABLE=0
-log() { echo "== $(date -u +%H:%M:%S) $*"; }
+# shellcheck source=bench/moe_sw_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/moe_sw_common.sh"
+sw_need moe_sw_ab "$base/moe_expert_bench" "$base/moeshard" "$new/moe_expert_bench" "$new/moeshard" \
+  "$new/moe_expert_test"
 rc=0
-test_run() {  # test_run NAME [VAR=VALUE...]
-  local name=$1
-  shift
-  local out=/tmp/moe_sw_ab_$name.log
-  env "$@" "$new/moe_expert_test" >"$out" 2>&1 || rc=1
-  log "moe_expert_test $name ($*): $(grep -E '^\[  (PASSED|FAILED) ' "$out" | tr '\n' ' ')"
-  grep -E 'paths:|Failure|FAILED' "$out" | head -8
-}
-test_run defaults
-test_run split MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1000000 MOESHARD_MOE_SW_SPLIT_ROWS=48
-test_run tok112 MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1 MOESHARD_MOE_SW_TOK=112
+sw_test moe_sw_ab "$new/moe_expert_test" defaults
+sw_test moe_sw_ab "$new/moe_expert_test" split MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1000000 MOESHARD_MOE_SW_SPLIT_ROWS=48
+sw_test moe_sw_ab "$new/moe_expert_test" tok112 MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1 MOESHARD_MOE_SW_TOK=112
 bench() {  # bench BIN ARGS... (the table's header and rows)
   local bin=$1
   shift
@@ -48,6 +39,7 @@ log "NEW, MOESHARD_MOE_SW_TOK=112"
 MOESHARD_MOE_SW_TOK=112 bench "$new" --t 3012,8192 --routing both --skip-baseline
 for v in MOESHARD_MOE_SW_SPLIT_ROWS=0 MOESHARD_MOE_SW_SPLIT_ROWS=24 "MOESHARD_MOE_SW_SPLIT_ROWS=24 MOESHARD_MOE_SW_TOK=64"; do
   log "NEW at split sizes, $v"
+  # shellcheck disable=SC2086  # $v is one or two VAR=VALUE words
   env $v "$new/moe_expert_bench" --t 128,256,512 --routing both --skip-baseline 2>&1 |
     grep -E '^(routing|uniform|zipf) ' || rc=1
 done

@@ -16,23 +16,14 @@
 # Exits 1 when a test or a run fails.
 set -uo pipefail
 bin=${1:?usage: moe_sw_pair.sh BIN_DIR}
-for p in moe_expert_test moe_expert_bench; do
-  [ -x "$bin/$p" ] || { echo "moe_sw_pair: no $bin/$p" >&2; exit 2; }
-done
-export NCCL_NVLS_ENABLE=0
-log() { echo "== $(date -u +%H:%M:%S) $*"; }
+# shellcheck source=bench/moe_sw_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/moe_sw_common.sh"
+sw_need moe_sw_pair "$bin/moe_expert_test" "$bin/moe_expert_bench"
 rc=0
-test_run() {  # test_run NAME [VAR=VALUE...]
-  local name=$1
-  shift
-  local out=/tmp/moe_sw_pair_$name.log
-  env "$@" "$bin/moe_expert_test" >"$out" 2>&1 || rc=1
-  log "moe_expert_test $name ($*): $(grep -E '^\[  (PASSED|FAILED) ' "$out" | tr '\n' ' ')"
-  grep -E 'paths:|Failure' -A2 "$out" | head -12
-}
-test_run defaults
-test_run pair MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1 MOESHARD_MOE_SW_PAIR=3
-test_run pair_dyn MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1 MOESHARD_MOE_SW_PAIR=4 MOESHARD_MOE_SW_DYN=1
+sw_test moe_sw_pair "$bin/moe_expert_test" defaults
+sw_test moe_sw_pair "$bin/moe_expert_test" pair MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1 MOESHARD_MOE_SW_PAIR=3
+sw_test moe_sw_pair "$bin/moe_expert_test" pair_dyn MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1 MOESHARD_MOE_SW_PAIR=4 \
+  MOESHARD_MOE_SW_DYN=1
 for rep in 1 2; do
   for v in MOESHARD_MOE_SW_PAIR=0 MOESHARD_MOE_SW_PAIR=1 MOESHARD_MOE_SW_PAIR=2 \
     "MOESHARD_MOE_SW_PAIR=2 MOESHARD_MOE_SW_DYN=1"; do

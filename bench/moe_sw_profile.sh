@@ -14,11 +14,9 @@
 set -uo pipefail
 bin=${1:?usage: moe_sw_profile.sh BIN_DIR [OUT_DIR]}
 out=${2:-/tmp}
-for p in moe_expert_test moe_expert_bench; do
-  [ -x "$bin/$p" ] || { echo "moe_sw_profile: no $bin/$p" >&2; exit 2; }
-done
-export NCCL_NVLS_ENABLE=0
-log() { echo "== $(date -u +%H:%M:%S) $*"; }
+# shellcheck source=bench/moe_sw_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/moe_sw_common.sh"
+sw_need moe_sw_profile "$bin/moe_expert_test" "$bin/moe_expert_bench"
 rc=0
 log "moe_expert_test, MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1"
 MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1 "$bin/moe_expert_test" > "$out/moe_sw_test.log" 2>&1 || rc=1
