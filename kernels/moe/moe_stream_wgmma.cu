@@ -83,7 +83,9 @@ static_assert(kBBytes % 1024 == 0, "activation stages stay 1024-byte aligned for
 // at the issue shape) the consumers' decode and wgmma chain issues ~36 % of the cycles with two warps
 // a scheduler (ncu, kernels/moe/PERF_NOTES.md): twice the warps hide twice the latency. Half the
 // shared memory each (weights 4 steps deep, activations 3 steps of 32 rows) and 80 registers a thread
-// at launch: the consumers take 104, the producers give theirs up to 24.
+// at launch: the consumers take 104, the producers go down to 32 (24 spilled in the down kernel).
+// SmemBytes: the 1024-byte alignment slack, the rings, 512 bytes of barriers and item slots (the
+// weight, activation and item rings'), the tile prefix.
 template <int kNT>
 struct Form {
   static constexpr bool kPair = kNT == kBox;
