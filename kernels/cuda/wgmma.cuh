@@ -23,6 +23,19 @@ __device__ __forceinline__ uint64_t WgmmaDesc(uint32_t addr, uint32_t leading_by
          (static_cast<uint64_t>((stride_bytes >> 4) & 0x3fff) << 32) | (uint64_t{1} << 62);
 }
 
+// The descriptor `desc` (WgmmaDesc) moved `bytes` further into shared memory, a multiple of 16 that
+// keeps the operand inside the CTA's shared memory: only the 14-bit start field changes, and it
+// cannot carry into the next field (shared addresses stay below 2^18). One 32-bit add where
+// WgmmaDesc of the moved address is a mask, a shift and an OR more (in the uniform datapath, per
+// wgmma: kernels/moe/PERF_NOTES.md).
+__device__ __forceinline__ uint64_t WgmmaDescAdd(uint64_t desc, uint32_t bytes) {
+  uint64_t out;
+  asm("{\n.reg .b32 lo, hi;\nmov.b64 {lo, hi}, %1;\nadd.u32 lo, lo, %2;\nmov.b64 %0, {lo, hi};\n}\n"
+      : "=l"(out)
+      : "l"(desc), "r"(bytes >> 4));
+  return out;
+}
+
 // Orders this warpgroup's register and shared-memory accesses before the next wgmma.
 __device__ __forceinline__ void WgmmaFence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void WgmmaCommit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }

@@ -184,13 +184,16 @@ __device__ __forceinline__ void ConsumeItem(const SwArgs& a, int e, int rb, int3
   static_assert(kGroups % D == 0, "a step holds whole rounds of the sets");
   uint32_t buf[D][G][2][8] = {};  // [set][half-quad][slice][ag 0..3, ag8 0..3]
   int pend_w = -1, pend_b = -1;   // the stages whose last wgmmas are not yet known done
+  // The lane's scale word of a step's quads q0, q0 + 1 lies (q0 / 2) words past its word of quads 0, 1.
+  static_assert(kQ == 2, "a step's two quads share the lane's scale word");
+  const int scale0 = E2m1ScaleWord(lane, 0, a.mx);
   for (int st = 0; st < steps; ++st, pw.Next(a.wst), pb.Next(a.bst)) {
     const int sw = pw.stage, sb = pb.stage;
     MbarrierWait(&r.full_w[sw], pw.phase);
     MbarrierWait(&r.full_b[sb], pb.phase);
     const uint8_t* wcodes = r.w + sw * kWBytes;
     const uint8_t* wscale = wcodes + kSlices * kWCodes;
-    const uint32_t baddr = SharedAddr(r.b + sb * (kQ * 128 * kRows));
+    const uint64_t bdesc = WgmmaDesc(SharedAddr(r.b + sb * (kQ * 128 * kRows)), 16, 1024);
     const int q0 = (st % (4 / kQ)) * kQ;  // the step's first quad in its chunk
     // The step's scale words (and, below 112 tokens, its codes) read at its top: read right before
     // their use they stalled the decode on shared memory (ncu, kernels/moe/PERF_NOTES.md). At 112
@@ -203,7 +206,7 @@ __device__ __forceinline__ void ConsumeItem(const SwArgs& a, int e, int rb, int3
 #pragma unroll
       for (int m = 0; m < 2; ++m) {
         const int l = SlotOf<kGateUp>(wg, w, m);
-        scw[q][m] = *reinterpret_cast<const uint32_t*>(wscale + l * kScaleMax + E2m1ScaleWord(lane, q0 + q, a.mx));
+        scw[q][m] = *reinterpret_cast<const uint32_t*>(wscale + l * kScaleMax + scale0 + (q0 >> 1) * 4);
         if constexpr (kAllCodes) {
           wdq[q][m] = *reinterpret_cast<const uint4*>(wcodes + l * kWCodes + (q * 32 + lane) * 16);
         }
@@ -241,7 +244,7 @@ __device__ __forceinline__ void ConsumeItem(const SwArgs& a, int e, int rb, int3
 #pragma unroll
         for (int uu = 0; uu < 2; ++uu) {
           const int u = 2 * jw + uu;
-          const uint64_t desc = WgmmaDesc(baddr + q * 128 * kRows + u * 32, 16, 1024);
+          const uint64_t desc = WgmmaDescAdd(bdesc, q * 128 * kRows + u * 32);
 #pragma unroll
           for (int m = 0; m < 2; ++m) {
             const uint32_t(&f)[8] = set[h][m];
