@@ -62,9 +62,38 @@ struct Views {
   float fin[2];       // what the sums are multiplied by: scale2 · 2^8
 };
 
+// The views, then the pairs' expert ids, the local pairs' indices (UnitCursor) and their count.
 __host__ __device__ constexpr int TableBytes(int E, int64_t pairs) {
-  return static_cast<int>(E * sizeof(Views) + 4 * pairs);
+  return static_cast<int>(E * sizeof(Views) + 8 * pairs + 4);
 }
+
+// A warp's place in its block's units (a local pair's row tile: this block's units are blockIdx.x,
+// + gridDim.x, ... of local_pairs x R) and chunks (nch a unit). Advanced chunk by chunk with one
+// division a unit: divisions by the runtime R and nch on every chunk were a third of the loop's
+// instructions (ncu, kernels/moe/PERF_NOTES.md). Units of pairs whose experts are on other GPUs
+// are not counted at all: before, every pair's units ran, the remote ones as empty chunks.
+struct UnitCursor {
+  int u;      // the unit: local pair index · R + row tile (at most kMoeDirectMaxPairs · R: far below 2^31)
+  int j = 0;  // the chunk within the unit's quarter
+  int pair;   // the pair (an index of the step's pairs)
+  int row;    // its activations' row (Direct::Compute): the pair's token (gate/up) or the pair (down)
+  int rt;     // the row tile
+  template <bool kGateUp>
+  __device__ __forceinline__ void Seek(const int32_t* local, int R, int top_k) {
+    const int li = u / R;
+    pair = local[li], rt = u - li * R;
+    row = kGateUp ? pair / top_k : pair;
+  }
+  // Past the block's last unit the cursor only counts (`units`: every local unit of the step).
+  template <bool kGateUp>
+  __device__ __forceinline__ void Next(const int32_t* local, int R, int top_k, int nch, int units) {
+    if (++j == nch) {
+      j = 0;
+      u += gridDim.x;
+      if (u < units) Seek<kGateUp>(local, R, top_k);
+    }
+  }
+};
 
 template <bool kGateUp, bool kQ8>
 struct Direct {
@@ -95,10 +124,10 @@ struct Direct {
   }
 
   // Chunk kc from `buf` into acc: moe_stream.cuh's ComputeStageE2m1 (or ComputeStageQ8), one
-  // slice, one token.
-  __device__ __forceinline__ void Compute(uint32_t buf, int64_t pair, int kc, float (&acc)[4]) const {
-    const uint16_t* brow = (kGateUp ? static_cast<const uint16_t*>(p.x) + pair / p.top_k * p.width
-                                    : static_cast<const uint16_t*>(w.h) + pair * p.inter) +
+  // slice, one token; `row`: the activations' row, the pair's token (gate/up) or the pair (down).
+  __device__ __forceinline__ void Compute(uint32_t buf, int64_t row, int kc, float (&acc)[4]) const {
+    const uint16_t* brow = (kGateUp ? static_cast<const uint16_t*>(p.x) + row * p.width
+                                    : static_cast<const uint16_t*>(w.h) + row * p.inter) +
                            int64_t{kCols} * kc;
     const uint8_t* sb = smem + buf;
     if constexpr (kQ8) {
@@ -189,9 +218,22 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kQ8>) StreamDirectKernel(
     MbarrierInit(bar + 1, 1);
     FenceMbarrierInit();
   }
+  int32_t* local = ids + pairs;  // the pairs whose experts are on this GPU, in order
+  int32_t& n_local = local[pairs];
   PdlWait();
   PdlTrigger();
   for (int64_t i = threadIdx.x; i < pairs; i += kThreads) ids[i] = __ldcg(p.expert_ids + i);
+  __syncthreads();
+  if (warp == 0) {
+    int n = 0;
+    for (int64_t b = 0; b < pairs; b += 32) {
+      const bool here = b + lane < pairs && ids[b + lane] >= 0;
+      const uint32_t m = __ballot_sync(~0u, here);
+      if (here) local[n + __popc(m & ((1u << lane) - 1u))] = static_cast<int32_t>(b + lane);
+      n += __popc(m);
+    }
+    if (lane == 0) n_local = n;
+  }
   __syncthreads();
   if constexpr (kGateUp) {  // the combine's pos: the pair, or -1 (another GPU's expert)
     for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < pairs; i += int64_t{gridDim.x} * kThreads) {
@@ -206,40 +248,40 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kQ8>) StreamDirectKernel(
   d.kc_begin = quarter * nk / 4, d.kc_end = (quarter + 1) * nk / 4;
   const int mine = d.kc_end - d.kc_begin;
   const int nch = max((nk + 3) / 4, 1);  // every warp counts the largest quarter's chunks
-  const int64_t units = pairs * d.R;
-  const int64_t my_units = blockIdx.x < units ? (units - 1 - blockIdx.x) / gridDim.x + 1 : 0;
-  const int64_t total = my_units * nch;
+  const int units = n_local * d.R;
+  const int my_units = static_cast<int>(blockIdx.x) < units
+                           ? (units - 1 - static_cast<int>(blockIdx.x)) / static_cast<int>(gridDim.x) + 1
+                           : 0;
+  const int total = my_units * nch;
   const uint32_t base = warp * 2 * kStage<kQ8>;
 
-  // Stage cursor: chunk sc of the flattened (unit, chunk) sequence.
-  int64_t sc = 0;
+  // Two cursors over the flattened (unit, chunk) sequence: the copies run two chunks ahead.
+  UnitCursor cs{static_cast<int>(blockIdx.x)}, cc{static_cast<int>(blockIdx.x)};
+  if (my_units > 0) cs.Seek<kGateUp>(local, d.R, p.top_k), cc.Seek<kGateUp>(local, d.R, p.top_k);
+  int staged = 0;
   auto stage_next = [&]() {
-    if (sc >= total) return;
-    const int64_t u = blockIdx.x + (sc / nch) * gridDim.x;
-    const int j = static_cast<int>(sc % nch);
-    const int64_t pair = u / d.R, rt = u % d.R;
-    const int e = j < mine ? ids[pair] : -1;  // a short quarter counts an empty chunk
-    d.Stage(base + (sc & 1) * kStage<kQ8>, bar + (sc & 1), e, rt, d.kc_begin + j);
-    ++sc;
+    if (staged >= total) return;
+    const int e = cs.j < mine ? ids[cs.pair] : -1;  // a short quarter counts an empty chunk
+    d.Stage(base + (staged & 1) * kStage<kQ8>, bar + (staged & 1), e, cs.rt, d.kc_begin + cs.j);
+    ++staged;
+    cs.Next<kGateUp>(local, d.R, p.top_k, nch, units);
   };
   stage_next();
   stage_next();
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll 1
-  for (int64_t cc = 0; cc < total; ++cc) {
-    const int64_t u = blockIdx.x + (cc / nch) * gridDim.x;
-    const int j = static_cast<int>(cc % nch);
-    const int64_t pair = u / d.R, rt = u % d.R;
-    const int e = ids[pair];
-    MbarrierWait(bar + (cc & 1), static_cast<uint32_t>((cc >> 1) & 1));
+  for (int i = 0; i < total; ++i) {
+    const int e = ids[cc.pair];
+    MbarrierWait(bar + (i & 1), static_cast<uint32_t>((i >> 1) & 1));
     __syncwarp();
-    if (e >= 0 && j < mine) d.Compute(base + (cc & 1) * kStage<kQ8>, pair, d.kc_begin + j, acc);
+    if (cc.j < mine) d.Compute(base + (i & 1) * kStage<kQ8>, cc.row, d.kc_begin + cc.j, acc);
     __syncwarp();  // every lane is done with this buffer before the copy engine refills it
     stage_next();
-    if (j == nch - 1) {
-      d.Finish(e, pair, rt, acc);
+    if (cc.j == nch - 1) {
+      d.Finish(e, cc.pair, cc.rt, acc);
       acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
     }
+    cc.Next<kGateUp>(local, d.R, p.top_k, nch, units);
   }
 }
 
