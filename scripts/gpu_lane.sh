@@ -36,9 +36,10 @@
 #       MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1 (wgmma over decoded registers at every size) as
 #       moe_expert_test-stream-wgmma-all, with items forced to 96, 112 and 128 tokens as
 #       moe_expert_test-stream-wgmma-tok96 / -tok112 / -tok128 (and -tok32: the two-CTA kernel of
-#       32-token items for every expert), with the pair step forced (MOESHARD_MOE_SW_PAIR=3: that
-#       kernel beside the 128-token one) as moe_expert_test-stream-wgmma-pair (and -pair-dyn: the
-#       128-token kernel first, the two-CTA one drawing its items, =4 MOESHARD_MOE_SW_DYN=1), and with every
+#       32-token items for every expert), with the pair step forced (MOESHARD_MOE_SW_PAIR=3
+#       MOESHARD_MOE_SW_DYN=0: that kernel, its items strided, beside the 128-token one) as
+#       moe_expert_test-stream-wgmma-pair (and -pair-dyn: the default order, the 128-token kernel first
+#       and the two-CTA one drawing its items, =4 MOESHARD_MOE_SW_DYN=1), and with every
 #       prefill step split by experts' rows (MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1000000
 #       MOESHARD_MOE_SW_SPLIT_ROWS=48) as
 #       moe_expert_test-stream-split.
@@ -224,7 +225,7 @@ run_lane() {
           "moe_expert_test-stream-wgmma-tok$tok" MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1 "MOESHARD_MOE_SW_TOK=$tok"
       done
       run_gtest moe_expert_test "$bin" "$work/moe_expert_test-stream-wgmma-pair.log" moe_expert_test-stream-wgmma-pair \
-        MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1 MOESHARD_MOE_SW_PAIR=3
+        MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1 MOESHARD_MOE_SW_PAIR=3 MOESHARD_MOE_SW_DYN=0
       run_gtest moe_expert_test "$bin" "$work/moe_expert_test-stream-wgmma-pair-dyn.log" \
         moe_expert_test-stream-wgmma-pair-dyn MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1 MOESHARD_MOE_SW_PAIR=4 \
         MOESHARD_MOE_SW_DYN=1

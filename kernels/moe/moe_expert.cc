@@ -225,14 +225,16 @@ StreamWgmmaPlan StreamWgmmaPlanFor(int E, int64_t L, int64_t I, int64_t capacity
   return PlanStreamWgmma(E, rows, min_rows >= 0 ? min_rows : int64_t{20} * E, split_rows, split_from);
 }
 
-// Whether an all-wgmma step takes the two-CTA 32-token kernel beside the 128-token one (MoeWork::sw_pair),
-// on request (MOESHARD_MOE_SW_PAIR, default 0; no item size forced by MOESHARD_MOE_SW_TOK): 1 or 2 (the
-// 128-token kernel first) when the host's rule expects at most 32 rows an expert (moe_stream_decode.h
-// StreamWgmmaItemTokens), 3 or 4 (the 128-token kernel first) at every size (tests). Off by default: on the H200
-// (2026-12-06) it took 3-11 % off T = 640 and zipf routing but added 14 % at T = 753 uniform, where an expert or two
-// past 32 rows leave the 128-token kernel's items as a tail (items are strided over a static grid).
+// Whether an all-wgmma step takes the two-CTA 32-token kernel beside the 128-token one (MoeWork::sw_pair):
+// MOESHARD_MOE_SW_PAIR (no item size forced by MOESHARD_MOE_SW_TOK) 1 or 2 (the 128-token kernel first, the
+// default) when the host's rule expects at most 32 rows an expert (moe_stream_decode.h StreamWgmmaItemTokens),
+// 3 or 4 (the 128-token kernel first) at every size (tests), 0 never. On by default since 2026-12-06 (seventeenth
+// session), with the two-CTA kernel drawing its items from a counter (MOESHARD_MOE_SW_DYN, default 1): H100, same
+// draws, against 64-token items at T = 640-753 (issue shape), zipf routing -4 to -17 %, uniform +4 % to -3 %.
+// With items strided over a static grid it had added 14 % at T = 753 uniform (H200): an expert or two past 32 rows
+// left the 128-token kernel's items as a tail.
 bool StreamWgmmaPairFor(int64_t capacity, int64_t total_experts) {
-  static const int mode = EnvInt("MOESHARD_MOE_SW_TOK", 0) == 0 ? EnvInt("MOESHARD_MOE_SW_PAIR", 0) : 0;
+  static const int mode = EnvInt("MOESHARD_MOE_SW_TOK", 0) == 0 ? EnvInt("MOESHARD_MOE_SW_PAIR", 2) : 0;
   return mode == 3 || mode == 4 || ((mode == 1 || mode == 2) && StreamWgmmaItemTokens(capacity, total_experts) == 32);
 }
 

@@ -410,16 +410,16 @@ TEST_F(MoeExpertTest, MatchesCpuReference) {
   const char* min_rows = std::getenv("MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS");
   const bool split_expected = split_rows != nullptr && *split_rows && std::atoi(split_rows) > 0 &&
                               !(min_rows != nullptr && *min_rows && std::atoll(min_rows) <= 1);
-  // The pair step (the two-CTA 32-token kernel beside the 128-token one, MoeWork::sw_pair; off by
-  // default): ctest's moe_expert_test_stream_wgmma_pair forces it at every wgmma size
+  // The pair step (the two-CTA 32-token kernel beside the 128-token one, MoeWork::sw_pair; by the
+  // rule at the defaults): ctest's moe_expert_test_stream_wgmma_pair forces it at every wgmma size
   // (MOESHARD_MOE_SW_PAIR=3, or 4 with the 128-token kernel first, and
   // MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1), so every prefill shape takes
   // it and those with experts past 32 rows ("prefill", "many tiles") fill its second kernel. Never
-  // without MOESHARD_MOE_SW_PAIR or with an item size forced (MOESHARD_MOE_SW_TOK); by the rule (1, 2)
-  // only where it expects at most 32 rows an expert, which none of these shapes need hit.
+  // with MOESHARD_MOE_SW_PAIR=0 or an item size forced (MOESHARD_MOE_SW_TOK); by the rule (1, 2; 2 the
+  // default) only where it expects at most 32 rows an expert, which none of these shapes need hit.
   const char* pair = std::getenv("MOESHARD_MOE_SW_PAIR");
   const char* tok = std::getenv("MOESHARD_MOE_SW_TOK");
-  const int pair_mode = pair != nullptr && *pair ? std::atoi(pair) : 0;
+  const int pair_mode = pair != nullptr && *pair ? std::atoi(pair) : 2;
   const bool pair_off = pair_mode == 0 || (tok != nullptr && *tok && std::atoi(tok) != 0);
   const bool all_rows = min_rows != nullptr && *min_rows && std::atoll(min_rows) == 1;
   if ((sw != nullptr && std::string(sw) == "0") || prop.major != 9) {
