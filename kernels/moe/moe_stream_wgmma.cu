@@ -399,7 +399,8 @@ __device__ __forceinline__ void ItemOf(const SwArgs& a, const int32_t* base, int
 // kNT: the tokens an item takes at most (SwArgs::tok), 32 (the two-CTA form), 64, 96, 112 or 128.
 // kDyn: the two-CTA kernel drawing its items from SwArgs::next (the item ring below), a kernel of its
 // own: the ring costs the producers registers, which the consumers give up (96 / 48 instead of 104 /
-// 32), so the kernel measured without it stays as it was.
+// 32; 104 / 32 with the ring measured level, kernels/moe/PERF_NOTES.md), so the kernel without it
+// stays as it was. The pair step's default since 2026-12-06 (MOESHARD_MOE_SW_DYN).
 template <bool kGateUp, int kNT, bool kDyn = false>
 __global__ void __launch_bounds__(kThreads, Form<kNT>::kCtas)
     StreamWgmmaKernel(SwArgs a, const __grid_constant__ CUtensorMap bmap) {
