@@ -28,6 +28,7 @@
 #include "kernels/moe/moe_device.cuh"
 #include "kernels/moe/moe_launch.h"
 #include "kernels/moe/moe_q8_stream_layout.h"
+#include "kernels/moe/moe_unit_cursor.h"
 
 namespace moeshard::gpu {
 namespace {
@@ -66,34 +67,6 @@ struct Views {
 __host__ __device__ constexpr int TableBytes(int E, int64_t pairs) {
   return static_cast<int>(E * sizeof(Views) + 8 * pairs + 4);
 }
-
-// A warp's place in its block's units (a local pair's row tile: this block's units are blockIdx.x,
-// + gridDim.x, ... of local_pairs x R) and chunks (nch a unit). Advanced chunk by chunk with one
-// division a unit: divisions by the runtime R and nch on every chunk were a third of the loop's
-// instructions (ncu, kernels/moe/PERF_NOTES.md). Units of pairs whose experts are on other GPUs
-// are not counted at all: before, every pair's units ran, the remote ones as empty chunks.
-struct UnitCursor {
-  int u;      // the unit: local pair index · R + row tile (at most kMoeDirectMaxPairs · R: far below 2^31)
-  int j = 0;  // the chunk within the unit's quarter
-  int pair;   // the pair (an index of the step's pairs)
-  int row;    // its activations' row (Direct::Compute): the pair's token (gate/up) or the pair (down)
-  int rt;     // the row tile
-  template <bool kGateUp>
-  __device__ __forceinline__ void Seek(const int32_t* local, int R, int top_k) {
-    const int li = u / R;
-    pair = local[li], rt = u - li * R;
-    row = kGateUp ? pair / top_k : pair;
-  }
-  // Past the block's last unit the cursor only counts (`units`: every local unit of the step).
-  template <bool kGateUp>
-  __device__ __forceinline__ void Next(const int32_t* local, int R, int top_k, int nch, int units) {
-    if (++j == nch) {
-      j = 0;
-      u += gridDim.x;
-      if (u < units) Seek<kGateUp>(local, R, top_k);
-    }
-  }
-};
 
 template <bool kGateUp, bool kQ8>
 struct Direct {
@@ -248,10 +221,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kQ8>) StreamDirectKernel(
   d.kc_begin = quarter * nk / 4, d.kc_end = (quarter + 1) * nk / 4;
   const int mine = d.kc_end - d.kc_begin;
   const int nch = max((nk + 3) / 4, 1);  // every warp counts the largest quarter's chunks
-  const int units = n_local * d.R;
-  const int my_units = static_cast<int>(blockIdx.x) < units
-                           ? (units - 1 - static_cast<int>(blockIdx.x)) / static_cast<int>(gridDim.x) + 1
-                           : 0;
+  const int units = n_local * d.R, grid = static_cast<int>(gridDim.x);
+  const int my_units = UnitsOfBlock(units, static_cast<int>(blockIdx.x), grid);
   const int total = my_units * nch;
   const uint32_t base = warp * 2 * kStage<kQ8>;
 
@@ -264,7 +235,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kQ8>) StreamDirectKernel(
     const int e = cs.j < mine ? ids[cs.pair] : -1;  // a short quarter counts an empty chunk
     d.Stage(base + (staged & 1) * kStage<kQ8>, bar + (staged & 1), e, cs.rt, d.kc_begin + cs.j);
     ++staged;
-    cs.Next<kGateUp>(local, d.R, p.top_k, nch, units);
+    cs.Next<kGateUp>(local, d.R, p.top_k, nch, units, grid);
   };
   stage_next();
   stage_next();
@@ -281,7 +252,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kQ8>) StreamDirectKernel(
       d.Finish(e, cc.pair, cc.rt, acc);
       acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
     }
-    cc.Next<kGateUp>(local, d.R, p.top_k, nch, units);
+    cc.Next<kGateUp>(local, d.R, p.top_k, nch, units, grid);
   }
 }
 
