@@ -14,8 +14,9 @@
 //   moe_expert_bench [--t 1,8,64] [--skip-baseline] [--stages] [--iters N]
 //                    [--format q8_0|mxfp4|bf16|nvfp4] [--shape issue5|qwen30b]
 //                    [--routing uniform|zipf|both] [--no-hint] [--no-repack]
-// --stages adds each kernel's time alone (MoeExpertStepStages) under each row; the last column
-// names the kernels the timed steps took (the dispatcher's path counts).
+// --stages adds each kernel's time alone (MoeExpertStepStages) under each row (a pair step's GEMM
+// stages include the memset that zeroes their item counters, which the route does in a step); the
+// last column names the kernels the timed steps took (the dispatcher's path counts).
 // --shape qwen30b: E_local = 128 of 128 experts, top-8, L = 2048, I = 768 (Qwen3-30B-A3B on
 // one GPU); T defaults to 1, 4, 8, 64, 4096. --format picks the experts' weight format (the
 // random bytes are made sane: see bench::SaneWeights). The step gets the caller's format hint

@@ -13,7 +13,7 @@
 #      64-token items (MOESHARD_MOE_SW_PAIR=0), the pair with items strided over the grid
 #      (MOESHARD_MOE_SW_DYN=0), the two-CTA kernel first (=1) or the 128-token kernel first (=2), and
 #      the default since 2026-12-06: =2 with the counter (MOESHARD_MOE_SW_DYN=1).
-#      Not --stages: a stage run again without the route starts from the last run's count.
+#      Not --stages: those times include the memset that zeroes the item counters (MoeExpertStepStages).
 # Exits 1 when a test or a run fails.
 set -uo pipefail
 bin=${1:?usage: moe_sw_pair.sh BIN_DIR}

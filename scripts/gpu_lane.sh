@@ -34,7 +34,8 @@
 #       moe_expert_test-wgmma-repacked, with MOESHARD_MOE_STREAM_WGMMA=0 (the streaming kernels at
 #       prefill sizes) as moe_expert_test-no-stream-wgmma and with
 #       MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1 (wgmma over decoded registers at every size) as
-#       moe_expert_test-stream-wgmma-all, with items forced to 96, 112 and 128 tokens as
+#       moe_expert_test-stream-wgmma-all (the pair step by the rule; -all-no-pair: with
+#       MOESHARD_MOE_SW_PAIR=0, 64-token items), with items forced to 96, 112 and 128 tokens as
 #       moe_expert_test-stream-wgmma-tok96 / -tok112 / -tok128 (and -tok32: the two-CTA kernel of
 #       32-token items for every expert), with the pair step forced (MOESHARD_MOE_SW_PAIR=3
 #       MOESHARD_MOE_SW_DYN=0: that kernel, its items strided, beside the 128-token one) as
@@ -218,6 +219,8 @@ run_lane() {
         MOESHARD_MOE_STREAM_WGMMA=0
       run_gtest moe_expert_test "$bin" "$work/moe_expert_test-stream-wgmma-all.log" moe_expert_test-stream-wgmma-all \
         MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1
+      run_gtest moe_expert_test "$bin" "$work/moe_expert_test-stream-wgmma-all-no-pair.log" \
+        moe_expert_test-stream-wgmma-all-no-pair MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1 MOESHARD_MOE_SW_PAIR=0
       run_gtest moe_expert_test "$bin" "$work/moe_expert_test-stream-split.log" moe_expert_test-stream-split \
         MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1000000 MOESHARD_MOE_SW_SPLIT_ROWS=48
       for tok in 32 96 112 128; do  # the other kernel forms (ctest's moe_expert_test_stream_wgmma_tok*)

@@ -430,6 +430,13 @@ cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStr
         (s.need == kGeneric && !need_generic)) {
       continue;
     }
+    // The pair step's item counters are zeroed by the route; a GEMM stage run without it (benchmarks'
+    // stages alone, MoeExpertStepStages) zeroes them first, or its two-CTA kernel would start from
+    // the last run's count and take one item a CTA.
+    if (w.sw_pair && w.sw_next != nullptr && !(mask & kMoeStageRoute) &&
+        (s.stage == kMoeStageFastGateUp || s.stage == kMoeStageFastDown)) {
+      if (cudaError_t err = cudaMemsetAsync(w.sw_next, 0, 2 * sizeof(int32_t), stream); err != cudaSuccess) return err;
+    }
     if (cudaError_t err = s.launch(p, w, stream); err != cudaSuccess) return err;
   }
   return cudaSuccess;

@@ -72,14 +72,14 @@ struct MoeWork {
   // marks each repacked expert with at least sw_min_rows rows kMoePathSw (no streaming tiles); the
   // streaming kernels take the rest and the wgmma GEMMs those, in the same step.
   bool stream_split = false;
-  // With stream_wgmma, on request (moe_expert.cc StreamWgmmaPairFor): the two-CTA kernel of 32-token
+  // With stream_wgmma, by the host's rule (moe_expert.cc StreamWgmmaPairFor): the two-CTA kernel of 32-token
   // items takes the experts with at most 32 rows, the 128-token kernel those the route marked
   // kMoePathSw (sw_min_rows = 33), the second launched taking the SMs the first leaves (it waits for
   // it only before exiting: moe_stream_wgmma.cu SwArgs::defer).
   bool sw_pair = false;
-  // Two item counters (gate/up, down) for the pair step's two-CTA kernel (MOESHARD_MOE_SW_DYN=1),
-  // zeroed by the route each step (a stage run again without the route — moe_expert_bench --stages —
-  // starts from the last run's count and skips items: its stage times are void with the counters).
+  // Two item counters (gate/up, down) for the pair step's two-CTA kernel (MOESHARD_MOE_SW_DYN=1, the
+  // default), zeroed by the route each step, or before a GEMM stage run without the route
+  // (MoeExpertStepStages: moe_expert_bench --stages; its stage times then include the memset).
   int32_t* sw_next = nullptr;
   int32_t sw_min_rows = 0;   // with stream_split or sw_pair; 0 otherwise
   uint16_t* wexp = nullptr;  // [E][2I][L] gate/up interleaved, then [E][L][I] down (bf16)

@@ -80,7 +80,8 @@ struct Direct {
   // This warp's first row in the unit's view.
   __device__ __forceinline__ int64_t FirstRow(int64_t rt) const { return kGateUp ? 16 * rt : 32 * rt + 16 * slice; }
 
-  // Chunk kc of unit (pair, rt) into this warp's buffer `buf` (no bytes for another GPU's pair).
+  // Chunk kc of unit (pair, rt) into this warp's buffer `buf` (e < 0: no bytes, the padding chunk of
+  // a quarter shorter than the others).
   __device__ __forceinline__ void Stage(uint32_t buf, uint64_t* bar, int e, int64_t rt, int kc) const {
     // Scale bytes a chunk: Q8_0's fp16 a 32 columns, NVFP4's e4m3 a 16, MXFP4's e8m0 a 32.
     const uint32_t sbytes = kQ8 ? kScale : E2m1ScaleBytes(w.stream_mx);

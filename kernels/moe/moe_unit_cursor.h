@@ -12,10 +12,11 @@
 
 namespace moeshard::gpu {
 
-// Units and chunks, advanced chunk by chunk with one division a unit: divisions by the runtime R and
-// nch on every chunk were a third of the GEMV loop's instructions (ncu, kernels/moe/PERF_NOTES.md).
+// Units and chunks, advanced chunk by chunk with the divisions once a unit (by R, and gate/up's by
+// top_k): divisions by the runtime R and nch on every chunk were a third of the GEMV loop's
+// instructions (ncu, kernels/moe/PERF_NOTES.md).
 struct UnitCursor {
-  int u;      // the unit (at most kMoeDirectMaxPairs · R: far below 2^31)
+  int u;      // the unit (below kMoeDirectMaxPairs · R + grid: far below 2^31)
   int j = 0;  // the chunk within the unit
   int pair;   // the pair (an index of the step's pairs)
   int row;    // its activations' row: the pair's token (gate/up) or the pair (down)

@@ -431,6 +431,11 @@ TEST_F(MoeExpertTest, MatchesCpuReference) {
       EXPECT_EQ(n.stream_wgmma_pair, 0u) << "the pair step is off, yet a step took it";
     } else if (all_rows && pair_mode >= 3) {
       EXPECT_GT(n.stream_wgmma_pair, 0u) << "the pair step forced, yet no step took the two-CTA 32-token kernel";
+    } else if (all_rows && (pair_mode == 1 || pair_mode == 2)) {
+      // By the rule: "tp window" (148 pairs over 12 experts, ~12 rows an expert, past the direct
+      // GEMV's 64 pairs) expects at most 32 rows an expert once every step is on the wgmma GEMMs.
+      EXPECT_GT(n.stream_wgmma_pair, 0u) << "the rule expects <= 32 rows an expert for \"tp window\", yet no step "
+                                            "took the pair step";
     }
     const bool all_out_of_reach = min_rows != nullptr && *min_rows && std::atoll(min_rows) >= 1000000;
     if (all_out_of_reach) {
