@@ -225,7 +225,8 @@ StreamWgmmaPlan StreamWgmmaPlanFor(int E, int64_t L, int64_t I, int64_t capacity
   return PlanStreamWgmma(E, rows, min_rows >= 0 ? min_rows : int64_t{20} * E, split_rows, split_from);
 }
 
-// Whether an all-wgmma step takes the two-CTA 32-token kernel beside the 128-token one (MoeWork::sw_pair):
+// Whether an all-wgmma step takes the two-CTA 32-token kernel beside the 128-token one (sets MoeWork::sw_pair,
+// sw_min_rows 33, the order sw_big_first and the item source sw_dyn):
 // MOESHARD_MOE_SW_PAIR (no item size forced by MOESHARD_MOE_SW_TOK) 1 or 2 (the 128-token kernel first, the
 // default) when the host's rule expects at most 32 rows an expert (moe_stream_decode.h StreamWgmmaItemTokens),
 // 3 or 4 (the 128-token kernel first) at every size (tests), 0 never. On by default since 2026-12-06 (seventeenth
@@ -233,9 +234,15 @@ StreamWgmmaPlan StreamWgmmaPlanFor(int E, int64_t L, int64_t I, int64_t capacity
 // draws, against 64-token items at T = 640-753 (issue shape), zipf routing -4 to -17 %, uniform +4 % to -3 %.
 // With items strided over a static grid it had added 14 % at T = 753 uniform (H200): an expert or two past 32 rows
 // left the 128-token kernel's items as a tail.
-bool StreamWgmmaPairFor(int64_t capacity, int64_t total_experts) {
+void StreamWgmmaPairFor(int64_t capacity, int64_t total_experts, MoeWork& w) {
   static const int mode = EnvInt("MOESHARD_MOE_SW_TOK", 0) == 0 ? EnvInt("MOESHARD_MOE_SW_PAIR", 2) : 0;
-  return mode == 3 || mode == 4 || ((mode == 1 || mode == 2) && StreamWgmmaItemTokens(capacity, total_experts) == 32);
+  static const bool dyn = EnvInt("MOESHARD_MOE_SW_DYN", 1) == 1;
+  if (mode == 3 || mode == 4 || ((mode == 1 || mode == 2) && StreamWgmmaItemTokens(capacity, total_experts) == 32)) {
+    w.sw_pair = true;
+    w.sw_min_rows = 33;
+    w.sw_big_first = mode % 2 == 0;
+    w.sw_dyn = dyn;
+  }
 }
 
 // A split step (MoeWork::stream_split): the streaming kernels over the experts the route left them,
@@ -387,10 +394,7 @@ cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStr
     w.stream_wgmma = plan.all;
     w.stream_split = plan.split_rows > 0;
     w.sw_min_rows = plan.split_rows;
-    if (w.stream_wgmma && StreamWgmmaPairFor(w.capacity, total_experts)) {
-      w.sw_pair = true;
-      w.sw_min_rows = 33;
-    }
+    if (w.stream_wgmma) StreamWgmmaPairFor(w.capacity, total_experts, w);
   }
   CountPaths(w, repacked, need_generic);
   using Launch = cudaError_t (*)(const MoeExpertParams&, const MoeWork&, cudaStream_t);

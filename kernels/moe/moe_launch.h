@@ -77,6 +77,9 @@ struct MoeWork {
   // kMoePathSw (sw_min_rows = 33), the second launched taking the SMs the first leaves (it waits for
   // it only before exiting: moe_stream_wgmma.cu SwArgs::defer).
   bool sw_pair = false;
+  // The pair step's order (the 128-token kernel first: MOESHARD_MOE_SW_PAIR 2 or 4) and whether the
+  // two-CTA kernel draws its items from sw_next (MOESHARD_MOE_SW_DYN; both set by StreamWgmmaPairFor).
+  bool sw_big_first = true, sw_dyn = true;
   // Two item counters (gate/up, down) for the pair step's two-CTA kernel (MOESHARD_MOE_SW_DYN=1, the
   // default), zeroed by the route each step, or before a GEMM stage run without the route
   // (MoeExpertStepStages: moe_expert_bench --stages; its stage times then include the memset).

@@ -661,13 +661,11 @@ cudaError_t LaunchGemm(const MoeExpertParams& p, const MoeWork& w, cudaStream_t 
   if (w.sw_pair) {
     // The experts with at most 32 rows on the two-CTA kernel, those the route marked kMoePathSw on
     // the 128-token one; the second launched takes the SMs the first leaves (SwArgs::defer).
-    // MOESHARD_MOE_SW_PAIR=2 (the default) or 4 launches the 128-token kernel first (moe_expert.cc
-    // StreamWgmmaPairFor); MOESHARD_MOE_SW_DYN=1 (the default; 0: items strided over the grid): the two-CTA
-    // kernel draws its items from a counter (SwArgs::next), so its CTAs that start late, on SMs the
-    // 128-token items held, take fewer.
-    static const bool big_first = EnvInt("MOESHARD_MOE_SW_PAIR", 2) % 2 == 0;
-    static const bool dyn = EnvInt("MOESHARD_MOE_SW_DYN", 1) == 1;
-    int32_t* next = dyn && w.sw_next != nullptr ? w.sw_next + (kGateUp ? 0 : 1) : nullptr;
+    // MoeWork::sw_big_first (the default) launches the 128-token kernel first; with sw_dyn (the default;
+    // otherwise items strided over the grid) the two-CTA kernel draws its items from a counter
+    // (SwArgs::next), so its CTAs that start late, on SMs the 128-token items held, take fewer.
+    const bool big_first = w.sw_big_first;
+    int32_t* next = w.sw_dyn && w.sw_next != nullptr ? w.sw_next + (kGateUp ? 0 : 1) : nullptr;
     auto pair = [&](bool defer) {
       return next != nullptr ? LaunchGemmNT<kGateUp, kBox, true>(p, w, bmap, kMoePathNvfp4, defer, stream, next)
                              : LaunchGemmNT<kGateUp, kBox>(p, w, bmap, kMoePathNvfp4, defer, stream);
