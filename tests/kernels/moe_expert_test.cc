@@ -219,20 +219,27 @@ void RunCase(const Shape& s, WeightFormat f, ActDType act, bool norm, std::mt199
   const uint32_t hint = gpu::MoeExpertFormats(dev.data(), s.E, L, I);
   const size_t ws_bytes = gpu::MoeExpertWorkspaceBytes(s.E, L, I, T, s.top_k, hint);
   const bool wgmma_room = ws_bytes > gpu::MoeExpertWorkspaceBytes(s.E, L, I, T, s.top_k);
-  DeviceMem d_experts(sizeof(gpu::MoeExpertWeights) * s.E), d_ids(ids.size() * 4), d_w(wts.size() * 4),
+  DeviceMem d_experts(sizeof(gpu::MoeExpertWeights) * s.E), d_ids(ids.size() * 4 + 4), d_w(wts.size() * 4),
       d_x(xdev.size()), d_out(T * L * 4), d_ws(ws_bytes);
   CUDA_OK(cudaMemcpy(d_experts.ptr, dev.data(), sizeof(gpu::MoeExpertWeights) * s.E, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemcpy(d_ids.ptr, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+  // Odd-numbered shapes read their ids one element past a 16-byte boundary: the route's scalar loads
+  // (its 16-byte loads need the ids aligned).
+  const std::ptrdiff_t shape_index = &s - kShapes;  // RunCase runs kShapes' entries
+  int32_t* ids_dev = static_cast<int32_t*>(d_ids.ptr) + shape_index % 2;
+  CUDA_OK(cudaMemcpy(ids_dev, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemcpy(d_w.ptr, wts.data(), wts.size() * 4, cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemcpy(d_x.ptr, xdev.data(), xdev.size(), cudaMemcpyHostToDevice));
   gpu::MoeExpertParams p;
   p.experts = static_cast<const gpu::MoeExpertWeights*>(d_experts.ptr);
   p.num_local_experts = s.E;
+  // The layer's experts, as the worker passes them: the host's rules (item sizes, the pair step, the
+  // wgmma plan) read this GPU's expected rows from it.
+  p.num_total_experts = s.E_total;
   p.width = L;
   p.inter = I;
   p.num_tokens = T;
   p.top_k = s.top_k;
-  p.expert_ids = static_cast<const int32_t*>(d_ids.ptr);
+  p.expert_ids = ids_dev;
   p.weights = static_cast<const float*>(d_w.ptr);
   p.x = d_x.ptr;
   p.act_dtype = act;
