@@ -26,8 +26,9 @@
 #       (MOESHARD_LANE_SERIAL=1: everything one after another).
 #       The test models are assembled from tests/testdata first (tests/testdata/assemble.sh).
 #       gemv_test runs a second time with MOESHARD_GEMV_MMA_GROUP8=0 (GEMV launches grouped by
-#       the fp32-x count instead of the tensor-core kernel's 8 tokens) as gemv_test-group4, and
-#       moe_expert_test with MOESHARD_MOE_GEMV_SMALL_ALL=0 (both GEMV task classes at every
+#       the fp32-x count instead of the tensor-core kernel's 8 tokens) as gemv_test-group4,
+#       model_ops_test's residual cases with MOESHARD_RESIDUAL_WIDE=1 (rows of 4,097-8,192 in 1,024
+#       threads) as model_ops_test-residual-wide, and moe_expert_test with MOESHARD_MOE_GEMV_SMALL_ALL=0 (both GEMV task classes at every
 #       size) as moe_expert_test-classes, and with MOESHARD_MOE_STREAM_DIRECT=0 (the route and
 #       the streaming kernels at decode sizes) as moe_expert_test-no-stream-direct, and with
 #       MOESHARD_MOE_WGMMA_REPACKED=1 (prefill of repacked experts on wgmma) as
@@ -196,6 +197,12 @@ run_lane() {
     # 8 tokens for the tensor-core kernel, kernels/cuda/gemv.h): that path stays checked too.
     if grep -qx gemv_test "$list"; then
       run_gtest gemv_test "$bin" "$work/gemv_test-group4.log" gemv_test-group4 MOESHARD_GEMV_MMA_GROUP8=0
+    fi
+    # Residual rows of 4,097-8,192 in 1,024 threads (MOESHARD_RESIDUAL_WIDE=1, off by default until
+    # measured; ctest's model_ops_test_residual_wide).
+    if grep -qx model_ops_test "$list"; then
+      run_gtest model_ops_test "$bin" "$work/model_ops_test-residual-wide.log" model_ops_test-residual-wide \
+        MOESHARD_RESIDUAL_WIDE=1 'GTEST_FILTER=*Residual*'
     fi
     # The MoE GEMV's two task classes at every size (MOESHARD_MOE_GEMV_SMALL_ALL=0; up to 512
     # pairs the default lets the small class take every task, kernels/moe/moe_gemv.cu).

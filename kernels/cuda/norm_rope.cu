@@ -126,7 +126,7 @@ __device__ __forceinline__ float4 Ld4(const float* p, int64_t i, bool ok) {
 // rows four slots at a time; a slot whose position is elsewhere (the grouped kernels' sorted
 // rows) is read again from there. The same sums in the same order as the slot loop.
 constexpr int kMaxAllSlots = 8;
-template <int kVec>
+template <int kVec, int kThreads>
 __device__ __forceinline__ void MixAllSlots(const ResidualParams& p, int64_t r, int64_t D4, float4 (&ov)[kVec]) {
   const int tid = threadIdx.x;
   int32_t pos[kMaxAllSlots];
@@ -140,7 +140,7 @@ __device__ __forceinline__ void MixAllSlots(const ResidualParams& p, int64_t r, 
     wt[j] = p.mix_weights[slot];
 #pragma unroll
     for (int v = 0; v < kVec; ++v) {
-      const int64_t i = tid + int64_t{v} * kRowThreads;
+      const int64_t i = tid + int64_t{v} * kThreads;
       yv[j][v] = Ld4(p.mix_rows + slot * p.dim, i, i < D4);
     }
   }
@@ -151,7 +151,7 @@ __device__ __forceinline__ void MixAllSlots(const ResidualParams& p, int64_t r, 
     if (pos[j] != r * p.mix_k + j) {
 #pragma unroll
       for (int v = 0; v < kVec; ++v) {
-        const int64_t i = tid + int64_t{v} * kRowThreads;
+        const int64_t i = tid + int64_t{v} * kThreads;
         yv[j][v] = Ld4(p.mix_rows + static_cast<int64_t>(pos[j]) * p.dim, i, i < D4);
       }
     }
@@ -166,15 +166,16 @@ __device__ __forceinline__ void MixAllSlots(const ResidualParams& p, int64_t r, 
   }
 }
 
-template <typename Out, int kVec, bool kGated, bool kAllSlots = false>
-__global__ void __launch_bounds__(kRowThreads) ResidualRegKernel(ResidualParams p) {
+// kThreads: 256, or 1,024 for rows wider than 256 threads' pieces hold (LaunchResidualOut).
+template <typename Out, int kVec, bool kGated, bool kAllSlots = false, int kThreads = kRowThreads>
+__global__ void __launch_bounds__(kThreads) ResidualRegKernel(ResidualParams p) {
   __shared__ float scratch[32];
   const int64_t r = blockIdx.x, D4 = p.dim / 4;
   const int tid = threadIdx.x;
   float4 al[kGated ? kVec : 1], be[kGated ? kVec : 1], on[kGated ? kVec : 1], nn[kVec];
 #pragma unroll
   for (int v = 0; v < kVec; ++v) {
-    const int64_t i = tid + int64_t{v} * kRowThreads;
+    const int64_t i = tid + int64_t{v} * kThreads;
     const bool ok = i < D4;
     if constexpr (kGated) {
       al[v] = Ld4(p.alpha, i, ok);
@@ -191,14 +192,14 @@ __global__ void __launch_bounds__(kRowThreads) ResidualRegKernel(ResidualParams 
   float4 sv[kVec], ov[kVec];
 #pragma unroll
   for (int v = 0; v < kVec; ++v) {
-    const int64_t i = tid + int64_t{v} * kRowThreads;
+    const int64_t i = tid + int64_t{v} * kThreads;
     sv[v] = Ld4(s, i, i < D4);
     ov[v] = p.mix_rows ? make_float4(0.f, 0.f, 0.f, 0.f) : Ld4(p.out + r * p.dim, i, i < D4);
   }
   if (!kGated && p.pre_add) {  // the previous block's update first (ResidualParams::pre_add)
 #pragma unroll
     for (int v = 0; v < kVec; ++v) {
-      const int64_t i = tid + int64_t{v} * kRowThreads;
+      const int64_t i = tid + int64_t{v} * kThreads;
       const float4 a = Ld4(p.pre_add + r * p.dim, i, i < D4);
       sv[v].x += a.x;
       sv[v].y += a.y;
@@ -207,7 +208,7 @@ __global__ void __launch_bounds__(kRowThreads) ResidualRegKernel(ResidualParams 
     }
   }
   if (kAllSlots && p.mix_rows) {
-    MixAllSlots<kVec>(p, r, D4, ov);
+    MixAllSlots<kVec, kThreads>(p, r, D4, ov);
   } else if (p.mix_rows) {  // the MoE combine: acc += w_j * row_j, slot by slot (as moe_route.cu's)
     LoadMixSlots(p, r, mix_pos, mix_wt);
 #pragma unroll 4
@@ -219,7 +220,7 @@ __global__ void __launch_bounds__(kRowThreads) ResidualRegKernel(ResidualParams 
       float4 yv[kVec];
 #pragma unroll
       for (int v = 0; v < kVec; ++v) {
-        const int64_t i = tid + int64_t{v} * kRowThreads;
+        const int64_t i = tid + int64_t{v} * kThreads;
         yv[v] = Ld4(y, i, i < D4);
       }
 #pragma unroll
@@ -256,7 +257,7 @@ __global__ void __launch_bounds__(kRowThreads) ResidualRegKernel(ResidualParams 
   }
 #pragma unroll
   for (int v = 0; v < kVec; ++v) {
-    const int64_t i = tid + int64_t{v} * kRowThreads;
+    const int64_t i = tid + int64_t{v} * kThreads;
     if (i < D4) reinterpret_cast<float4*>(s)[i] = sv[v];
   }
   MOESHARD_PROBE_MARK(1);  // s stored
@@ -269,7 +270,7 @@ __global__ void __launch_bounds__(kRowThreads) ResidualRegKernel(ResidualParams 
   Out* out = static_cast<Out*>(p.next_out) + r * p.dim;
 #pragma unroll
   for (int v = 0; v < kVec; ++v) {
-    const int64_t i = tid + int64_t{v} * kRowThreads;
+    const int64_t i = tid + int64_t{v} * kThreads;
     if (i >= D4) continue;
     const float4 y = make_float4(sv[v].x * inv * nn[v].x, sv[v].y * inv * nn[v].y, sv[v].z * inv * nn[v].z,
                                  sv[v].w * inv * nn[v].w);
@@ -328,13 +329,11 @@ template <typename Out>
 cudaError_t LaunchResidualOut(const ResidualParams& p, cudaStream_t st) {
   const auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
   const int64_t pieces = (p.dim / 4 + kRowThreads - 1) / kRowThreads;
-  const bool reg = p.dim % 4 == 0 && pieces <= 8 && aligned(p.s) && (p.mix_rows ? aligned(p.mix_rows) : aligned(p.out)) &&
+  const bool reg = p.dim % 4 == 0 && pieces <= 8 && aligned(p.s) &&
+                   (p.mix_rows ? aligned(p.mix_rows) : aligned(p.out)) &&
                    (!p.gated || (aligned(p.alpha) && aligned(p.beta) && aligned(p.out_norm))) &&
                    (!p.next_norm || aligned(p.next_norm)) && (!p.next_out_f32 || aligned(p.next_out_f32)) &&
-                   (!p.pre_add || aligned(p.pre_add)) &&
-                   (!p.next_out || aligned(p.next_out));
-  // The gated form holds three more weight rows: registers for up to 4 pieces a thread.
-  if (!reg || (p.gated && pieces > 4)) return LaunchPdl(ResidualKernel<Out>, p.rows, kRowThreads, 0, st, p);
+                   (!p.pre_add || aligned(p.pre_add)) && (!p.next_out || aligned(p.next_out));
   // MOESHARD_RESIDUAL_ALL_SLOTS=0: the combine's rows four slots at a time after the positions.
   static const bool all_slots_on = [] {
     const char* v = std::getenv("MOESHARD_RESIDUAL_ALL_SLOTS");
@@ -343,8 +342,27 @@ cudaError_t LaunchResidualOut(const ResidualParams& p, cudaStream_t st) {
   // Only decode-sized steps: there the direct expert kernels leave slot j's row at r·k + j, while a
   // prefill's grouped kernels sort the rows by expert, so every early load would be wasted and
   // read again (268 MB a 4,096-token layer of the Qwen3-30B shape: 160 µs against ~85).
-  if (all_slots_on && p.mix_rows && p.mix_k <= kMaxAllSlots && pieces <= 2 &&
-      p.rows * p.mix_k <= kMoePairOrderMaxPairs) {
+  const bool all_slots =
+      all_slots_on && p.mix_rows && p.mix_k <= kMaxAllSlots && p.rows * p.mix_k <= kMoePairOrderMaxPairs;
+  // Rows of 4,097-8,192 (Muse Spark's 8,192): 1,024 threads of two pieces each, one round trip for
+  // the row. The gated form's 256 threads would hold 8 pieces and three weight rows (it took the
+  // loop kernel below: ncu, H100, 2026-12-06, one decode token of Muse Spark: 52 and 37 µs for the
+  // layer's two updates, ~20 % of the step, the loop waiting on each element's slot rows in turn).
+  // Not yet run on a GPU: MOESHARD_RESIDUAL_WIDE=1 turns it on.
+  static const bool wide_on = [] {
+    const char* v = std::getenv("MOESHARD_RESIDUAL_WIDE");
+    return v && v[0] == '1';
+  }();
+  constexpr int kWide = 1024;
+  // (The combine's slots four at a time: every slot's row in flight at once spills at 1,024
+  // threads' 64 registers.)
+  if (reg && wide_on && pieces > 4 && (p.dim / 4 + kWide - 1) / kWide <= 2) {
+    if (p.gated) return LaunchPdl(ResidualRegKernel<Out, 2, true, false, kWide>, p.rows, kWide, 0, st, p);
+    return LaunchPdl(ResidualRegKernel<Out, 2, false, false, kWide>, p.rows, kWide, 0, st, p);
+  }
+  // The gated form holds three more weight rows: registers for up to 4 pieces a thread.
+  if (!reg || (p.gated && pieces > 4)) return LaunchPdl(ResidualKernel<Out>, p.rows, kRowThreads, 0, st, p);
+  if (all_slots && pieces <= 2) {
     if (p.gated) return LaunchPdl(ResidualRegKernel<Out, 2, true, true>, p.rows, kRowThreads, 0, st, p);
     return LaunchPdl(ResidualRegKernel<Out, 2, false, true>, p.rows, kRowThreads, 0, st, p);
   }

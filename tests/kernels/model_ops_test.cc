@@ -90,7 +90,8 @@ std::vector<float> ResidualRef(std::vector<float> s, std::vector<float> out, con
 TEST_P(ModelOpsTest, ResidualPlainAndGated) {
   // Widths for each kernel: 98 (not a multiple of 4: the loop kernel), 96 and 2048 (rows in
   // registers, 1-2 pieces a thread), 4100 (5 pieces: registers when plain, the loop when gated)
-  // and 8192 (8 pieces); each with the next block's fused norm (fp32 copy too) and without.
+  // and 8192 (8 pieces) — both 1,024 threads of 2 pieces with MOESHARD_RESIDUAL_WIDE=1 (ctest's
+  // model_ops_test_residual_wide); each with the next block's fused norm (fp32 copy too) and without.
   const int64_t rows = 3;
   for (int64_t D : {int64_t{98}, int64_t{96}, int64_t{2048}, int64_t{4100}, int64_t{8192}}) {
     for (bool gated : {false, true}) {
@@ -124,12 +125,15 @@ TEST_P(ModelOpsTest, ResidualPlainAndGated) {
 // The MoE combine inside the update (ResidualParams::mix_*): each row's output is its slots'
 // rows weighted in slot order, a slot at position -1 left out — rows where the direct expert
 // kernels leave them (slot t·k + j at row t·k + j: the all-slots path's loads hit) and scattered
-// (the grouped kernels' order: each slot read again from its position), k of 8 and 6.
+// (the grouped kernels' order: each slot read again from its position), k of 8 and 6; rows of 8,192
+// (Muse Spark's width: the loop kernel when gated, or 1,024 threads with MOESHARD_RESIDUAL_WIDE=1).
 TEST_P(ModelOpsTest, ResidualMixesExpertRows) {
   const int64_t rows = 3, nrows = 24;
-  for (auto [D, k, at_pair] : {std::tuple{int64_t{98}, int64_t{8}, false}, std::tuple{int64_t{2048}, int64_t{8}, false},
-                               std::tuple{int64_t{2048}, int64_t{8}, true}, std::tuple{int64_t{2048}, int64_t{6}, true},
-                               std::tuple{int64_t{1024}, int64_t{6}, false}}) {
+  for (auto [D, k, at_pair] :
+       {std::tuple{int64_t{98}, int64_t{8}, false}, std::tuple{int64_t{2048}, int64_t{8}, false},
+        std::tuple{int64_t{2048}, int64_t{8}, true}, std::tuple{int64_t{2048}, int64_t{6}, true},
+        std::tuple{int64_t{1024}, int64_t{6}, false}, std::tuple{int64_t{8192}, int64_t{8}, true},
+        std::tuple{int64_t{8192}, int64_t{8}, false}}) {
     for (bool gated : {false, true}) {
       SCOPED_TRACE(testing::Message() << "D " << D << " k " << k << (at_pair ? " rows at pairs" : " scattered")
                                       << " gated " << gated);
