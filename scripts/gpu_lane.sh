@@ -26,7 +26,8 @@
 #       (MOESHARD_LANE_SERIAL=1: everything one after another).
 #       The test models are assembled from tests/testdata first (tests/testdata/assemble.sh).
 #       gemv_test runs a second time with MOESHARD_GEMV_MMA_GROUP8=0 (GEMV launches grouped by
-#       the fp32-x count instead of the tensor-core kernel's 8 tokens) as gemv_test-group4,
+#       the fp32-x count instead of the tensor-core kernel's 8 tokens) as gemv_test-group4, and
+#       with MOESHARD_GEMV_SPLITK=1 (launches of few rows split by columns) as gemv_test-splitk,
 #       model_ops_test's residual cases with MOESHARD_RESIDUAL_WIDE=1 (rows of 4,097-8,192 in 1,024
 #       threads) as model_ops_test-residual-wide, and moe_expert_test with MOESHARD_MOE_GEMV_SMALL_ALL=0 (both GEMV task classes at every
 #       size) as moe_expert_test-classes, and with MOESHARD_MOE_STREAM_DIRECT=0 (the route and
@@ -197,6 +198,11 @@ run_lane() {
     # 8 tokens for the tensor-core kernel, kernels/cuda/gemv.h): that path stays checked too.
     if grep -qx gemv_test "$list"; then
       run_gtest gemv_test "$bin" "$work/gemv_test-group4.log" gemv_test-group4 MOESHARD_GEMV_MMA_GROUP8=0
+    fi
+    # GEMV launches of few rows split by columns over a block's warps (MOESHARD_GEMV_SPLITK=1, off by
+    # default until measured; ctest's gemv_test_splitk).
+    if grep -qx gemv_test "$list"; then
+      run_gtest gemv_test "$bin" "$work/gemv_test-splitk.log" gemv_test-splitk MOESHARD_GEMV_SPLITK=1
     fi
     # Residual rows of 4,097-8,192 in 1,024 threads (MOESHARD_RESIDUAL_WIDE=1, off by default until
     # measured; ctest's model_ops_test_residual_wide).

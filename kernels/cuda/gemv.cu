@@ -158,14 +158,20 @@ __device__ __forceinline__ void Decode(const uint4 (&v)[Fmt<W>::kLoads], float (
 
 // R rows a warp (GemvRowsPerTask): one row takes twice the chunks a lane has in flight, so that
 // a long row's loads all go out before the wait as two rows' of a short one do.
-template <GemvWeight W, int TB, int R = kRowsPerWarp>
+// kSplit: a task a block, its warps each an eighth of the columns, the partial sums added in warp
+// order through shared memory — for launches of few rows (a router's 128-256, a head gate's), whose
+// tasks filled 8-16 blocks (ncu, H100, 2026-12-06: Muse Spark's router 8.4 MB in 16.6 µs).
+template <GemvWeight W, int TB, int R = kRowsPerWarp, bool kSplit = false>
 __global__ void __launch_bounds__(kThreads, GemvMinBlocks<W, TB>()) GemvKernel(GemvLaunch a) {
   extern __shared__ float4 xs[];  // [TB][nchunks * 4] swizzled pieces
   using F = FmtR<W, R>;
   const int nchunks = static_cast<int>(a.cols / kChunk);
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int64_t task = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
+  const int64_t task = kSplit ? static_cast<int64_t>(blockIdx.x) : static_cast<int64_t>(blockIdx.x) * kWarps + warp;
   const bool active = task < a.task_begin[a.num_matrices];
+  // The warp's chunks [cbeg, cend): all of them, or (kSplit) its eighth.
+  const int per = kSplit ? (nchunks + kWarps - 1) / kWarps : nchunks;
+  const int cbeg = kSplit ? min(nchunks, warp * per) : 0, cend = kSplit ? min(nchunks, cbeg + per) : nchunks;
   int mi = 0;
   while (mi + 1 < a.num_matrices && task >= a.task_begin[mi + 1]) ++mi;
   const GemvMatrix& m = a.m[mi];
@@ -188,15 +194,15 @@ __global__ void __launch_bounds__(kThreads, GemvMinBlocks<W, TB>()) GemvKernel(G
       for (int r = 0; r < R; ++r) {
 #pragma unroll
         for (int l = 0; l < F::kLoads; ++l) {
-          v[r][u][l] = c < nchunks ? LoadStream(wrow[r] + c * F::kChunkBytes + 16 * l) : make_uint4(0, 0, 0, 0);
+          v[r][u][l] = c < cend ? LoadStream(wrow[r] + c * F::kChunkBytes + 16 * l) : make_uint4(0, 0, 0, 0);
         }
-        if constexpr (W == GemvWeight::kQ8) sc[r][u] = c < nchunks ? __half2float(__ushort_as_half(srow[r][c / 2])) : 0.f;
+        if constexpr (W == GemvWeight::kQ8) sc[r][u] = c < cend ? __half2float(__ushort_as_half(srow[r][c / 2])) : 0.f;
       }
     }
   };
   // The first weights are in flight while the kernel before finishes (pdl.cuh) and while the
   // block stages x.
-  if (active) load(lane);
+  if (active) load(cbeg + lane);
   PdlWait();
   PdlTrigger();
   if (a.res.s) {
@@ -222,12 +228,12 @@ __global__ void __launch_bounds__(kThreads, GemvMinBlocks<W, TB>()) GemvKernel(G
   if (!active) return;
 
   float acc[R][TB] = {};
-  for (int c0 = lane; c0 < nchunks; c0 += 32 * F::kUnroll) {
-    if (c0 != lane) load(c0);
+  for (int c0 = cbeg + lane; c0 < cend; c0 += 32 * F::kUnroll) {
+    if (c0 != cbeg + lane) load(c0);
 #pragma unroll
     for (int u = 0; u < F::kUnroll; ++u) {
       const int c = c0 + 32 * u;
-      if (c >= nchunks) break;
+      if (c >= cend) break;
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         float w[kChunk];
@@ -252,34 +258,76 @@ __global__ void __launch_bounds__(kThreads, GemvMinBlocks<W, TB>()) GemvKernel(G
       }
     }
   }
+  if constexpr (kSplit) {
+    static_assert(R * TB <= 32, "a lane of warp 0 a (row, token) of the task");
+    __shared__ float part[kWarps][R * TB];
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
+    for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int t = 0; t < TB; ++t) {
-      const float s = WarpSum(acc[r][t]);
+      for (int t = 0; t < TB; ++t) {
+        const float s = WarpSum(acc[r][t]);
+        if (lane == 0) part[warp][r * TB + t] = s;
+      }
+    __syncthreads();
+    if (warp == 0 && lane < R * TB) {
+      const int r = lane / TB, t = lane % TB;
+      float s = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) s += part[w][lane];  // warp order: the same sum every run
       const int64_t row = row0 + r;
-      if (lane == (r * TB + t) % 32 && row < m.rows && t < a.num_tokens) GemvStoreY(m, a.y_f32, row, t, s);
+      if (row < m.rows && t < a.num_tokens) GemvStoreY(m, a.y_f32, row, t, s);
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int t = 0; t < TB; ++t) {
+        const float s = WarpSum(acc[r][t]);
+        const int64_t row = row0 + r;
+        if (lane == (r * TB + t) % 32 && row < m.rows && t < a.num_tokens) GemvStoreY(m, a.y_f32, row, t, s);
+      }
     }
   }
 }
 
-template <GemvWeight W, int TB, int R = kRowsPerWarp>
+// kSplit: a block a task (GemvKernel), so blocks = tasks.
+template <GemvWeight W, int TB, int R = kRowsPerWarp, bool kSplit = false>
 cudaError_t LaunchTB(const GemvLaunch& a, int64_t blocks, cudaStream_t stream) {
   const size_t smem = static_cast<size_t>(TB) * a.cols * sizeof(float);
-  static const cudaError_t attr =
-      cudaFuncSetAttribute(GemvKernel<W, TB, R>, cudaFuncAttributeMaxDynamicSharedMemorySize, kGemvMaxSmemBytes);
+  static const cudaError_t attr = cudaFuncSetAttribute(GemvKernel<W, TB, R, kSplit>,
+                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, kGemvMaxSmemBytes);
   if (attr != cudaSuccess) return attr;
-  return LaunchPdl(GemvKernel<W, TB, R>, static_cast<unsigned>(blocks), kThreads, smem, stream, a);
+  return LaunchPdl(GemvKernel<W, TB, R, kSplit>, static_cast<unsigned>(blocks), kThreads, smem, stream, a);
 }
 
-template <GemvWeight W>
+template <GemvWeight W, bool kSplit = false>
 cudaError_t LaunchW(const GemvLaunch& a, int tb, int64_t blocks, cudaStream_t stream) {
   switch (tb) {
-    case 1: return LaunchTB<W, 1>(a, blocks, stream);
-    case 2: return LaunchTB<W, 2>(a, blocks, stream);
-    case 4: return LaunchTB<W, 4>(a, blocks, stream);
-    default: return LaunchTB<W, 8>(a, blocks, stream);
+    case 1:
+      return LaunchTB<W, 1, kRowsPerWarp, kSplit>(a, blocks, stream);
+    case 2:
+      return LaunchTB<W, 2, kRowsPerWarp, kSplit>(a, blocks, stream);
+    case 4:
+      return LaunchTB<W, 4, kRowsPerWarp, kSplit>(a, blocks, stream);
+    default:
+      return LaunchTB<W, 8, kRowsPerWarp, kSplit>(a, blocks, stream);
   }
+}
+
+// Launches of few rows (a task a warp would fill fewer blocks than a quarter of the SMs) take the
+// split kernel: MOESHARD_GEMV_SPLITK=1 (off until measured on a GPU).
+bool GemvSplitFor(int64_t blocks) {
+  static const int sms = [] {
+    const char* v = std::getenv("MOESHARD_GEMV_SPLITK");
+    if (!(v && std::strcmp(v, "1") == 0)) return 0;
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+      return 0;
+    }
+    return n;
+  }();
+  return sms > 0 && blocks * 4 < sms;
 }
 
 __global__ void SplitQ8Kernel(WeightRef w, int8_t* codes, uint16_t* scales) {
@@ -342,6 +390,16 @@ cudaError_t LaunchGemv(const GemvLaunch& a, cudaStream_t stream) {
   const int64_t blocks = (tasks + kWarps - 1) / kWarps;
   int tb = 1;
   while (tb < a.num_tokens) tb *= 2;
+  if (a.rows_per_task == kRowsPerWarp && GemvSplitFor(blocks)) {
+    switch (a.wtype) {
+      case GemvWeight::kQ8:
+        return LaunchW<GemvWeight::kQ8, true>(a, tb, tasks, stream);
+      case GemvWeight::kBF16:
+        return LaunchW<GemvWeight::kBF16, true>(a, tb, tasks, stream);
+      default:
+        return LaunchW<GemvWeight::kF32, true>(a, tb, tasks, stream);
+    }
+  }
   switch (a.wtype) {
     case GemvWeight::kQ8:
       if (a.rows_per_task == 1 && tb == 1) return LaunchTB<GemvWeight::kQ8, 1, 1>(a, blocks, stream);
