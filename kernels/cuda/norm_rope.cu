@@ -111,7 +111,7 @@ __global__ void ResidualKernel(ResidualParams p) {
 }
 
 // The same update with the row in registers: each thread owns kVec float4 pieces of s and out
-// (piece tid + 256 v), all loaded in one round trip (the weights before PdlWait: they do not
+// (piece tid + kThreads v), all loaded in one round trip (the weights before PdlWait: they do not
 // depend on the kernel before), so a decode row costs one memory round trip and the block sums,
 // where the loop above waits on each piece in turn. Same arithmetic per element; the sums of
 // squares add each thread's pieces first.
