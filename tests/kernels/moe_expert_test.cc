@@ -465,6 +465,85 @@ TEST_F(MoeExpertTest, MatchesCpuReference) {
   }
 }
 
+// The route's grouping, checked directly (every other case checks it only through the results): at
+// 20,800 (token, slot) pairs — each of the route's warps walks more than one 1,024-pair round — every
+// pair of a local expert lands at its expert's offset plus its rank among that expert's pairs in pair
+// order, experts in order from row 0, and every other pair at -1; with the ids 16-byte aligned (the
+// route's vector loads) and one element past (its scalar loads).
+TEST_F(MoeExpertTest, RouteGroupsEveryPairInOrder) {
+  std::mt19937 rng(11);
+  const int E = 8, E_total = 64, top_k = 8;
+  const int64_t T = 2600, L = 256, I = 256, pairs = T * top_k;
+  std::vector<TestWeight> tw(3 * E);
+  std::vector<gpu::MoeExpertWeights> dev(E);
+  for (int e = 0; e < E; ++e) {
+    MakeWeight(WeightFormat::kBF16, I, L, 0, true, rng, tw[3 * e]);
+    MakeWeight(WeightFormat::kBF16, I, L, 0, true, rng, tw[3 * e + 1]);
+    MakeWeight(WeightFormat::kBF16, L, I, 0, true, rng, tw[3 * e + 2]);
+    dev[e] = {tw[3 * e].dev, tw[3 * e + 1].dev, tw[3 * e + 2].dev};
+  }
+  std::vector<int32_t> ids(pairs);
+  std::vector<float> wts(pairs, 0.5f);
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<int32_t> all(E_total);
+    for (int i = 0; i < E_total; ++i) all[i] = i;
+    std::shuffle(all.begin(), all.end(), rng);
+    for (int k = 0; k < top_k; ++k) ids[t * top_k + k] = all[k] < E ? all[k] : -1;
+  }
+  // The expected positions: experts in order, each expert's pairs in pair order.
+  std::vector<int32_t> count(E, 0), offset(E + 1, 0), want(pairs, -1);
+  for (int32_t id : ids) {
+    if (id >= 0) ++count[id];
+  }
+  for (int e = 0; e < E; ++e) offset[e + 1] = offset[e] + count[e];
+  std::vector<int32_t> next(offset.begin(), offset.end() - 1);
+  for (int64_t i = 0; i < pairs; ++i) {
+    if (ids[i] >= 0) want[i] = next[ids[i]]++;
+  }
+  ASSERT_GT(offset[E], 0) << "no local pair drawn";
+  std::vector<uint16_t> x(T * L);
+  for (auto& v : x) v = F32ToBf16(std::normal_distribution<float>(0.f, 1.f)(rng));
+  const uint32_t hint = gpu::MoeExpertFormats(dev.data(), E, L, I);
+  const size_t ws_bytes = gpu::MoeExpertWorkspaceBytes(E, L, I, T, top_k, hint);
+  DeviceMem d_experts(sizeof(gpu::MoeExpertWeights) * E), d_ids(pairs * 4 + 4), d_w(pairs * 4), d_x(T * L * 2),
+      d_out(T * L * 4), d_ws(ws_bytes);
+  CUDA_OK(cudaMemcpy(d_experts.ptr, dev.data(), sizeof(gpu::MoeExpertWeights) * E, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(d_w.ptr, wts.data(), pairs * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(d_x.ptr, x.data(), T * L * 2, cudaMemcpyHostToDevice));
+  for (int shift : {0, 1}) {
+    SCOPED_TRACE(shift ? "ids one element past a 16-byte boundary" : "ids 16-byte aligned");
+    int32_t* ids_dev = static_cast<int32_t*>(d_ids.ptr) + shift;
+    CUDA_OK(cudaMemcpy(ids_dev, ids.data(), pairs * 4, cudaMemcpyHostToDevice));
+    gpu::MoeExpertParams p;
+    p.experts = static_cast<const gpu::MoeExpertWeights*>(d_experts.ptr);
+    p.num_local_experts = E;
+    p.num_total_experts = E_total;
+    p.width = L;
+    p.inter = I;
+    p.num_tokens = T;
+    p.top_k = top_k;
+    p.expert_ids = ids_dev;
+    p.weights = static_cast<const float*>(d_w.ptr);
+    p.x = d_x.ptr;
+    p.act_dtype = ActDType::kBF16;
+    p.out = static_cast<float*>(d_out.ptr);  // not written without the combine
+    p.workspace = d_ws.ptr;
+    p.workspace_bytes = ws_bytes;
+    p.expert_formats = hint;
+    CUDA_OK(cudaMemset(d_ws.ptr, 0x7f, ws_bytes));  // positions the route leaves unwritten show
+    absl::StatusOr<gpu::MoeExpertRows> rows = gpu::MoeExpertStepRows(p, nullptr);
+    ASSERT_TRUE(rows.ok()) << rows.status();
+    CUDA_OK(cudaDeviceSynchronize());
+    std::vector<int32_t> got(pairs);
+    CUDA_OK(cudaMemcpy(got.data(), rows->pos, pairs * 4, cudaMemcpyDeviceToHost));
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < pairs; ++i) {
+      if (got[i] != want[i] && wrong++ < 5) ADD_FAILURE() << "pair " << i << ": at " << got[i] << ", want " << want[i];
+    }
+    EXPECT_EQ(wrong, 0) << "pairs out of place";
+  }
+}
+
 // Needs no device: the CPU reference on numbers worked out by hand. One expert with
 // gate = [1 0], up = [0 1], down = [1 2]ᵀ: x = (1, 2) gives h = silu(1) · 2 and the
 // expert's output (h, 2h), normalized (1, 2) / sqrt(2.5).
