@@ -15,10 +15,10 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
-#include <atomic>
 
 #include "kernels/cuda/act.cuh"
 #include "kernels/cuda/attention_common.cuh"
+#include "kernels/cuda/device_info.h"
 #include "kernels/cuda/launchers.h"
 
 namespace moeshard::gpu {
@@ -175,17 +175,8 @@ int64_t AttentionDecodeSplits(const AttentionParams& p) {
   if (p.workspace == nullptr || p.num_tokens <= 0) return 1;
   const int64_t per_split = p.num_tokens * p.num_heads * (p.cache.head_dim + 2) * static_cast<int64_t>(sizeof(float));
   int64_t splits = std::min<int64_t>(p.workspace_bytes / per_split, MaxAttentionSplits());
-  static std::atomic<int> sm_count[64];  // per device, 0 until read
-  int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < 64) sms = sm_count[dev].load(std::memory_order_relaxed);
-  if (sms <= 0) {
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0) {
-      cudaGetLastError();
-      sms = 132;
-    } else if (dev >= 0 && dev < 64) {
-      sm_count[dev].store(sms, std::memory_order_relaxed);
-    }
-  }
+  int sms = DeviceSmCount();
+  if (sms <= 0) sms = 132;
   // Waves of CTAs: `slots` run at once (the tensor-core kernels' occupancy, ~4 an SM for the
   // others). The count of splits s minimizes ceil(s · ctas / slots) / s, each CTA's share of
   // the keys times the waves, trying s up to one full wave's worth (at least 4): 1 × 128K

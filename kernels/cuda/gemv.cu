@@ -30,6 +30,7 @@
 #include <cstring>
 
 #include "kernels/cuda/act.cuh"
+#include "kernels/cuda/device_info.h"
 #include "kernels/cuda/gemv_launch.h"
 #include "kernels/cuda/gemv_store.cuh"
 #include "kernels/cuda/pdl.cuh"
@@ -317,16 +318,12 @@ cudaError_t LaunchW(const GemvLaunch& a, int tb, int64_t blocks, cudaStream_t st
 // Launches of few rows (a task a warp would fill fewer blocks than a quarter of the SMs) take the
 // split kernel: MOESHARD_GEMV_SPLITK=1 (off until measured on a GPU).
 bool GemvSplitFor(int64_t blocks) {
-  static const int sms = [] {
+  static const bool on = [] {
     const char* v = std::getenv("MOESHARD_GEMV_SPLITK");
-    if (!(v && std::strcmp(v, "1") == 0)) return 0;
-    int dev = 0, n = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-      return 0;
-    }
-    return n;
+    return v && std::strcmp(v, "1") == 0;
   }();
+  if (!on) return false;
+  const int sms = DeviceSmCount();
   return sms > 0 && blocks * 4 < sms;
 }
 

@@ -26,6 +26,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/cuda/device_info.h"
 #include "kernels/cuda/gemv_launch.h"
 #include "kernels/cuda/gemv_store.cuh"
 #include "kernels/cuda/mma_bf16.cuh"
@@ -260,13 +261,8 @@ __global__ void __launch_bounds__(kThreads, 2) GemvQ8WideKernel(GemvLaunch a, Ti
 // instead (the fewest splits that give two blocks a multiprocessor), for measuring.
 int PickSplit(int64_t tiles, int64_t cols, int per_sm) {
   static const int sms = [] {
-    int dev = 0, n = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-      cudaGetLastError();
-      return 132;
-    }
-    return n;
+    const int n = DeviceSmCount();
+    return n > 0 ? n : 132;
   }();
   static const bool clusters = DeviceIsSm90OrNewer();
   static const bool wave = [] {

@@ -32,6 +32,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_info.h"
 #include "kernels/moe/moe_env.h"
 #include "kernels/moe/moe_launch.h"
 #include "kernels/moe/moe_stream_decode.h"
@@ -315,14 +316,7 @@ size_t MoeExpertWorkspaceBytes(int num_local_experts, int64_t width, int64_t int
 }
 
 cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStream_t stream) {
-  static int num_sms = [] {
-    int dev = 0, n = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-      return 0;
-    }
-    return n;
-  }();
+  const int num_sms = DeviceSmCount();
   if (num_sms == 0) return cudaErrorNoDevice;
   const Layout l = MakeLayout(p.num_local_experts, p.width, p.inter, p.num_tokens, p.top_k);
   uint8_t* ws = static_cast<uint8_t*>(p.workspace);
