@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
 # Issue 13's decode switches against the defaults, in one GPU session: the GPU tests that cover them
-# (model_ops_test's residual cases with MOESHARD_RESIDUAL_WIDE=1, gemv_test with MOESHARD_GEMV_SPLITK=1),
+# (model_ops_test's residual cases with MOESHARD_RESIDUAL_WIDE=0 and =1, gemv_test with MOESHARD_GEMV_SPLITK=0),
 # then bench-model's decode on both shapes (Muse Spark 8 NVFP4 layers; Qwen3-30B MXFP4 experts in
 # the stream layout, Q8_0 dense), each setting twice, alternating, at 1 and 4 streams.
 #   bench/decode_ab.sh BIN_DIR [SETTING ...]
 # BIN_DIR holds moeshard, model_ops_test and gemv_test (a device bundle's bin/). A SETTING is a
-# space-separated list of VAR=VALUE (default: the defaults, each switch alone, both together).
+# space-separated list of VAR=VALUE (default: the defaults, each switch off alone, both off: the
+# wide gated residual update and the split GEMV, on by default since 2026-12-06).
 set -uo pipefail
 bin=${1:?usage: decode_ab.sh BIN_DIR [SETTING ...]}
 shift
 settings=("$@")
-[ ${#settings[@]} -gt 0 ] || settings=("X=0" "MOESHARD_RESIDUAL_WIDE=1" "MOESHARD_GEMV_SPLITK=1"
-                                      "MOESHARD_RESIDUAL_WIDE=1 MOESHARD_GEMV_SPLITK=1")
+[ ${#settings[@]} -gt 0 ] || settings=("X=0" "MOESHARD_RESIDUAL_WIDE=0" "MOESHARD_GEMV_SPLITK=0"
+                                      "MOESHARD_RESIDUAL_WIDE=0 MOESHARD_GEMV_SPLITK=0")
 export NCCL_NVLS_ENABLE=0
 log() { echo "== $(date -u +%H:%M:%S) $*"; }
 rc=0
-for t in "model_ops_test MOESHARD_RESIDUAL_WIDE=1 GTEST_FILTER=*Residual*" "gemv_test MOESHARD_GEMV_SPLITK=1"; do
+for t in "model_ops_test MOESHARD_RESIDUAL_WIDE=1 GTEST_FILTER=*Residual*" \
+  "model_ops_test MOESHARD_RESIDUAL_WIDE=0 GTEST_FILTER=*Residual*" "gemv_test MOESHARD_GEMV_SPLITK=0"; do
   read -r name vars <<< "$t"
   # shellcheck disable=SC2086  # the variables are words
   env $vars "$bin/$name" > "/tmp/decode_ab_$name.log" 2>&1 || rc=1

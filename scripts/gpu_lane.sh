@@ -27,9 +27,10 @@
 #       The test models are assembled from tests/testdata first (tests/testdata/assemble.sh).
 #       gemv_test runs a second time with MOESHARD_GEMV_MMA_GROUP8=0 (GEMV launches grouped by
 #       the fp32-x count instead of the tensor-core kernel's 8 tokens) as gemv_test-group4, and
-#       with MOESHARD_GEMV_SPLITK=1 (launches of few rows split by columns) as gemv_test-splitk,
-#       model_ops_test's residual cases with MOESHARD_RESIDUAL_WIDE=1 (rows of 4,097-8,192 in 1,024
-#       threads) as model_ops_test-residual-wide, and moe_expert_test with MOESHARD_MOE_GEMV_SMALL_ALL=0 (both GEMV task classes at every
+#       with MOESHARD_GEMV_SPLITK=0 (launches of few rows not split by columns) as gemv_test-nosplit,
+#       model_ops_test's residual cases with MOESHARD_RESIDUAL_WIDE=1 (plain rows of 4,097-8,192 in
+#       1,024 threads too) as model_ops_test-residual-wide and with MOESHARD_RESIDUAL_WIDE=0 (gated
+#       ones on the loop kernel) as model_ops_test-residual-narrow, and moe_expert_test with MOESHARD_MOE_GEMV_SMALL_ALL=0 (both GEMV task classes at every
 #       size) as moe_expert_test-classes, and with MOESHARD_MOE_STREAM_DIRECT=0 (the route and
 #       the streaming kernels at decode sizes) as moe_expert_test-no-stream-direct, and with
 #       MOESHARD_MOE_WGMMA_REPACKED=1 (prefill of repacked experts on wgmma) as
@@ -199,16 +200,18 @@ run_lane() {
     if grep -qx gemv_test "$list"; then
       run_gtest gemv_test "$bin" "$work/gemv_test-group4.log" gemv_test-group4 MOESHARD_GEMV_MMA_GROUP8=0
     fi
-    # GEMV launches of few rows split by columns over a block's warps (MOESHARD_GEMV_SPLITK=1, off by
-    # default until measured; ctest's gemv_test_splitk).
+    # GEMV launches of few rows not split by columns (MOESHARD_GEMV_SPLITK=0; the default splits
+    # them over a block's warps; ctest's gemv_test_nosplit).
     if grep -qx gemv_test "$list"; then
-      run_gtest gemv_test "$bin" "$work/gemv_test-splitk.log" gemv_test-splitk MOESHARD_GEMV_SPLITK=1
+      run_gtest gemv_test "$bin" "$work/gemv_test-nosplit.log" gemv_test-nosplit MOESHARD_GEMV_SPLITK=0
     fi
-    # Residual rows of 4,097-8,192 in 1,024 threads (MOESHARD_RESIDUAL_WIDE=1, off by default until
-    # measured; ctest's model_ops_test_residual_wide).
+    # Residual rows of 4,097-8,192: plain ones in 1,024 threads too (MOESHARD_RESIDUAL_WIDE=1), gated
+    # ones on the loop kernel (=0); ctest's model_ops_test_residual_wide / _narrow.
     if grep -qx model_ops_test "$list"; then
       run_gtest model_ops_test "$bin" "$work/model_ops_test-residual-wide.log" model_ops_test-residual-wide \
         MOESHARD_RESIDUAL_WIDE=1 'GTEST_FILTER=*Residual*'
+      run_gtest model_ops_test "$bin" "$work/model_ops_test-residual-narrow.log" model_ops_test-residual-narrow \
+        MOESHARD_RESIDUAL_WIDE=0 'GTEST_FILTER=*Residual*'
     fi
     # The MoE GEMV's two task classes at every size (MOESHARD_MOE_GEMV_SMALL_ALL=0; up to 512
     # pairs the default lets the small class take every task, kernels/moe/moe_gemv.cu).

@@ -345,18 +345,23 @@ cudaError_t LaunchResidualOut(const ResidualParams& p, cudaStream_t st) {
   const bool all_slots =
       all_slots_on && p.mix_rows && p.mix_k <= kMaxAllSlots && p.rows * p.mix_k <= kMoePairOrderMaxPairs;
   // Rows of 4,097-8,192 (Muse Spark's 8,192): 1,024 threads of two pieces each, one round trip for
-  // the row. The gated form's 256 threads would hold 8 pieces and three weight rows (it took the
-  // loop kernel below: ncu, H100, 2026-12-06, one decode token of Muse Spark: 52 and 37 µs for the
-  // layer's two updates, ~20 % of the step, the loop waiting on each element's slot rows in turn).
-  // Not yet run on a GPU: MOESHARD_RESIDUAL_WIDE=1 turns it on.
-  static const bool wide_on = [] {
+  // the row. The gated form's 256 threads would hold 8 pieces and three weight rows, so it took the
+  // loop kernel below, which waits on each element's slot rows in turn (ncu, H100, 2026-12-06, one
+  // decode token of Muse Spark: 52 and 37 µs for the layer's two updates, ~20 % of the step; 6.2
+  // and 5.6 µs in this form, the 8-layer decode step 4.50-4.57 -> 3.73-3.74 ms). Gated rows take it
+  // by default; ungated rows keep the 256-thread kernel of 8 pieces (no spill there, and its sums
+  // group as the GEMV's folded update does, gemv.h GemvResidualIn). MOESHARD_RESIDUAL_WIDE=0: never,
+  // =1: ungated rows too.
+  static const int wide_mode = [] {
     const char* v = std::getenv("MOESHARD_RESIDUAL_WIDE");
-    return v && v[0] == '1';
+    if (v && v[0] == '0') return 0;
+    return v && v[0] == '1' ? 2 : 1;
   }();
   constexpr int kWide = 1024;
-  // (The combine's slots four at a time: every slot's row in flight at once spills at 1,024
+  // (The combine's slots four at a time: every slot's row in flight at once spilled at 1,024
   // threads' 64 registers.)
-  if (reg && wide_on && pieces > 4 && (p.dim / 4 + kWide - 1) / kWide <= 2) {
+  const bool wide = wide_mode == 2 || (wide_mode == 1 && p.gated);
+  if (reg && wide && pieces > 4 && (p.dim / 4 + kWide - 1) / kWide <= 2) {
     if (p.gated) return LaunchPdl(ResidualRegKernel<Out, 2, true, false, kWide>, p.rows, kWide, 0, st, p);
     return LaunchPdl(ResidualRegKernel<Out, 2, false, false, kWide>, p.rows, kWide, 0, st, p);
   }

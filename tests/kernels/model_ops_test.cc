@@ -90,8 +90,10 @@ std::vector<float> ResidualRef(std::vector<float> s, std::vector<float> out, con
 TEST_P(ModelOpsTest, ResidualPlainAndGated) {
   // Widths for each kernel: 98 (not a multiple of 4: the loop kernel), 96 and 2048 (rows in
   // registers, 1-2 pieces a thread), 4100 (5 pieces: registers when plain, the loop when gated)
-  // and 8192 (8 pieces) — both 1,024 threads of 2 pieces with MOESHARD_RESIDUAL_WIDE=1 (ctest's
-  // model_ops_test_residual_wide); each with the next block's fused norm (fp32 copy too) and without.
+  // and 8192 (8 pieces): gated, 1,024 threads of 2 pieces by default, the loop with
+  // MOESHARD_RESIDUAL_WIDE=0 (ctest's model_ops_test_residual_narrow); plain, 256 threads, or 1,024
+  // with MOESHARD_RESIDUAL_WIDE=1 (model_ops_test_residual_wide); each with the next block's fused
+  // norm (fp32 copy too) and without.
   const int64_t rows = 3;
   for (int64_t D : {int64_t{98}, int64_t{96}, int64_t{2048}, int64_t{4100}, int64_t{8192}}) {
     for (bool gated : {false, true}) {
@@ -126,7 +128,7 @@ TEST_P(ModelOpsTest, ResidualPlainAndGated) {
 // rows weighted in slot order, a slot at position -1 left out — rows where the direct expert
 // kernels leave them (slot t·k + j at row t·k + j: the all-slots path's loads hit) and scattered
 // (the grouped kernels' order: each slot read again from its position), k of 8 and 6; rows of 8,192
-// (Muse Spark's width: the loop kernel when gated, or 1,024 threads with MOESHARD_RESIDUAL_WIDE=1).
+// (Muse Spark's width: 1,024 threads when gated, the loop kernel with MOESHARD_RESIDUAL_WIDE=0).
 TEST_P(ModelOpsTest, ResidualMixesExpertRows) {
   const int64_t rows = 3, nrows = 24;
   for (auto [D, k, at_pair] :
