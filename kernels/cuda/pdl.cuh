@@ -24,6 +24,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <utility>
 #include <cstdlib>
 #include <cstring>
 
@@ -95,22 +96,33 @@ inline bool PdlEnabled() {
   return on;
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization allowed;
-// returns the launch's error.
+// kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization allowed,
+// in thread-block clusters of `cluster_x` CTAs along x (0: no clusters); returns the launch's error.
 template <typename... Params, typename... Args>
-cudaError_t LaunchPdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                      Args&&... args) {
-  cudaLaunchAttribute attr[1];
+cudaError_t LaunchPdlCluster(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                             unsigned cluster_x, Args&&... args) {
+  cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = PdlEnabled() ? 1 : 0;
+  attr[1].id = cudaLaunchAttributeClusterDimension;
+  attr[1].val.clusterDim.x = cluster_x;
+  attr[1].val.clusterDim.y = 1;
+  attr[1].val.clusterDim.z = 1;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = cluster_x > 0 ? 2 : 1;
   return cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
+}
+
+// The same without clusters.
+template <typename... Params, typename... Args>
+cudaError_t LaunchPdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                      Args&&... args) {
+  return LaunchPdlCluster(kernel, grid, block, smem, stream, 0u, std::forward<Args>(args)...);
 }
 
 }  // namespace moeshard::gpu

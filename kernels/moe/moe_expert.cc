@@ -111,6 +111,9 @@ absl::Status Validate(const MoeExpertParams& p) {
   if (!p.experts || !p.expert_ids || !p.weights || !p.x || !p.out || !p.workspace) {
     return absl::InvalidArgumentError("MoeExpertStep: a device pointer is null");
   }
+  if (p.out_act && (p.act_dtype != ActDType::kBF16 || reinterpret_cast<uintptr_t>(p.out_act) % 8 != 0)) {
+    return absl::InvalidArgumentError("MoeExpertStep: out_act needs act_dtype bf16 and 8-byte alignment");
+  }
   if (reinterpret_cast<uintptr_t>(p.workspace) % kAlign != 0) {
     return absl::InvalidArgumentError("MoeExpertStep: workspace must be 256-byte aligned");
   }

@@ -42,6 +42,10 @@ struct MoeExpertParams {
   bool output_norm = false;  // weight-free RMSNorm of each expert's output over L (Muse Spark)
   float eps = 1e-5f;
   float* out = nullptr;       // device [T, L] fp32, overwritten
+  // Optional device [T, L] bf16 (act_dtype must be kBF16): `out` rounded to nearest even, written
+  // by the combine beside it, so that a caller that needs the mix in the activation dtype (Muse
+  // Spark's latent_out GEMV) launches no conversion of its own.
+  void* out_act = nullptr;
   void* workspace = nullptr;  // device, MoeExpertWorkspaceBytes(...) bytes, 256-byte aligned
   size_t workspace_bytes = 0;
   // Optional, filled by the caller once at load with MoeExpertFormats (moe_expert.h): bit

@@ -259,16 +259,31 @@ void RunCase(const Shape& s, WeightFormat f, ActDType act, bool norm, std::mt199
   EXPECT_EQ(std::memcmp(got.data(), again.data(), T * L * 4), 0) << "two runs differ";
   // With the caller's format hint: the launches no expert needs are left out (the generic
   // ones too, when every expert is fast-eligible), and the result must not change a bit.
+  // In bf16 the combine also writes the mix's bf16 copy there (out_act): each element `out` rounded
+  // to nearest even, and `out` itself unchanged by it.
   const bool all_fast = (hint & gpu::kMoeAllViewsFast) != 0;
   {
+    const bool with_act = act == ActDType::kBF16;
+    DeviceMem d_act(with_act ? T * L * 2 : 8);
     gpu::MoeExpertParams ph = p;
     ph.expert_formats = hint;
+    if (with_act) {
+      ph.out_act = d_act.ptr;
+      CUDA_OK(cudaMemset(d_act.ptr, 0xff, T * L * 2));
+    }
     CUDA_OK(cudaMemset(d_out.ptr, 0xff, T * L * 4));
     absl::Status st = gpu::MoeExpertStep(ph, nullptr);
     ASSERT_TRUE(st.ok()) << st;
     CUDA_OK(cudaDeviceSynchronize());
     CUDA_OK(cudaMemcpy(again.data(), d_out.ptr, T * L * 4, cudaMemcpyDeviceToHost));
     EXPECT_EQ(std::memcmp(got.data(), again.data(), T * L * 4), 0) << "the format hint changed the result";
+    if (with_act) {
+      std::vector<uint16_t> act_bits(T * L);
+      CUDA_OK(cudaMemcpy(act_bits.data(), d_act.ptr, T * L * 2, cudaMemcpyDeviceToHost));
+      int64_t wrong = 0;
+      for (int64_t i = 0; i < T * L; ++i) wrong += act_bits[i] != F32ToBf16(got[i]);
+      EXPECT_EQ(wrong, 0) << "out_act is not out rounded to bf16";
+    }
   }
 
   // NVFP4 with bf16 activations on the tensor-core path, and MXFP4 and Q8_0 where the streaming

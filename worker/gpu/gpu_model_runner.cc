@@ -395,6 +395,7 @@ absl::Status GpuModelRunner::Route(int64_t li, const RouteOpts& opts) {
   wts_ = F32(T * K);
   expert_ids_ = static_cast<int32_t*>(Take(T * K * 4));
   mix_ = opts.latent ? F32(T * Lw) : f_;
+  mix_act_ = opts.latent && mix_in_combine_ && act_ == ActDType::kBF16 && shard_.tp_size <= 1 ? Act(T * Lw) : nullptr;
   z_ = opts.latent ? Act(T * Lw) : xn_;
   moe_ws_bytes_ = MoeExpertWorkspaceBytes(static_cast<int>(host_w_->num_local_experts), Lw, c.expert_intermediate, T,
                                           static_cast<int>(K), w_->layers[li].expert_formats);
@@ -445,6 +446,7 @@ absl::Status GpuModelRunner::Experts(int64_t li, const ExpertsOpts& opts) {
   mp.output_norm = opts.output_norm;
   mp.eps = c.rms_eps;
   mp.out = mix_;
+  mp.out_act = mix_act_;
   mp.workspace = moe_ws_;
   mp.workspace_bytes = moe_ws_bytes_;
   mp.expert_formats = lw.expert_formats;
@@ -466,8 +468,8 @@ absl::Status GpuModelRunner::Experts(int64_t li, const ExpertsOpts& opts) {
 
 absl::Status GpuModelRunner::LatentOut(int64_t li) {
   const int64_t T = T_, Lw = config_.expert_width();
-  void* mix_act = mix_;
-  if (act_ != ActDType::kF32) {
+  void* mix_act = mix_act_ ? mix_act_ : mix_;
+  if (act_ != ActDType::kF32 && !mix_act_) {
     mix_act = Act(T * Lw);
     RETURN_IF_ERROR(arena_error_);
     ConvertParams cv{mix_, ActDType::kF32, mix_act, act_, T * Lw};

@@ -200,6 +200,11 @@ class GpuModelRunner : public ModelRunner, private LayerOps {
   // the MLP block's residual update: moe_rows_ and moe_mix_pending_ until it runs.
   bool fuse_moe_residual_ = true;
   bool moe_mix_pending_ = false;
+  // On one GPU with a latent (Muse Spark) in bf16, the MoE combine writes the mix's bf16 copy for
+  // latent_out itself (MoeExpertParams::out_act): no conversion kernel between them, which also
+  // kept latent_out's weights from starting early. MOESHARD_MIX_IN_COMBINE=1 (off until measured).
+  bool mix_in_combine_ = false;
+  void* mix_act_ = nullptr;  // [T, Lw] act: the mix's copy the combine wrote, or null
   // MOESHARD_REPEAT_OPS (benchmarks only; runner_repeat.h): ops launched twice a step, so that
   // bench-model's step time shows what each costs inside the decode chain.
   uint32_t repeat_ops_ = 0;
