@@ -63,7 +63,8 @@ struct TcGeo {
   static constexpr size_t kAngles = kSmem, kPartial = kAngles + HD * 4;
   static constexpr size_t kFusedSmem = kPartial + PushedPartialBytes<HD, 8>();
 };
-constexpr int kFusedSplits = 8;  // a portable cluster (TcGeo's 8)
+constexpr int kFusedSplits = 8;  // a portable cluster
+static_assert(kFusedSplits == 8, "TcGeo::kFusedSmem sizes the pushed partials for 8 splits");
 
 // FP8: a warp's 16 keys (rows kw..kw+15 of a stage's K or V bytes) to fp16 in the same rows of
 // `work`, exact for e4m3. __syncwarp first: every lane's ldmatrix of the rows' last contents is done.

@@ -241,6 +241,7 @@ __device__ __forceinline__ void MergeWarpRows(const AttentionParams& p, const De
     if constexpr (kToSmem && kPush > 0) {
       namespace cg = cooperative_groups;
       const cg::cluster_group cluster = cg::this_cluster();
+      static_assert(kRows * HD % (kThreads * kPush) == 0, "each owner's slots a whole number of 128-thread rounds");
       constexpr int kSlots = kRows * HD / kPush;  // an owner's elements from one split
       const int k = i / kThreads;                 // this thread's k-th element: i = tid + 128 k
       float* dst = cluster.map_shared_rank(Po, k % kPush);

@@ -10,9 +10,10 @@
 //      memory written by a kernel at least two launches back (the kernel just before waited for
 //      it before it could let this one start: rule 3; read such memory through L2, ld.global.cg,
 //      not a possibly stale L1 line), and writes nothing at all;
-//   2. calls PdlWait() before anything else, including an early return (a block that exited
-//      without waiting could let the grid complete before its predecessor, and the kernel after
-//      it would then not wait for that predecessor);
+//   2. calls PdlWait() before anything else but rule 1's reads, including an early return (a
+//      block that exited without waiting could let the grid complete before its predecessor, and
+//      the kernel after it would then not wait for that predecessor); a cluster barrier's relaxed
+//      arrive, which touches no memory, may come first;
 //   3. calls PdlTrigger() after PdlWait(): the next kernel may then be scheduled; it waits in
 //      turn, so kernels run at most one ahead.
 // Kernels launched the ordinary way after one of these are ordinary stream order.

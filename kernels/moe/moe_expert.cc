@@ -521,6 +521,7 @@ absl::Status MoeExpertStep(const MoeExpertParams& p, GpuStream stream) {
 }
 
 absl::StatusOr<MoeExpertRows> MoeExpertStepRows(const MoeExpertParams& p, GpuStream stream) {
+  if (p.out_act) return absl::InvalidArgumentError("MoeExpertStepRows: out_act needs the combine (MoeExpertStep)");
   if (absl::Status s = Validate(p); !s.ok()) return s;
   if (p.output_norm) return absl::InvalidArgumentError("MoeExpertStepRows: the output norm needs the combine");
   const Layout l = MakeLayout(p.num_local_experts, p.width, p.inter, p.num_tokens, p.top_k);

@@ -469,7 +469,9 @@ absl::Status GpuModelRunner::Experts(int64_t li, const ExpertsOpts& opts) {
 absl::Status GpuModelRunner::LatentOut(int64_t li) {
   const int64_t T = T_, Lw = config_.expert_width();
   void* mix_act = mix_act_ ? mix_act_ : mix_;
-  if (act_ != ActDType::kF32 && !mix_act_) {
+  const bool converted = mix_act_ != nullptr;
+  mix_act_ = nullptr;  // this step's copy, used once
+  if (act_ != ActDType::kF32 && !converted) {
     mix_act = Act(T * Lw);
     RETURN_IF_ERROR(arena_error_);
     ConvertParams cv{mix_, ActDType::kF32, mix_act, act_, T * Lw};
