@@ -219,17 +219,6 @@ run_lane() {
       run_gtest moe_expert_test "$bin" "$work/moe_expert_test-classes.log" moe_expert_test-classes \
         MOESHARD_MOE_GEMV_SMALL_ALL=0
     fi
-    # Decode-sized combines as clusters of 8 CTAs a token (MOESHARD_MOE_COMBINE_CLUSTER=1, off by
-    # default until measured; ctest's moe_expert_test_combine_cluster).
-    if grep -qx moe_expert_test "$list"; then
-      run_gtest moe_expert_test "$bin" "$work/moe_expert_test-combine-cluster.log" moe_expert_test-combine-cluster \
-        MOESHARD_MOE_COMBINE_CLUSTER=1
-    fi
-    # The fused decode attention's splits pushing their partials (MOESHARD_ATTN_PUSH_MERGE=1, off by
-    # default until measured; ctest's qk_prep_test_push_merge).
-    if grep -qx qk_prep_test "$list"; then
-      run_gtest qk_prep_test "$bin" "$work/qk_prep_test-push-merge.log" qk_prep_test-push-merge MOESHARD_ATTN_PUSH_MERGE=1
-    fi
     # Without the direct GEMV over the repacked layouts (kernels/moe/moe_stream_direct.cu, on by
     # default): the streaming kernels at decode sizes (ctest's moe_expert_test_no_stream_direct).
     if grep -qx moe_expert_test "$list"; then

@@ -58,13 +58,11 @@ struct TcGeo {
   static constexpr int kLoop = kQBytes + kStages * kRawStage + kWork;
   static constexpr int kMerge = kTcMergeBytes<HD>;  // each warp's O, m, l (MergeWarpRows)
   static constexpr size_t kSmem = kLoop > kMerge ? kLoop : kMerge;
-  // Fused: the RoPE angles, then this split's merged partial (O, m, l) that its cluster reads —
-  // or, pushed (MOESHARD_ATTN_PUSH_MERGE=1), the partials of the elements it finishes.
+  // Fused: the RoPE angles, then this split's merged partial (O, m, l) that its cluster reads.
   static constexpr size_t kAngles = kSmem, kPartial = kAngles + HD * 4;
-  static constexpr size_t kFusedSmem = kPartial + PushedPartialBytes<HD, 8>();
+  static constexpr size_t kFusedSmem = kPartial + kRows * HD * 4 + 2 * kRows * 4;
 };
 constexpr int kFusedSplits = 8;  // a portable cluster
-static_assert(kFusedSplits == 8, "TcGeo::kFusedSmem sizes the pushed partials for 8 splits");
 
 // FP8: a warp's 16 keys (rows kw..kw+15 of a stage's K or V bytes) to fp16 in the same rows of
 // `work`, exact for e4m3. __syncwarp first: every lane's ldmatrix of the rows' last contents is done.
@@ -82,32 +80,9 @@ __device__ __forceinline__ void Fp8RowsToF16(const uint8_t* src, int kw, int lan
   __syncwarp();
 }
 
-// One output element from the cluster's kFusedSplits partials (m, l, O), in split order (as
-// CombineKernel merges the workspace's); 0 where no split saw a key.
-__device__ __forceinline__ float MergeSplits(const float (&ms)[kFusedSplits], const float (&ls)[kFusedSplits],
-                                             const float (&os)[kFusedSplits]) {
-  float M = -INFINITY;
-#pragma unroll
-  for (int s2 = 0; s2 < kFusedSplits; ++s2) M = fmaxf(M, ls[s2] > 0.f ? ms[s2] : -INFINITY);
-  float acc = 0.f, L = 0.f;
-#pragma unroll
-  for (int s2 = 0; s2 < kFusedSplits; ++s2) {
-    if (ls[s2] > 0.f) {
-      const float f = expf(ms[s2] - M);
-      acc = fmaf(os[s2], f, acc);
-      L = fmaf(ls[s2], f, L);
-    }
-  }
-  return L > 0.f ? acc / L : 0.f;
-}
-
-template <int HD, KvElem E, bool kFused, bool kPush = false>
+template <int HD, KvElem E, bool kFused>
 __device__ __forceinline__ void DecodeTc(const AttentionParams& p, int group, int splits, float* ws,
                                          const QkPrepParams& qp) {
-  static_assert(kFused || !kPush, "only the fused kernel's cluster pushes its partials");
-  // Pushed merge: the cluster barrier's first phase, that every CTA of the cluster has started
-  // before any writes into another's shared memory (the wait is just before the merge).
-  if constexpr (kPush) asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
   using G = TcGeo<HD, E>;
   constexpr int LD = G::kLd, KS = HD / 16;
   constexpr bool F16 = E == KvElem::kFp8E4M3;
@@ -362,32 +337,6 @@ __device__ __forceinline__ void DecodeTc(const AttentionParams& p, int group, in
   MOESHARD_PROBE_MARK(2);  // every chunk's scores and values done
 
   float* Po = reinterpret_cast<float*>(smem + G::kPartial);  // fused: [row][HD], then m, l per row
-  if constexpr (kPush) {
-    // Every split has started (the arrive at entry); each element's partial goes to the split that
-    // finishes it, and one barrier later every split reads only its own shared memory, so none
-    // waits for the others before it leaves: one cluster barrier, not two, and no remote loads.
-    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
-    MergeTcWarps<HD, true, false, kFusedSplits>(p, split, t, g, group, sp, splits, smem, Po, o, m, l);
-    namespace cg = cooperative_groups;
-    cg::this_cluster().sync();  // every split's pushes are visible
-    constexpr int kSlots = kRows * HD / kFusedSplits;
-    const float* pml = Po + kRows * HD;  // [split][m 16, l 16]
-    for (int i = static_cast<int>(sp) * kThreads + tid, k = 0; i < group * HD; i += kFusedSplits * kThreads, ++k) {
-      const int r = i / HD, d = i % HD;
-      if (d >= hd) continue;
-      float ms[kFusedSplits], ls[kFusedSplits], os[kFusedSplits];
-#pragma unroll
-      for (int s2 = 0; s2 < kFusedSplits; ++s2) {
-        ms[s2] = pml[s2 * 2 * kRows + r];
-        ls[s2] = pml[s2 * 2 * kRows + kRows + r];
-        os[s2] = Po[s2 * kSlots + k * kThreads + tid];
-      }
-      uint16_t* out = static_cast<uint16_t*>(p.out) + t * (p.out_stride ? p.out_stride : H * hd) + (g * group + r) * hd;
-      StoreF(out + d, MergeSplits(ms, ls, os));
-    }
-    MOESHARD_PROBE_MARK(3);  // merged and stored
-    return;
-  }
   MergeTcWarps<HD, kFused>(p, split, t, g, group, sp, splits, smem, Po, o, m, l);
   if constexpr (kFused) {
     // The cluster's splits merge: split `sp` finishes outputs sp * kThreads + tid, ... reading
@@ -408,18 +357,30 @@ __device__ __forceinline__ void DecodeTc(const AttentionParams& p, int group, in
         ls[s2] = po[kRows * HD + kRows + r];
         os[s2] = po[r * HD + d];
       }
+      float M = -INFINITY;
+#pragma unroll
+      for (int s2 = 0; s2 < kFusedSplits; ++s2) M = fmaxf(M, ls[s2] > 0.f ? ms[s2] : -INFINITY);
+      float acc = 0.f, L = 0.f;
+#pragma unroll
+      for (int s2 = 0; s2 < kFusedSplits; ++s2) {
+        if (ls[s2] > 0.f) {
+          const float f = expf(ms[s2] - M);
+          acc = fmaf(os[s2], f, acc);
+          L = fmaf(ls[s2], f, L);
+        }
+      }
       uint16_t* out = static_cast<uint16_t*>(p.out) + t * (p.out_stride ? p.out_stride : H * hd) + (g * group + r) * hd;
-      StoreF(out + d, MergeSplits(ms, ls, os));
+      StoreF(out + d, L > 0.f ? acc / L : 0.f);
     }
     cluster.sync();  // no split leaves while another reads its shared memory
   }
   MOESHARD_PROBE_MARK(3);  // merged and stored
 }
 
-template <int HD, KvElem E, bool kFused, bool kPush = false>
-__global__ void __launch_bounds__(kThreads)
-    DecodeTcKernel(AttentionParams p, int group, int splits, float* ws, QkPrepParams qp) {
-  DecodeTc<HD, E, kFused, kPush>(p, group, splits, ws, qp);
+template <int HD, KvElem E, bool kFused>
+__global__ void __launch_bounds__(kThreads) DecodeTcKernel(AttentionParams p, int group, int splits, float* ws,
+                                                           QkPrepParams qp) {
+  DecodeTc<HD, E, kFused>(p, group, splits, ws, qp);
 }
 // FP8 unfused: three CTAs an SM (at most 168 registers; its shared memory allows it, bf16's ring
 // does not), more warps to hide each one's dependent chain.
@@ -462,27 +423,28 @@ cudaError_t TcOccupancy(int* n) {
 }
 
 // kFusedSplits splits a (token, KV head), one cluster; programmatic dependent launch as LaunchPdl.
-// MOESHARD_ATTN_PUSH_MERGE=1: the splits push their partials to the split that finishes each
-// element (one cluster barrier) instead of each reading all eight (two); off until measured.
-bool PushMerge() {
-  static const bool on = [] {
-    const char* v = std::getenv("MOESHARD_ATTN_PUSH_MERGE");
-    return v && v[0] == '1';
-  }();
-  return on;
-}
-
 template <int HD, KvElem E>
 cudaError_t LaunchFusedHd(const AttentionParams& p, const QkPrepParams& qp, cudaStream_t st) {
   const int group = static_cast<int>(p.num_heads / p.cache.num_kv_heads);
-  const bool push = PushMerge();
-  auto* k = push ? &DecodeTcKernel<HD, E, true, true> : &DecodeTcKernel<HD, E, true>;
+  auto* k = &DecodeTcKernel<HD, E, true>;
   constexpr size_t smem = TcGeo<HD, E>::kFusedSmem;
-  static std::atomic<uint64_t> smem_set[2];
-  if (cudaError_t e = EnsureDynamicSmem(k, smem, smem_set[push]); e != cudaSuccess) return e;
-  return LaunchPdlCluster(
-      k, dim3(kFusedSplits, static_cast<unsigned>(p.cache.num_kv_heads), static_cast<unsigned>(p.num_tokens)), kThreads,
-      smem, st, kFusedSplits, p, group, static_cast<int>(kFusedSplits), static_cast<float*>(nullptr), qp);
+  static std::atomic<uint64_t> smem_set{0};
+  if (cudaError_t e = EnsureDynamicSmem(k, smem, smem_set); e != cudaSuccess) return e;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = PdlEnabled() ? 1 : 0;
+  attr[1].id = cudaLaunchAttributeClusterDimension;
+  attr[1].val.clusterDim.x = kFusedSplits;
+  attr[1].val.clusterDim.y = 1;
+  attr[1].val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(kFusedSplits, static_cast<unsigned>(p.cache.num_kv_heads), static_cast<unsigned>(p.num_tokens));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cfg.attrs = attr;
+  cfg.numAttrs = 2;
+  return cudaLaunchKernelEx(&cfg, k, p, group, static_cast<int>(kFusedSplits), static_cast<float*>(nullptr), qp);
 }
 
 }  // namespace

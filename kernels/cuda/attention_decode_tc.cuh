@@ -5,7 +5,6 @@
 // layout — the merge through shared memory and the store.
 #pragma once
 
-#include <cooperative_groups.h>
 #include <cuda_fp8.h>
 
 #include <atomic>
@@ -186,12 +185,7 @@ __device__ __forceinline__ int TcDim(int i, int n) {
 // (row, dim) element stored: kToSmem to Po [16][HD] with m and l after it (a cluster's partial),
 // else as StoreDecodeHead does (one split: the normalized output; more: the split's workspace
 // partial). Every thread calls it after a barrier that follows the warps' writes.
-// kPush > 0 (with kToSmem; a cluster of kPush splits, split sp at cluster rank sp): each element
-// goes straight into the shared memory of the split that finishes it — element i to split
-// (i / 128) % kPush, slot [sp][(i / (128 kPush)) · 128 + i % 128] of its Po, the rows' m and l to
-// every split at Po + 16 · HD, [sp][m 16, l 16] — instead of this split's own Po for the others to
-// read: one cluster barrier after, none before the CTA may leave (PushedPartialBytes).
-template <int HD, bool kToSmem, int kPush = 0>
+template <int HD, bool kToSmem>
 __device__ __forceinline__ void MergeWarpRows(const AttentionParams& p, const DecodeSplit& split, int64_t t, int64_t g,
                                               int group, int64_t sp, int splits, uint8_t* smem, float* Po) {
   constexpr int kRows = kTcRows, kThreads = 128;
@@ -238,23 +232,7 @@ __device__ __forceinline__ void MergeWarpRows(const AttentionParams& p, const De
       }
     }
     const int64_t h = g * group + r;
-    if constexpr (kToSmem && kPush > 0) {
-      namespace cg = cooperative_groups;
-      const cg::cluster_group cluster = cg::this_cluster();
-      static_assert(kRows * HD % (kThreads * kPush) == 0, "each owner's slots a whole number of 128-thread rounds");
-      constexpr int kSlots = kRows * HD / kPush;  // an owner's elements from one split
-      const int k = i / kThreads;                 // this thread's k-th element: i = tid + 128 k
-      float* dst = cluster.map_shared_rank(Po, k % kPush);
-      dst[sp * kSlots + (k / kPush) * kThreads + tid] = acc;
-      if (d == 0) {
-#pragma unroll
-        for (int o = 0; o < kPush; ++o) {
-          float* ml = cluster.map_shared_rank(Pm, o) + sp * 2 * kRows;
-          ml[r] = M;
-          ml[kRows + r] = L;
-        }
-      }
-    } else if constexpr (kToSmem) {
+    if constexpr (kToSmem) {
       Po[r * HD + d] = acc;
       if (d == 0) {
         Pm[r] = M;
@@ -277,7 +255,7 @@ __device__ __forceinline__ void MergeWarpRows(const AttentionParams& p, const De
 // The four warps' partials (o, m, l: rows lane / 4 and lane / 4 + 8 of the m16 tile; O's columns
 // as TcDim<kVPairs> maps them) written to shared memory at `smem` and merged by MergeWarpRows
 // (every thread calls it after a barrier that frees that memory).
-template <int HD, bool kToSmem, bool kVPairs = false, int kPush = 0>
+template <int HD, bool kToSmem, bool kVPairs = false>
 __device__ __forceinline__ void MergeTcWarps(const AttentionParams& p, const DecodeSplit& split, int64_t t, int64_t g,
                                              int group, int64_t sp, int splits, uint8_t* smem, float* Po,
                                              const float (&o)[HD / 8][4], const float (&m)[2], const float (&l)[2]) {
@@ -308,14 +286,7 @@ __device__ __forceinline__ void MergeTcWarps(const AttentionParams& p, const Dec
     Lw[warp * kRows + rb] = lb;
   }
   __syncthreads();
-  MergeWarpRows<HD, kToSmem, kPush>(p, split, t, g, group, sp, splits, smem, Po);
-}
-
-// Bytes of the Po region a cluster of kPush splits pushes into (MergeWarpRows): O [16][HD], then
-// m and l [kPush][2][16]; the pull form's [16][HD] + [2][16] fits inside.
-template <int HD, int kPush>
-constexpr int PushedPartialBytes() {
-  return (kTcRows * HD + kPush * 2 * kTcRows) * 4;
+  MergeWarpRows<HD, kToSmem>(p, split, t, g, group, sp, splits, smem, Po);
 }
 
 // Resident CTAs an SM of a decode kernel by head size and cache type: query(hd64, fp8, &n) asks

@@ -10,10 +10,9 @@
 //      memory written by a kernel at least two launches back (the kernel just before waited for
 //      it before it could let this one start: rule 3; read such memory through L2, ld.global.cg,
 //      not a possibly stale L1 line), and writes nothing at all;
-//   2. calls PdlWait() before anything else but rule 1's reads, including an early return (a
-//      block that exited without waiting could let the grid complete before its predecessor, and
-//      the kernel after it would then not wait for that predecessor); a cluster barrier's relaxed
-//      arrive, which touches no memory, may come first;
+//   2. calls PdlWait() before anything else, including an early return (a block that exited
+//      without waiting could let the grid complete before its predecessor, and the kernel after
+//      it would then not wait for that predecessor);
 //   3. calls PdlTrigger() after PdlWait(): the next kernel may then be scheduled; it waits in
 //      turn, so kernels run at most one ahead.
 // Kernels launched the ordinary way after one of these are ordinary stream order.
@@ -25,7 +24,6 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
-#include <utility>
 #include <cstdlib>
 #include <cstring>
 
@@ -97,33 +95,22 @@ inline bool PdlEnabled() {
   return on;
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization allowed,
-// in thread-block clusters of `cluster_x` CTAs along x (0: no clusters); returns the launch's error.
+// kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization allowed;
+// returns the launch's error.
 template <typename... Params, typename... Args>
-cudaError_t LaunchPdlCluster(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                             unsigned cluster_x, Args&&... args) {
-  cudaLaunchAttribute attr[2];
+cudaError_t LaunchPdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                      Args&&... args) {
+  cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = PdlEnabled() ? 1 : 0;
-  attr[1].id = cudaLaunchAttributeClusterDimension;
-  attr[1].val.clusterDim.x = cluster_x;
-  attr[1].val.clusterDim.y = 1;
-  attr[1].val.clusterDim.z = 1;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = attr;
-  cfg.numAttrs = cluster_x > 0 ? 2 : 1;
+  cfg.numAttrs = 1;
   return cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
-}
-
-// The same without clusters.
-template <typename... Params, typename... Args>
-cudaError_t LaunchPdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                      Args&&... args) {
-  return LaunchPdlCluster(kernel, grid, block, smem, stream, 0u, std::forward<Args>(args)...);
 }
 
 }  // namespace moeshard::gpu

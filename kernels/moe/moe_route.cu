@@ -20,16 +20,8 @@
 // Combine (one block per token) walks the token's slots in order: per slot the expert's
 // output row into registers, an optional block-reduced RMS norm (all slots' sums of squares
 // first, in one pass), then acc += weight · row. Tokens with no
-// local expert get zeros. No atomics: the result is the same bit for bit on every run.
-// Decode sizes (MOESHARD_MOE_COMBINE_CLUSTER=1, off until measured): a cluster of 8 CTAs a token,
-// each an eighth of the columns with every slot's piece in registers; with the norm each CTA
-// pushes its slots' partial sums of squares to all eight and after one cluster barrier sums the
-// eight in cluster order — one block took 8.5 µs for Muse Spark's 8 slots of 4,096 (ncu, H100).
-// With MoeExpertParams::out_act both combines also write the bf16 copy.
-#include <cooperative_groups.h>
-
-#include <cstdlib>
-
+// local expert get zeros. No atomics: the result is the same bit for bit on every run. With
+// MoeExpertParams::out_act it also writes the mix's bf16 copy (round to nearest even).
 #include "kernels/cuda/act.cuh"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/moe/moe_device.cuh"
@@ -43,8 +35,6 @@ constexpr int kRouteWarps = kRouteThreads / 32;
 constexpr int kRun = 8;  // a lane's loads in flight (four consecutive pairs each, 128 a warp's load)
 constexpr int kCombineThreads = 256;
 constexpr int kMaxTopK = 64;  // MoeExpertStep rejects more
-// The clustered combine: CTAs a token (a portable cluster), threads a CTA, slots it holds.
-constexpr int kCombineSplits = 8, kClusterThreads = 128, kClusterSlots = 8;
 
 // An expert's path once its rows are counted: with MoeWork::stream_split, a repacked expert with at
 // least sw_min_rows rows goes to the wgmma GEMMs over decoded registers (no streaming tiles).
@@ -321,115 +311,10 @@ __global__ void __launch_bounds__(kCombineThreads) CombineKernel(MoeExpertParams
     if (first) {
       for (int64_t i = tid; i < L; i += blockDim.x) o[i] = 0.f;
     }
-    if (p.out_act) {
-      __syncthreads();  // (each thread reads back only its own elements; the barrier keeps it plain)
+    if (p.out_act) {  // each thread reads back only the elements it wrote
       for (int64_t i = tid; i < L; i += blockDim.x) static_cast<uint16_t*>(p.out_act)[t * L + i] = DevF32ToBf16(o[i]);
     }
   }
-}
-
-// The clustered combine: CTA cs of token t (grid [kCombineSplits, T], clusters along x) takes
-// columns [cs · L / 8, (cs + 1) · L / 8), kVec float4 a thread, every slot's piece loaded at once.
-// With the norm, each slot's sum of squares is this CTA's warps' sums in warp order, pushed to
-// every CTA of the cluster, and there summed over the CTAs in cluster order: the same on every
-// run and in every CTA. top_k <= kClusterSlots; L a multiple of 32 up to 8 · 4 · kVec · 128.
-template <int kVec>
-__global__ void __launch_bounds__(kClusterThreads) CombineClusterKernel(MoeExpertParams p, MoeWork w) {
-  __shared__ float pushed[kCombineSplits][kClusterSlots];  // [source CTA][slot]
-  __shared__ float red[kClusterSlots][kClusterThreads / 32];
-  __shared__ int32_t slot_row[kClusterSlots];
-  __shared__ float slot_w[kClusterSlots];
-  const bool norm = p.output_norm;
-  // The cluster barrier's first phase: every CTA has started before any writes into another's
-  // shared memory (the wait is just before the pushes).
-  if (norm) asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-  PdlWait();
-  PdlTrigger();
-  const int64_t t = blockIdx.y, L = p.width, Lc = L / kCombineSplits;
-  const int cs = static_cast<int>(blockIdx.x), tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int K = p.top_k;
-  if (tid < kClusterSlots) {
-    slot_row[tid] = tid < K ? w.pos[t * K + tid] : -1;
-    slot_w[tid] = tid < K ? p.weights[t * K + tid] : 0.f;
-  }
-  __syncthreads();
-  const int64_t c0 = int64_t{cs} * Lc;
-  float4 y[kClusterSlots][kVec];
-#pragma unroll
-  for (int k = 0; k < kClusterSlots; ++k) {
-    const int32_t r = slot_row[k];
-    const float4* yr = reinterpret_cast<const float4*>(w.y + static_cast<int64_t>(r < 0 ? 0 : r) * L + c0);
-#pragma unroll
-    for (int v = 0; v < kVec; ++v) {
-      const int64_t i = tid + int64_t{v} * kClusterThreads;
-      y[k][v] = r >= 0 && i < Lc / 4 ? yr[i] : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-  }
-  float inv[kClusterSlots];
-#pragma unroll
-  for (int k = 0; k < kClusterSlots; ++k) inv[k] = 1.f;
-  if (norm) {
-#pragma unroll
-    for (int k = 0; k < kClusterSlots; ++k) {
-      float ss = 0.f;
-#pragma unroll
-      for (int v = 0; v < kVec; ++v)
-        ss += y[k][v].x * y[k][v].x + y[k][v].y * y[k][v].y + y[k][v].z * y[k][v].z + y[k][v].w * y[k][v].w;
-      for (int d = 16; d > 0; d >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, d);
-      if (lane == 0) red[k][warp] = ss;
-    }
-    __syncthreads();
-    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
-    namespace cg = cooperative_groups;
-    cg::cluster_group cluster = cg::this_cluster();
-    if (tid < kClusterSlots * kCombineSplits) {  // thread (slot k, destination CTA)
-      const int k = tid / kCombineSplits, dst = tid % kCombineSplits;
-      float s = 0.f;
-#pragma unroll
-      for (int i = 0; i < kClusterThreads / 32; ++i) s += red[k][i];
-      *cluster.map_shared_rank(&pushed[cs][k], dst) = s;
-    }
-    cluster.sync();  // every CTA's pushes are visible; after it only this CTA's memory is read
-#pragma unroll
-    for (int k = 0; k < kClusterSlots; ++k) {
-      float s = 0.f;
-#pragma unroll
-      for (int src = 0; src < kCombineSplits; ++src) s += pushed[src][k];
-      inv[k] = 1.f / sqrtf(s / static_cast<float>(L) + p.eps);
-    }
-  }
-  float4 acc[kVec];
-#pragma unroll
-  for (int v = 0; v < kVec; ++v) acc[v] = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-  for (int k = 0; k < kClusterSlots; ++k) {
-    if (slot_row[k] < 0) continue;
-    const float wt = slot_w[k];
-#pragma unroll
-    for (int v = 0; v < kVec; ++v) {
-      acc[v].x += wt * (y[k][v].x * inv[k]);
-      acc[v].y += wt * (y[k][v].y * inv[k]);
-      acc[v].z += wt * (y[k][v].z * inv[k]);
-      acc[v].w += wt * (y[k][v].w * inv[k]);
-    }
-  }
-#pragma unroll
-  for (int v = 0; v < kVec; ++v) {
-    const int64_t i = tid + int64_t{v} * kClusterThreads;
-    if (i >= Lc / 4) continue;
-    reinterpret_cast<float4*>(p.out + t * L + c0)[i] = acc[v];
-    if (p.out_act) reinterpret_cast<uint2*>(static_cast<uint16_t*>(p.out_act) + t * L + c0)[i] = PackBf16x4(acc[v]);
-  }
-}
-
-// MOESHARD_MOE_COMBINE_CLUSTER=1 and the shape fits: decode sizes on a GPU with clusters.
-bool CombineClusterFor(const MoeExpertParams& p) {
-  static const bool on = [] {
-    const char* v = std::getenv("MOESHARD_MOE_COMBINE_CLUSTER");
-    return v && v[0] == '1' && DeviceIsSm90OrNewer();
-  }();
-  return on && p.top_k <= kClusterSlots && p.width % (4 * kCombineSplits) == 0 &&
-         p.width <= int64_t{4} * kCombineSplits * 2 * kClusterThreads && p.num_tokens <= 64;
 }
 
 }  // namespace
@@ -449,12 +334,6 @@ cudaError_t LaunchMoeGatherX(const MoeExpertParams& p, const MoeWork& w, cudaStr
 }
 
 cudaError_t LaunchMoeCombine(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
-  if (CombineClusterFor(p)) {
-    const bool two = p.width > int64_t{4} * kCombineSplits * kClusterThreads;
-    return LaunchPdlCluster(two ? &CombineClusterKernel<2> : &CombineClusterKernel<1>,
-                            dim3(kCombineSplits, static_cast<unsigned>(p.num_tokens), 1), kClusterThreads, 0, stream,
-                            kCombineSplits, p, w);
-  }
   const unsigned grid = static_cast<unsigned>(p.num_tokens);
   const int64_t vec = (p.width / 4 + kCombineThreads - 1) / kCombineThreads;
   auto* k = p.width % 4 != 0 || vec > 8 ? &CombineKernel<0>

@@ -151,7 +151,7 @@ constexpr Shape kShapes[] = {
     {"repacked decode", 6, 8, 6, 12, 256, 512, 32, 5},
     // A wider decode step (L = 1024) through the direct GEMV kernels.
     {"gemv decode wide", 2, 8, 8, 16, 1024, 64, 0, -1},
-    // Past 4,096 wide: the clustered combine's two float4 a thread (MOESHARD_MOE_COMBINE_CLUSTER=1).
+    // Past 4,096 wide (Muse Spark's latent is 4,096): the combine's eight float4 a thread, with out_act.
     {"combine wide", 2, 8, 4, 8, 4128, 64, 0, -1},
     // The direct kernels' compile-time phases: I = 384 puts the down GEMV's four warps at
     // blocks 0, 3, 6 and 9 (MXFP4 phases 0, 3, 2, 1), in a window at column 128.

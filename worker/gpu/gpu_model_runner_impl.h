@@ -202,8 +202,10 @@ class GpuModelRunner : public ModelRunner, private LayerOps {
   bool moe_mix_pending_ = false;
   // On one GPU with a latent (Muse Spark) in bf16, the MoE combine writes the mix's bf16 copy for
   // latent_out itself (MoeExpertParams::out_act): no conversion kernel between them, which also
-  // kept latent_out's weights from starting early. MOESHARD_MIX_IN_COMBINE=1 (off until measured).
-  bool mix_in_combine_ = false;
+  // kept latent_out's weights from starting early (H100, 2026-12-06: Muse Spark's 8-layer decode
+  // step level at one stream, 6.32-6.34 -> 6.25-6.27 ms at four). MOESHARD_MIX_IN_COMBINE=0: the
+  // conversion kernel.
+  bool mix_in_combine_ = true;
   void* mix_act_ = nullptr;  // [T, Lw] act: the mix's copy the combine wrote, or null
   // MOESHARD_REPEAT_OPS (benchmarks only; runner_repeat.h): ops launched twice a step, so that
   // bench-model's step time shows what each costs inside the decode chain.
