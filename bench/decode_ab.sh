@@ -19,10 +19,11 @@ rc=0
 for t in "model_ops_test MOESHARD_RESIDUAL_WIDE=1 GTEST_FILTER=*Residual*" \
   "model_ops_test MOESHARD_RESIDUAL_WIDE=0 GTEST_FILTER=*Residual*" "gemv_test MOESHARD_GEMV_SPLITK=0"; do
   read -r name vars <<< "$t"
+  tlog="/tmp/decode_ab_${name}_$(echo "$vars" | tr -c 'A-Za-z0-9\n' '_').log"
   # shellcheck disable=SC2086  # the variables are words
-  env $vars "$bin/$name" > "/tmp/decode_ab_$name.log" 2>&1 || rc=1
-  log "$name ($vars): $(grep -E '^\[  (PASSED|FAILED) ' "/tmp/decode_ab_$name.log" | tr '\n' ' ')"
-  grep -E 'Failure' -A3 "/tmp/decode_ab_$name.log" | head -12
+  env $vars "$bin/$name" > "$tlog" 2>&1 || rc=1
+  log "$name ($vars): $(grep -E '^\[  (PASSED|FAILED) ' "$tlog" | tr '\n' ' ')"
+  grep -E 'Failure' -A3 "$tlog" | head -12
 done
 streams=1,4
 # shape_args SHAPE: bench-model's arguments for muse or qwen.

@@ -89,9 +89,9 @@ std::vector<float> ResidualRef(std::vector<float> s, std::vector<float> out, con
 
 TEST_P(ModelOpsTest, ResidualPlainAndGated) {
   // Widths for each kernel: 98 (not a multiple of 4: the loop kernel), 96 and 2048 (rows in
-  // registers, 1-2 pieces a thread), 4100 (5 pieces: registers when plain, the loop when gated)
-  // and 8192 (8 pieces): gated, 1,024 threads of 2 pieces by default, the loop with
-  // MOESHARD_RESIDUAL_WIDE=0 (ctest's model_ops_test_residual_narrow); plain, 256 threads, or 1,024
+  // registers, 1-2 pieces a thread), 4100 (5 pieces) and 8192 (8 pieces): plain rows in the
+  // registers of 256 threads; gated, 1,024 threads of 2 pieces by default, the loop with
+  // MOESHARD_RESIDUAL_WIDE=0 (ctest's model_ops_test_residual_narrow); plain rows in 1,024 threads
   // with MOESHARD_RESIDUAL_WIDE=1 (model_ops_test_residual_wide); each with the next block's fused
   // norm (fp32 copy too) and without.
   const int64_t rows = 3;
