@@ -39,9 +39,10 @@ struct GemvMatrix {
 // Optional x of a launch: the previous block's residual update and this block's input norm,
 // folded in — x[t] = rmsnorm(s[t] + add[t]) ⊙ norm, each row's sum of squares and rounding exactly
 // as the residual kernel's (norm_rope.cu ResidualRegKernel: 256 threads, float4 pieces; not its
-// 1,024-thread form, which plain rows past 4,096 take only under MOESHARD_RESIDUAL_WIDE=1: its sums group otherwise).
-// Every block computes the rows itself; block 0 also writes x as `xn` (act dtype) for the kernels after it. s is not
-// written: the next residual update adds `add` first (ResidualParams::pre_add).
+// 1,024-thread form, whose sums group otherwise and which plain rows past 4,096 take only under
+// MOESHARD_RESIDUAL_WIDE=1). Every block computes the rows itself; block 0 also writes x as `xn`
+// (act dtype) for the kernels after it. s is not written: the next residual update adds `add`
+// first (ResidualParams::pre_add).
 struct GemvResidualIn {
   const float* s = nullptr;  // [T, K] fp32; null: x as given
   const float* add = nullptr;

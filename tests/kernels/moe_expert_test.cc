@@ -647,6 +647,36 @@ TEST(MoeExpertNoDeviceTest, RejectsInconsistentRepackHints) {
   EXPECT_THAT(says(nvfp4 | gpu::kMoeNvfp4Repacked | gpu::kMoeQ8Repacked), ::testing::HasSubstr("workspace of 0"));
 }
 
+// The combine's bf16 copy (MoeExpertParams::out_act) is refused before any launch where it cannot be
+// written: fp32 activations, an address off 8 bytes, and the rows-only step, which has no combine.
+TEST(MoeExpertNoDeviceTest, RefusesOutActItCannotWrite) {
+  gpu::MoeExpertParams p;
+  p.num_local_experts = 2;
+  p.width = p.inter = 256;
+  p.top_k = 2;
+  p.num_tokens = 4;
+  alignas(256) static uint8_t fake[256];
+  p.experts = reinterpret_cast<const gpu::MoeExpertWeights*>(fake);
+  p.expert_ids = reinterpret_cast<const int32_t*>(fake);
+  p.weights = reinterpret_cast<const float*>(fake);
+  p.x = fake;
+  p.out = reinterpret_cast<float*>(fake);
+  p.workspace = fake;
+  p.out_act = fake;
+  p.act_dtype = ActDType::kF32;
+  EXPECT_THAT(std::string(gpu::MoeExpertStep(p, nullptr).message()),
+              ::testing::HasSubstr("out_act needs act_dtype bf16"));
+  p.act_dtype = ActDType::kBF16;
+  p.out_act = fake + 2;
+  EXPECT_THAT(std::string(gpu::MoeExpertStep(p, nullptr).message()), ::testing::HasSubstr("8-byte alignment"));
+  // Aligned and bf16: past this check, stopped at the next (the workspace's size).
+  p.out_act = fake + 8;
+  EXPECT_THAT(std::string(gpu::MoeExpertStep(p, nullptr).message()), ::testing::HasSubstr("workspace of 0"));
+  auto rows = gpu::MoeExpertStepRows(p, nullptr);
+  ASSERT_FALSE(rows.ok());
+  EXPECT_THAT(std::string(rows.status().message()), ::testing::HasSubstr("out_act needs the combine"));
+}
+
 // The MXFP4 repack's shape rules, checked before any device work: an MXFP4 view on the 32-column
 // grid with rows % 16 and cols % 256; anything else refused with the rule (MoeRepackMxfp4) or
 // reported not repackable (MoeMxfp4Repackable).
