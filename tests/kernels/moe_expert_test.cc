@@ -615,21 +615,28 @@ TEST(MoeExpertNoDeviceTest, RejectsBadParams) {
   EXPECT_GT(gpu::MoeExpertWorkspaceBytes(32, 4096, 4096, 8, 8), size_t{8 * 8 * 4096 * 10});
 }
 
-// Hints that would send repacked views down a path that cannot read them are refused before any
-// launch (Validate; the pointers are never dereferenced).
-TEST(MoeExpertNoDeviceTest, RejectsInconsistentRepackHints) {
+// Parameters that pass Validate's size and pointer checks without a device: every pointer at one
+// 256-byte-aligned host buffer (`fake`), never dereferenced — the checks under test refuse first.
+alignas(256) uint8_t fake[256];  // FakeParams' pointers
+gpu::MoeExpertParams FakeParams() {
   gpu::MoeExpertParams p;
   p.num_local_experts = 2;
   p.width = p.inter = 256;
   p.top_k = 2;
   p.num_tokens = 4;
-  alignas(256) static uint8_t fake[256];
   p.experts = reinterpret_cast<const gpu::MoeExpertWeights*>(fake);
   p.expert_ids = reinterpret_cast<const int32_t*>(fake);
   p.weights = reinterpret_cast<const float*>(fake);
   p.x = fake;
   p.out = reinterpret_cast<float*>(fake);
   p.workspace = fake;
+  return p;
+}
+
+// Hints that would send repacked views down a path that cannot read them are refused before any
+// launch (Validate; the pointers are never dereferenced).
+TEST(MoeExpertNoDeviceTest, RejectsInconsistentRepackHints) {
+  gpu::MoeExpertParams p = FakeParams();
   p.act_dtype = ActDType::kBF16;
   const uint32_t nvfp4 = gpu::MoeFormatBit(WeightFormat::kNVFP4), mxfp4 = gpu::MoeFormatBit(WeightFormat::kMXFP4);
   auto says = [&](uint32_t hint) {
@@ -650,18 +657,7 @@ TEST(MoeExpertNoDeviceTest, RejectsInconsistentRepackHints) {
 // The combine's bf16 copy (MoeExpertParams::out_act) is refused before any launch where it cannot be
 // written: fp32 activations, an address off 8 bytes, and the rows-only step, which has no combine.
 TEST(MoeExpertNoDeviceTest, RefusesOutActItCannotWrite) {
-  gpu::MoeExpertParams p;
-  p.num_local_experts = 2;
-  p.width = p.inter = 256;
-  p.top_k = 2;
-  p.num_tokens = 4;
-  alignas(256) static uint8_t fake[256];
-  p.experts = reinterpret_cast<const gpu::MoeExpertWeights*>(fake);
-  p.expert_ids = reinterpret_cast<const int32_t*>(fake);
-  p.weights = reinterpret_cast<const float*>(fake);
-  p.x = fake;
-  p.out = reinterpret_cast<float*>(fake);
-  p.workspace = fake;
+  gpu::MoeExpertParams p = FakeParams();
   p.out_act = fake;
   p.act_dtype = ActDType::kF32;
   EXPECT_THAT(std::string(gpu::MoeExpertStep(p, nullptr).message()),
