@@ -4,8 +4,8 @@
 // lower index, as the CPU reference), then the weights: softmax over all experts restricted
 // to the picked ones (optionally renormalized), or softmax over the picked logits only.
 // Exponentials in double, as the CPU reference. One warp per token (each lane holds
-// experts lane, lane + 32, ...; a selection round is a warp argmax) up to 512 experts; one
-// thread per token beyond.
+// experts lane, lane + 32, ...; a selection round is two warp reductions) up to 512 experts;
+// one thread per token beyond.
 #include "kernels/cuda/act.cuh"
 #include "kernels/cuda/launchers.h"
 #include "kernels/cuda/pdl.cuh"
@@ -59,13 +59,23 @@ __global__ void RoutingKernel(RoutingParams p) {
 
 constexpr int kWarpPerLane = 16;  // the warp kernel holds up to 32 * 16 = 512 experts
 
-// The better of two candidates (value, expert): larger value, then lower index; e < 0 is none.
-__device__ __forceinline__ bool Better(float v, int e, float bv, int be) {
-  return e >= 0 && (be < 0 || v > bv || (v == bv && e < be));
+// A logit as a key whose unsigned order is the values' order: -0 as +0 (they tie, as the CPU's
+// comparisons have it), NaN as 1 (below every number), 0 left for "none".
+__device__ __forceinline__ uint32_t RouteKey(float v) {
+  if (v != v) return 1u;
+  const uint32_t u = __float_as_uint(v == 0.f ? 0.f : v);
+  return u >> 31 ? ~u : u | 0x80000000u;
+}
+__device__ __forceinline__ float RouteKeyValue(uint32_t key) {
+  return __uint_as_float(key >> 31 ? key & 0x7FFFFFFFu : ~key);
 }
 
-// kPer logits a lane (E <= 32 * kPer); each pick's value is kept from the warp reduction, so
-// nothing is read twice.
+// kPer logits a lane (E <= 32 * kPer). Each round picks the largest remaining logit, the lower
+// expert index on ties, by two warp reductions (redux.sync): the largest key, then among the lanes
+// holding it the lowest index (as ~index); a lane's best is its first largest key (i ascending is
+// index ascending), and the picked value is read back from its key, so nothing is read twice.
+// Replaced (2026-12-06) an argmax of (value, index) pairs by five shuffle rounds a pick: the
+// routing kernel's share of Qwen3-30B's decode chain 4.50 -> 3.16 µs a layer (H100, probe build).
 template <int kPer>
 __global__ void RoutingWarpKernel(RoutingParams p) {
   PdlWait();
@@ -76,34 +86,33 @@ __global__ void RoutingWarpKernel(RoutingParams p) {
   const float* l = p.logits + t * p.num_experts;
   const int E = static_cast<int>(p.num_experts), k = static_cast<int>(p.top_k);
   float v[kPer];
+  uint32_t key[kPer];  // 0: past E or picked
 #pragma unroll
-  for (int i = 0; i < kPer; ++i) v[i] = lane + 32 * i < E ? l[lane + 32 * i] : 0.f;
-  unsigned taken = 0;  // bit i: expert lane + 32 i already picked
-  int my_id = -1;      // lane j < k keeps the j-th pick and its logit
+  for (int i = 0; i < kPer; ++i) {
+    const int e = lane + 32 * i;
+    v[i] = e < E ? l[e] : 0.f;
+    key[i] = e < E ? RouteKey(v[i]) : 0u;
+  }
+  int my_id = -1;  // lane j < k keeps the j-th pick and its logit
   float my_v = 0.f, first_v = 0.f;
   for (int j = 0; j < k; ++j) {
-    float bv = 0.f;
-    int be = -1;
+    uint32_t bk = 0, bi = 0;  // this lane's best key and its ~index
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
-      const int e = lane + 32 * i;
-      if (e < E && !((taken >> i) & 1u) && Better(v[i], e, bv, be)) {
-        bv = v[i];
-        be = e;
+      if (key[i] > bk) {
+        bk = key[i];
+        bi = ~static_cast<uint32_t>(lane + 32 * i);
       }
     }
-    for (int off = 16; off > 0; off >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
-      const int oe = __shfl_xor_sync(0xffffffffu, be, off);
-      if (Better(ov, oe, bv, be)) {
-        bv = ov;
-        be = oe;
-      }
+    const uint32_t top = __reduce_max_sync(0xffffffffu, bk);  // >= 1: k <= E leaves a candidate
+    const uint32_t e = ~__reduce_max_sync(0xffffffffu, bk == top ? bi : 0u);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      if (static_cast<uint32_t>(lane + 32 * i) == e) key[i] = 0u;
     }
-    be = max(be, 0);  // a candidate always exists (k <= E)
-    if ((be & 31) == lane) taken |= 1u << (be >> 5);
+    const float bv = RouteKeyValue(top);
     if (lane == j) {
-      my_id = be;
+      my_id = static_cast<int>(e);
       my_v = bv;
     }
     if (j == 0) first_v = bv;

@@ -243,6 +243,10 @@ TEST_P(ModelOpsTest, RoutingBothSoftmaxModes) {
     auto logits = Randn(T * E, rng_, 2.f);
     logits[5] = logits[6];            // a tie: the lower index wins
     logits[E + 40 % E] = logits[E + 3];  // another, across lanes
+    // Token 2: -0 and +0 on top, tied (the lower index, -0's, first), the rest negative.
+    for (int64_t e = 0; e < E; ++e) logits[2 * E + e] = -1.f - std::fabs(logits[2 * E + e]);
+    logits[2 * E + 7] = -0.f;
+    logits[2 * E + 3 * E / 4] = 0.f;
     Dev<float> dl(logits);
     const int64_t begin = E / 3, nloc = E / 3;
     for (bool topk_only : {false, true}) {
