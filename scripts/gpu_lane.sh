@@ -224,6 +224,9 @@ run_lane() {
     if grep -qx moe_expert_test "$list"; then
       run_gtest moe_expert_test "$bin" "$work/moe_expert_test-no-stream-direct.log" moe_expert_test-no-stream-direct \
         MOESHARD_MOE_STREAM_DIRECT=0
+      # The direct down kernels waiting before their first weights (ctest's moe_expert_test_no_down_early).
+      run_gtest moe_expert_test "$bin" "$work/moe_expert_test-no-down-early.log" moe_expert_test-no-down-early \
+        MOESHARD_MOE_DOWN_EARLY=0
       # The prefill shapes' repacked MXFP4 / Q8_0 experts through the wgmma GEMMs (off by default
       # until it has passed here; ctest's moe_expert_test_wgmma_repacked).
       run_gtest moe_expert_test "$bin" "$work/moe_expert_test-wgmma-repacked.log" moe_expert_test-wgmma-repacked \

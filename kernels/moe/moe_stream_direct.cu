@@ -26,6 +26,7 @@
 #include "kernels/cuda/mbarrier.cuh"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/moe/moe_device.cuh"
+#include "kernels/moe/moe_env.h"
 #include "kernels/moe/moe_launch.h"
 #include "kernels/moe/moe_q8_stream_layout.h"
 #include "kernels/moe/moe_unit_cursor.h"
@@ -169,8 +170,14 @@ struct Direct {
   }
 };
 
-template <bool kGateUp, bool kQ8>
+// kEarly (down only; MOESHARD_MOE_DOWN_EARLY=0 off): the ids, the units and the first two chunks
+// a warp go out before the wait, so down's first weights stream while gate/up ends; its activations
+// (gate/up's h) are read after it. The ids were written two launches back or more (the routing
+// kernel; gate/up could let this grid start only once it had waited for that kernel): pdl.cuh rule
+// 1, read through L2. As moe_direct.cu's and moe_gemv.cu's direct down kernels do.
+template <bool kGateUp, bool kQ8, bool kEarly = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocks<kQ8>) StreamDirectKernel(MoeExpertParams p, MoeWork w) {
+  static_assert(!(kGateUp && kEarly), "gate/up reads the ids of the kernel just before it");
   const int E = p.num_local_experts;
   const int64_t pairs = p.num_tokens * p.top_k;
   Views* tab = reinterpret_cast<Views*>(smem + kTableOffset<kQ8>);
@@ -194,8 +201,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kQ8>) StreamDirectKernel(
   }
   int32_t* local = ids + pairs;  // the pairs whose experts are on this GPU, in order
   int32_t& n_local = local[pairs];
-  PdlWait();
-  PdlTrigger();
+  if constexpr (!kEarly) {
+    PdlWait();
+    PdlTrigger();
+  }
   for (int64_t i = threadIdx.x; i < pairs; i += kThreads) ids[i] = __ldcg(p.expert_ids + i);
   __syncthreads();
   if (warp == 0) {
@@ -240,6 +249,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kQ8>) StreamDirectKernel(
   };
   stage_next();
   stage_next();
+  if constexpr (kEarly) {
+    PdlWait();
+    PdlTrigger();
+  }
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll 1
   for (int i = 0; i < total; ++i) {
@@ -257,13 +270,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kQ8>) StreamDirectKernel(
   }
 }
 
-template <bool kGateUp, bool kQ8>
+template <bool kGateUp, bool kQ8, bool kEarly = false>
 cudaError_t LaunchT(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
   const int64_t pairs = p.num_tokens * p.top_k;
   const int smem_bytes = kTableOffset<kQ8> + TableBytes(p.num_local_experts, pairs);
   static int attr_bytes = 0;  // the largest size set so far (the attribute is per kernel)
   if (smem_bytes > attr_bytes) {
-    if (cudaError_t e = cudaFuncSetAttribute(StreamDirectKernel<kGateUp, kQ8>,
+    if (cudaError_t e = cudaFuncSetAttribute(StreamDirectKernel<kGateUp, kQ8, kEarly>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
         e != cudaSuccess) {
       return e;
@@ -271,15 +284,16 @@ cudaError_t LaunchT(const MoeExpertParams& p, const MoeWork& w, cudaStream_t str
     attr_bytes = smem_bytes;
   }
   int per_sm = 0;
-  if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, StreamDirectKernel<kGateUp, kQ8>, kThreads,
-                                                                    smem_bytes);
+  if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, StreamDirectKernel<kGateUp, kQ8, kEarly>,
+                                                                    kThreads, smem_bytes);
       e != cudaSuccess) {
     return e;
   }
   const int64_t units = pairs * (kGateUp ? p.inter / 16 : p.width / 32);
   const int64_t wave = std::max<int64_t>(1, int64_t{per_sm} * std::max(w.num_sms, 1));
   const int64_t grid = std::max<int64_t>(1, std::min(units, wave));
-  return LaunchPdl(StreamDirectKernel<kGateUp, kQ8>, static_cast<unsigned>(grid), kThreads, smem_bytes, stream, p, w);
+  return LaunchPdl(StreamDirectKernel<kGateUp, kQ8, kEarly>, static_cast<unsigned>(grid), kThreads, smem_bytes, stream,
+                   p, w);
 }
 
 }  // namespace
@@ -289,6 +303,8 @@ cudaError_t LaunchMoeStreamDirectGateUp(const MoeExpertParams& p, const MoeWork&
 }
 
 cudaError_t LaunchMoeStreamDirectDown(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
+  static const bool early = EnvInt("MOESHARD_MOE_DOWN_EARLY", 1) != 0;
+  if (early) return w.stream_q8 ? LaunchT<false, true, true>(p, w, stream) : LaunchT<false, false, true>(p, w, stream);
   return w.stream_q8 ? LaunchT<false, true>(p, w, stream) : LaunchT<false, false>(p, w, stream);
 }
 
