@@ -243,6 +243,8 @@ TEST_P(ModelOpsTest, RoutingBothSoftmaxModes) {
     auto logits = Randn(T * E, rng_, 2.f);
     logits[5] = logits[6];            // a tie: the lower index wins
     logits[E + 40 % E] = logits[E + 3];  // another, across lanes
+    // Token 1's first three picks tied: experts 3 and 35 (one lane) and 40 (another), in that order.
+    if (E > 40) logits[E + 3] = logits[E + 35] = logits[E + 40] = 8.f;
     // Token 2: -0 and +0 on top, tied (the lower index, -0's, first), the rest negative.
     for (int64_t e = 0; e < E; ++e) logits[2 * E + e] = -1.f - std::fabs(logits[2 * E + e]);
     logits[2 * E + 7] = -0.f;
