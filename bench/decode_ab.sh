@@ -5,14 +5,15 @@
 # the stream layout, Q8_0 dense), each setting twice, alternating, at 1 and 4 streams.
 #   bench/decode_ab.sh BIN_DIR [SETTING ...]
 # BIN_DIR holds moeshard, model_ops_test and gemv_test (a device bundle's bin/). A SETTING is a
-# space-separated list of VAR=VALUE (default: the defaults, each switch off alone, both off: the
-# wide gated residual update and the split GEMV, on by default since 2026-12-06).
+# space-separated list of VAR=VALUE (default: the defaults, then each switch off alone — the wide
+# gated residual update and the split GEMV, both off, and the direct GEMV's down kernel waiting
+# before its first weights — all on by default since 2026-12-06).
 set -uo pipefail
 bin=${1:?usage: decode_ab.sh BIN_DIR [SETTING ...]}
 shift
 settings=("$@")
 [ ${#settings[@]} -gt 0 ] || settings=("X=0" "MOESHARD_RESIDUAL_WIDE=0" "MOESHARD_GEMV_SPLITK=0"
-                                      "MOESHARD_RESIDUAL_WIDE=0 MOESHARD_GEMV_SPLITK=0")
+                                      "MOESHARD_RESIDUAL_WIDE=0 MOESHARD_GEMV_SPLITK=0" "MOESHARD_MOE_DOWN_EARLY=0")
 export NCCL_NVLS_ENABLE=0
 log() { echo "== $(date -u +%H:%M:%S) $*"; }
 rc=0
