@@ -31,6 +31,7 @@
 #include "kernels/cuda/mbarrier.cuh"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/moe/moe_device.cuh"
+#include "kernels/moe/moe_env.h"
 #include "kernels/moe/moe_launch.h"
 
 namespace moeshard::gpu {
@@ -382,7 +383,7 @@ cudaError_t LaunchK(const MoeExpertParams& p, const MoeWork& w, cudaStream_t str
 
 template <bool kGateUp>
 cudaError_t Launch(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
-  static const bool early = EnvOn("MOESHARD_MOE_DOWN_EARLY"), sub = EnvOn("MOESHARD_MOE_SUBNORMAL");
+  static const bool early = MoeDownEarly(), sub = EnvOn("MOESHARD_MOE_SUBNORMAL");
   if (kGateUp) return sub ? LaunchK<true, false, true>(p, w, stream) : LaunchK<true, false, false>(p, w, stream);
   if (early) return sub ? LaunchK<false, true, true>(p, w, stream) : LaunchK<false, true, false>(p, w, stream);
   return sub ? LaunchK<false, false, true>(p, w, stream) : LaunchK<false, false, false>(p, w, stream);

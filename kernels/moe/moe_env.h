@@ -12,4 +12,15 @@ inline int EnvInt(const char* name, int def) {
   return v && *v ? std::atoi(v) : def;
 }
 
+// MOESHARD_MOE_DOWN_EARLY: the direct down kernels (moe_stream_direct.cu, moe_direct.cu,
+// moe_gemv.cu) issue their first weights before their wait; a value starting with 0 makes them wait
+// first. Read once, the same for all three.
+inline bool MoeDownEarly() {
+  static const bool on = [] {
+    const char* v = std::getenv("MOESHARD_MOE_DOWN_EARLY");
+    return !(v && v[0] == '0');
+  }();
+  return on;
+}
+
 }  // namespace moeshard::gpu

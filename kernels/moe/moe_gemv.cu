@@ -39,6 +39,7 @@
 
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/moe/moe_device.cuh"
+#include "kernels/moe/moe_env.h"
 #include "kernels/moe/moe_launch.h"
 
 namespace moeshard::gpu {
@@ -453,17 +454,9 @@ cudaError_t LaunchDirectK(const MoeExpertParams& p, const MoeWork& w, cudaStream
   return LaunchPdl(GemvDirectKernel<kGateUp, kEarly>, static_cast<unsigned>(grid), kThreads, kSmem, stream, p, w);
 }
 
-bool DownEarly() {
-  static const bool on = [] {
-    const char* v = std::getenv("MOESHARD_MOE_DOWN_EARLY");
-    return !(v && v[0] == '0');
-  }();
-  return on;
-}
-
 template <bool kGateUp>
 cudaError_t LaunchDirect(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
-  if (!kGateUp && DownEarly()) return LaunchDirectK<kGateUp, true>(p, w, stream);
+  if (!kGateUp && MoeDownEarly()) return LaunchDirectK<kGateUp, true>(p, w, stream);
   return LaunchDirectK<kGateUp, false>(p, w, stream);
 }
 

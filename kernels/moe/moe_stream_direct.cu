@@ -22,11 +22,11 @@
 // scripts/gpu_repack_check.sh): on by default since, at the sizes moe_expert.cc's
 // StreamDirectShape gives; MOESHARD_MOE_STREAM_DIRECT=0 off (ctest moe_expert_test_no_stream_direct).
 #include <algorithm>
-#include <cstdlib>
 
 #include "kernels/cuda/mbarrier.cuh"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/moe/moe_device.cuh"
+#include "kernels/moe/moe_env.h"
 #include "kernels/moe/moe_launch.h"
 #include "kernels/moe/moe_q8_stream_layout.h"
 #include "kernels/moe/moe_unit_cursor.h"
@@ -303,11 +303,8 @@ cudaError_t LaunchMoeStreamDirectGateUp(const MoeExpertParams& p, const MoeWork&
 }
 
 cudaError_t LaunchMoeStreamDirectDown(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
-  static const bool early = [] {  // as moe_direct.cu and moe_gemv.cu read it: "0..." off
-    const char* v = std::getenv("MOESHARD_MOE_DOWN_EARLY");
-    return !(v && v[0] == '0');
-  }();
-  if (early) return w.stream_q8 ? LaunchT<false, true, true>(p, w, stream) : LaunchT<false, false, true>(p, w, stream);
+  if (MoeDownEarly())
+    return w.stream_q8 ? LaunchT<false, true, true>(p, w, stream) : LaunchT<false, false, true>(p, w, stream);
   return w.stream_q8 ? LaunchT<false, true>(p, w, stream) : LaunchT<false, false>(p, w, stream);
 }
 
