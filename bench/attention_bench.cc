@@ -28,6 +28,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "bench/copy_rate.h"
 #include "bench/cuda_exit.h"
 #include "common/dtype.h"
 #include "kernels/cuda/gpu_ops.h"
@@ -39,32 +40,6 @@ namespace {
 struct Case {
   int64_t seqs = 1, ctx = 4096;
 };
-
-// Device-to-device copy rate (GB/s, read + write bytes) of a 2 GiB buffer.
-double CopyRate() {
-  const size_t n = size_t{1} << 31;
-  void *a = nullptr, *b = nullptr;
-  CK(cudaMalloc(&a, n));
-  CK(cudaMalloc(&b, n));
-  CK(cudaMemset(a, 1, n));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  std::vector<float> ms;
-  for (int i = 0; i < 6; ++i) {
-    CK(cudaEventRecord(e0));
-    CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice));
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float t = 0;
-    CK(cudaEventElapsedTime(&t, e0, e1));
-    if (i > 0) ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  CK(cudaFree(a));
-  CK(cudaFree(b));
-  return 2.0 * n / (ms[ms.size() / 2] * 1e-3) / 1e9;
-}
 
 // Fills `bytes` of device memory with a repeated host pattern of sane values: bf16 normals or
 // FP8 e4m3 codes without the NaN codes (0x7f, 0xff).
@@ -156,7 +131,7 @@ int Main(int argc, char** argv) {
   }
   const char* tc = std::getenv("MOESHARD_ATTN_TC_DECODE");
   const char* split_keys = std::getenv("MOESHARD_ATTN_SPLIT_KEYS");
-  const double copy = CopyRate();
+  const double copy = bench::CopyRate();
   std::printf(
       "attention_bench: %lld q heads, %lld KV heads, head_dim %lld, block %lld; copy %.0f GB/s; kernels: %s; fewest "
       "keys a split: %s; calls queued together: %d\n",

@@ -1,0 +1,248 @@
+// read_bandwidth_bench: how fast this GPU reads HBM the ways the decode kernels read weights —
+// plain 128-bit loads (the dense GEMVs), and 1-D bulk copies into shared memory through per-warp
+// rings (the experts' direct GEMV, kernels/moe/moe_stream_direct.cu: one copy of 2,048 code
+// bytes and one of 256 scale bytes a chunk, two chunks a warp in flight) at 1-32 KB a copy —
+// each against the device-to-device copy rate measured in the same run (2 x bytes / time, the
+// "copy bandwidth" of docs/PERFORMANCE.md). Nothing is computed: the figures are the ceilings of
+// each way of reading, for choosing between them (issue 13: the experts' direct GEMV streams at
+// ~70 % of the DRAM peak under ncu, the dense GEMVs' plain loads at ~80-90 %).
+//
+//   read_bandwidth_bench [--gib 2] [--iters 5] [--sizes 1024,2048,...] [--slots 2,4] [--warps 8]
+//
+// Per row: the way, the bytes a copy, the ring (copies in flight a warp), the layout (each warp
+// one contiguous run of chunks, as a warp's slice of an expert; or consecutive chunks on
+// consecutive warps), blocks an SM, GB/s read, and that over the copy rate.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "bench/copy_rate.h"
+#include "bench/cuda_exit.h"
+#include "kernels/cuda/mbarrier.cuh"
+
+namespace {
+
+using moeshard::gpu::BulkCopyToShared;
+using moeshard::gpu::ElectOne;
+using moeshard::gpu::MbarrierArriveExpectTx;
+using moeshard::gpu::MbarrierInit;
+using moeshard::gpu::MbarrierWait;
+
+// Plain loads: each thread four 16-byte loads an iteration (non-coherent, not kept in L1), XORed
+// into one word so that none is dead; `sink` written only if the XOR is a value no fill gives.
+__global__ void __launch_bounds__(256) PlainLoads(const uint4* __restrict__ src, size_t n16, uint32_t* sink) {
+  const size_t stride = size_t{gridDim.x} * blockDim.x;
+  uint32_t acc = 0;
+  size_t i = size_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  for (; i + 3 * stride < n16; i += 4 * stride) {
+    uint4 v[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                   : "=r"(v[k].x), "=r"(v[k].y), "=r"(v[k].z), "=r"(v[k].w)
+                   : "l"(src + i + k * stride));
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) acc ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
+  }
+  for (; i < n16; i += stride) acc ^= src[i].x;
+  if (acc == 0x9e3779b9u) *sink = acc;
+}
+
+extern __shared__ __align__(128) uint8_t smem[];
+
+// Bulk copies: warp w's ring of kSlots buffers of `copy` bytes (+ `extra` bytes from `src2` a
+// chunk when nonzero: the scales beside the codes); chunk c of `chunks` goes to warp
+// c / per_warp (contiguous) or c % warps_total (interleaved). One word of each chunk is read
+// from shared memory once it has landed, so the ring turns as the GEMV's does.
+template <int kSlots>
+__global__ void BulkRing(const uint8_t* __restrict__ src, const uint8_t* __restrict__ src2, uint32_t copy,
+                         uint32_t extra, int64_t chunks, int contiguous, uint32_t* sink) {
+  const int warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const int64_t gw = int64_t{blockIdx.x} * warps + warp, nw = int64_t{gridDim.x} * warps;
+  const uint32_t stage = copy + extra;
+  uint8_t* ring = smem + static_cast<size_t>(warp) * kSlots * stage;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + static_cast<size_t>(warps) * kSlots * stage) + warp * kSlots;
+  if (threadIdx.x % 32 == 0) {
+    for (int s = 0; s < kSlots; ++s) MbarrierInit(bars + s, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncwarp();
+  // This warp's chunks: [first, first + count) one by one, or first, first + nw, ...
+  const int64_t per = (chunks + nw - 1) / nw;
+  const int64_t first = contiguous ? gw * per : gw;
+  const int64_t left = chunks - first;
+  const int64_t count =
+      contiguous ? (left <= 0 ? 0 : (left < per ? left : per)) : (gw < chunks ? (chunks - 1 - gw) / nw + 1 : 0);
+  const int64_t step = contiguous ? 1 : nw;
+  auto issue = [&](int64_t k) {
+    if (k >= count || !ElectOne()) return;
+    const int64_t c = first + k * step;
+    uint64_t* bar = bars + k % kSlots;
+    uint8_t* dst = ring + (k % kSlots) * stage;
+    MbarrierArriveExpectTx(bar, stage);
+    BulkCopyToShared(dst, src + c * copy, copy, bar);
+    if (extra) BulkCopyToShared(dst + copy, src2 + c * extra, extra, bar);
+  };
+  for (int k = 0; k < kSlots; ++k) issue(k);
+  uint32_t acc = 0;
+  for (int64_t k = 0; k < count; ++k) {
+    MbarrierWait(bars + k % kSlots, static_cast<uint32_t>((k / kSlots) & 1));
+    acc ^= reinterpret_cast<const uint32_t*>(ring + (k % kSlots) * stage)[threadIdx.x % 32];
+    __syncwarp();
+    issue(k + kSlots);
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;
+}
+
+// Median ms of `iters` runs of launch() (one warm-up first).
+template <typename F>
+double TimeMs(F launch, int iters) {
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  launch();
+  CK(cudaGetLastError());
+  std::vector<float> ms;
+  for (int i = 0; i < iters; ++i) {
+    CK(cudaEventRecord(e0));
+    launch();
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    float t = 0;
+    CK(cudaEventElapsedTime(&t, e0, e1));
+    ms.push_back(t);
+  }
+  CK(cudaGetLastError());
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+std::vector<long> ParseList(const char* s) {
+  std::vector<long> v;
+  for (std::string t = s; !t.empty();) {
+    const size_t c = t.find(',');
+    v.push_back(std::atol(t.substr(0, c).c_str()));
+    t = c == std::string::npos ? "" : t.substr(c + 1);
+  }
+  return v;
+}
+
+template <int kSlots>
+void RunBulk(const uint8_t* src, const uint8_t* src2, size_t bytes, uint32_t copy, uint32_t extra, int contiguous,
+             int warps, int sms, int iters, double copy_rate, uint32_t* sink) {
+  const size_t smem_bytes =
+      static_cast<size_t>(warps) * kSlots * (copy + extra) + static_cast<size_t>(warps) * kSlots * 8;
+  if (cudaFuncSetAttribute(BulkRing<kSlots>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(smem_bytes)) != cudaSuccess) {
+    cudaGetLastError();
+    std::printf("| bulk | %u + %u | %d | %s | - | does not fit (%zu bytes of shared memory) | |\n", copy, extra, kSlots,
+                contiguous ? "contiguous" : "interleaved", smem_bytes);
+    return;
+  }
+  int per_sm = 0;
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, BulkRing<kSlots>, warps * 32, smem_bytes));
+  if (per_sm == 0) {
+    std::printf("| bulk | %u + %u | %d | %s | 0 | no block fits | |\n", copy, extra, kSlots,
+                contiguous ? "contiguous" : "interleaved");
+    return;
+  }
+  const int64_t chunks = static_cast<int64_t>(bytes / copy);
+  const double ms = TimeMs(
+      [&] {
+        BulkRing<kSlots><<<per_sm * sms, warps * 32, smem_bytes>>>(src, src2, copy, extra, chunks, contiguous, sink);
+      },
+      iters);
+  const double gbs = static_cast<double>(chunks) * (copy + extra) / (ms * 1e-3) / 1e9;
+  std::printf("| bulk | %u + %u | %d | %s | %d | %.0f | %.1f %% |\n", copy, extra, kSlots,
+              contiguous ? "contiguous" : "interleaved", per_sm, gbs, 100.0 * gbs / copy_rate);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  double gib = 2;
+  int iters = 5, warps = 8;
+  std::vector<long> sizes = {1024, 2048, 4096, 8192, 16384, 32768}, slots = {2, 4};
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--gib") {
+      gib = std::atof(argv[i + 1]);
+    } else if (a == "--iters") {
+      iters = std::atoi(argv[i + 1]);
+    } else if (a == "--sizes") {
+      sizes = ParseList(argv[i + 1]);
+    } else if (a == "--slots") {
+      slots = ParseList(argv[i + 1]);
+    } else if (a == "--warps") {
+      warps = std::atoi(argv[i + 1]);
+    } else {
+      std::fprintf(stderr, "unknown flag %s\n", a.c_str());
+      return 2;
+    }
+  }
+  if (gib <= 0 || iters < 1 || warps < 1 || warps > 32) {
+    std::fprintf(stderr, "--gib > 0, --iters >= 1, 1 <= --warps <= 32\n");
+    return 2;
+  }
+  for (long s : sizes) {
+    if (s < 256 || s % 256 != 0 || s > 65536) {
+      std::fprintf(stderr, "--sizes: multiples of 256 bytes, 256..65536 (got %ld)\n", s);
+      return 2;
+    }
+  }
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, 0));
+  const size_t bytes = static_cast<size_t>(gib * (1 << 30)) / 65536 * 65536;
+  uint8_t *src = nullptr, *src2 = nullptr;
+  uint32_t* sink = nullptr;
+  CK(cudaMalloc(&src, bytes));
+  CK(cudaMalloc(&src2, bytes / 8));
+  CK(cudaMalloc(&sink, 4));
+  CK(cudaMemset(src, 0x35, bytes));
+  CK(cudaMemset(src2, 0x53, bytes / 8));
+  const double copy_rate = moeshard::bench::CopyRate();
+  std::printf("%s, %d SMs; device-to-device copy %.0f GB/s; %.2f GiB read a run, median of %d\n\n", prop.name,
+              prop.multiProcessorCount, copy_rate, bytes / double(1 << 30), iters);
+  std::printf("| way | bytes a copy (+ scales) | ring | layout | blocks an SM | GB/s | of copy |\n");
+  std::printf("|---|---|---|---|---|---|---|\n");
+  {
+    int per_sm = 0;
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, PlainLoads, 256, 0));
+    const double ms = TimeMs(
+        [&] {
+          PlainLoads<<<per_sm * prop.multiProcessorCount, 256>>>(reinterpret_cast<const uint4*>(src), bytes / 16, sink);
+        },
+        iters);
+    const double gbs = bytes / (ms * 1e-3) / 1e9;
+    std::printf("| plain 16-byte loads | - | 4 a thread | grid-stride | %d | %.0f | %.1f %% |\n", per_sm, gbs,
+                100.0 * gbs / copy_rate);
+  }
+  for (long s : sizes) {
+    for (long k : slots) {
+      for (int contiguous : {1, 0}) {
+        for (uint32_t extra : {0u, static_cast<uint32_t>(s / 8)}) {
+          if (k == 2) {
+            RunBulk<2>(src, src2, bytes, static_cast<uint32_t>(s), extra, contiguous, warps, prop.multiProcessorCount,
+                       iters, copy_rate, sink);
+          } else if (k == 4) {
+            RunBulk<4>(src, src2, bytes, static_cast<uint32_t>(s), extra, contiguous, warps, prop.multiProcessorCount,
+                       iters, copy_rate, sink);
+          } else {
+            std::fprintf(stderr, "--slots: 2 or 4\n");
+            return 2;
+          }
+        }
+      }
+    }
+  }
+  CK(cudaFree(src));
+  CK(cudaFree(src2));
+  CK(cudaFree(sink));
+  return 0;
+}
