@@ -49,6 +49,11 @@
 #       moe_expert_test-stream-split.
 #       MOESHARD_LANE_PART=checks runs steps 1-3b only, =e2e steps 4-5 only (default all): the
 #       two halves' bundles each fit one device call's 64 MiB beside the tree.
+#       Step 1's gtest runs (those of the list and the variants) go out in the background,
+#       MOESHARD_LANE_JOBS (default 4) at a time, and are recorded in their listed order once all
+#       have ended (each moe_expert_test run is ~30 s, mostly its CPU reference: one after another
+#       they took 540 s on an H100 on 2026-12-06); MOESHARD_LANE_TESTS names another list than
+#       .device/gpu_tests.txt (tests/scripts/gpu_lane_test.sh runs the step on fakes, no GPU).
 #       A step that exits 77 (no GPU) is a failure here: the lane runs on a GPU machine. A gtest
 #       that reports SKIPPED (a multi-GPU case on one GPU, say nccl_communicator_test) fails the
 #       lane unless MOESHARD_ALLOW_SINGLE_GPU=1, which lists it as allowed.
@@ -116,22 +121,49 @@ run_step() {
   fi
 }
 
-run_gtest() {  # run_gtest TEST BIN_DIR LOG [NAME [VAR=VALUE...]]: NAME in the summary, the variables set for it
+# The gtest runs of step 1 go out as background jobs, at most MOESHARD_LANE_JOBS (default 4) at
+# a time (each run's CPU reference and setup dominate it; the GPU takes the processes' kernels in
+# turn), and are judged in the order they were started, once all have ended (judge_gtests).
+GTEST_PIDS=() GTEST_JOBS=()
+start_gtest() {  # start_gtest TEST BIN_DIR LOG [NAME [VAR=VALUE...]]: NAME in the summary, the variables set for it
   local t=$1 bin=$2 log=$3 name=${4:-$1}
   shift 3
   [[ $# -gt 0 ]] && shift
-  env "$@" MOESHARD_TESTDATA="${data:-${MOESHARD_TESTDATA:-}}" "$bin/$t" >"$log" 2>&1
-  local rc=$?
+  local jobs=${MOESHARD_LANE_JOBS:-4} live p
+  while :; do
+    live=0
+    for p in "${GTEST_PIDS[@]}"; do kill -0 "$p" 2>/dev/null && live=$((live + 1)); done
+    [[ $live -lt $jobs ]] && break
+    sleep 0.2
+  done
+  (env "$@" MOESHARD_TESTDATA="${data:-${MOESHARD_TESTDATA:-}}" "$bin/$t" >"$log" 2>&1; echo $? >"$log.rc") &
+  GTEST_PIDS+=($!)
+  GTEST_JOBS+=("$name|$log")
+}
+
+judge_gtests() {  # waits for every started gtest run, then records each in start order
+  local i
+  for i in "${!GTEST_PIDS[@]}"; do
+    wait "${GTEST_PIDS[$i]}"
+    judge_gtest "${GTEST_JOBS[$i]%%|*}" "${GTEST_JOBS[$i]#*|}"
+  done
+  GTEST_PIDS=() GTEST_JOBS=()
+}
+
+judge_gtest() {  # judge_gtest NAME LOG: the run's exit status from LOG.rc, its counts from LOG
+  local name=$1 log=$2
+  local rc
+  rc=$(cat "$log.rc" 2>/dev/null || echo "?")
   local ran skipped
   ran=$(sed -n 's/^\[==========\] \([0-9]*\) tests\? from .* ran\..*/\1/p' "$log" | tail -1)
   skipped=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) tests\?, listed below:$/\1/p' "$log" | tail -1)
   skipped=${skipped:-0}
   # 77 is also what a gpu test returns when one of its cases skipped (tests/gpu_test_main.cc):
   # with cases run and a count of skipped ones, it is a skip, judged below.
-  if [[ $rc -eq 77 && ${ran:-0} -gt $skipped && $skipped -gt 0 ]]; then
+  if [[ $rc == 77 && ${ran:-0} -gt $skipped && $skipped -gt 0 ]]; then
     rc=0
   fi
-  if [[ $rc -ne 0 ]]; then
+  if [[ $rc != 0 ]]; then
     record FAIL "$name" "exit $rc (77: no GPU seen); see $log"
     tail -n 15 "$log" | sed 's/^/    /'
   elif [[ $skipped -gt 0 && ${MOESHARD_ALLOW_SINGLE_GPU:-0} != 1 ]]; then
@@ -185,7 +217,7 @@ run_lane() {
     e2e_step e2e-bfloat16 bfloat16 "--tolerance bf16"
     [[ ${MOESHARD_LANE_FLOAT32_E2E:-1} == 1 ]] && e2e_step e2e-float32 float32
   fi
-  local list=$DEVICE/gpu_tests.txt
+  local list=${MOESHARD_LANE_TESTS:-$DEVICE/gpu_tests.txt}
   if [[ $part != all && $part != checks ]]; then
     :
   elif [[ ! -s $list ]]; then
@@ -193,65 +225,66 @@ run_lane() {
   else
     while read -r t; do
       [[ $t == gpu_model_check || $t == gpu_repack_check ]] && continue
-      run_gtest "$t" "$bin" "$work/$t.log"
+      start_gtest "$t" "$bin" "$work/$t.log"
     done <"$list"
     # Split-Q8 GEMVs grouped by the fp32-x count (MOESHARD_GEMV_MMA_GROUP8=0; the default groups
     # 8 tokens for the tensor-core kernel, kernels/cuda/gemv.h): that path stays checked too.
     if grep -qx gemv_test "$list"; then
-      run_gtest gemv_test "$bin" "$work/gemv_test-group4.log" gemv_test-group4 MOESHARD_GEMV_MMA_GROUP8=0
+      start_gtest gemv_test "$bin" "$work/gemv_test-group4.log" gemv_test-group4 MOESHARD_GEMV_MMA_GROUP8=0
     fi
     # GEMV launches of few rows not split by columns (MOESHARD_GEMV_SPLITK=0; the default splits
     # them over a block's warps; ctest's gemv_test_nosplit).
     if grep -qx gemv_test "$list"; then
-      run_gtest gemv_test "$bin" "$work/gemv_test-nosplit.log" gemv_test-nosplit MOESHARD_GEMV_SPLITK=0
+      start_gtest gemv_test "$bin" "$work/gemv_test-nosplit.log" gemv_test-nosplit MOESHARD_GEMV_SPLITK=0
     fi
     # Residual rows of 4,097-8,192: plain ones in 1,024 threads too (MOESHARD_RESIDUAL_WIDE=1), gated
     # ones on the loop kernel (=0); ctest's model_ops_test_residual_wide / _narrow.
     if grep -qx model_ops_test "$list"; then
-      run_gtest model_ops_test "$bin" "$work/model_ops_test-residual-wide.log" model_ops_test-residual-wide \
+      start_gtest model_ops_test "$bin" "$work/model_ops_test-residual-wide.log" model_ops_test-residual-wide \
         MOESHARD_RESIDUAL_WIDE=1 'GTEST_FILTER=*Residual*'
-      run_gtest model_ops_test "$bin" "$work/model_ops_test-residual-narrow.log" model_ops_test-residual-narrow \
+      start_gtest model_ops_test "$bin" "$work/model_ops_test-residual-narrow.log" model_ops_test-residual-narrow \
         MOESHARD_RESIDUAL_WIDE=0 'GTEST_FILTER=*Residual*'
     fi
     # The MoE GEMV's two task classes at every size (MOESHARD_MOE_GEMV_SMALL_ALL=0; up to 512
     # pairs the default lets the small class take every task, kernels/moe/moe_gemv.cu).
     if grep -qx moe_expert_test "$list"; then
-      run_gtest moe_expert_test "$bin" "$work/moe_expert_test-classes.log" moe_expert_test-classes \
+      start_gtest moe_expert_test "$bin" "$work/moe_expert_test-classes.log" moe_expert_test-classes \
         MOESHARD_MOE_GEMV_SMALL_ALL=0
     fi
     # Without the direct GEMV over the repacked layouts (kernels/moe/moe_stream_direct.cu, on by
     # default): the streaming kernels at decode sizes (ctest's moe_expert_test_no_stream_direct).
     if grep -qx moe_expert_test "$list"; then
-      run_gtest moe_expert_test "$bin" "$work/moe_expert_test-no-stream-direct.log" moe_expert_test-no-stream-direct \
+      start_gtest moe_expert_test "$bin" "$work/moe_expert_test-no-stream-direct.log" moe_expert_test-no-stream-direct \
         MOESHARD_MOE_STREAM_DIRECT=0
       # The direct down kernels waiting before their first weights (ctest's moe_expert_test_no_down_early).
-      run_gtest moe_expert_test "$bin" "$work/moe_expert_test-no-down-early.log" moe_expert_test-no-down-early \
+      start_gtest moe_expert_test "$bin" "$work/moe_expert_test-no-down-early.log" moe_expert_test-no-down-early \
         MOESHARD_MOE_DOWN_EARLY=0
       # The prefill shapes' repacked MXFP4 / Q8_0 experts through the wgmma GEMMs (off by default
       # until it has passed here; ctest's moe_expert_test_wgmma_repacked).
-      run_gtest moe_expert_test "$bin" "$work/moe_expert_test-wgmma-repacked.log" moe_expert_test-wgmma-repacked \
+      start_gtest moe_expert_test "$bin" "$work/moe_expert_test-wgmma-repacked.log" moe_expert_test-wgmma-repacked \
         MOESHARD_MOE_WGMMA_REPACKED=1
       # Repacked NVFP4 / MXFP4 experts at prefill sizes without the wgmma GEMMs over decoded
       # registers (kernels/moe/moe_stream_wgmma.cu), then through them at every size past the
       # direct GEMV's (ctest's moe_expert_test_no_stream_wgmma, _stream_wgmma_all).
-      run_gtest moe_expert_test "$bin" "$work/moe_expert_test-no-stream-wgmma.log" moe_expert_test-no-stream-wgmma \
+      start_gtest moe_expert_test "$bin" "$work/moe_expert_test-no-stream-wgmma.log" moe_expert_test-no-stream-wgmma \
         MOESHARD_MOE_STREAM_WGMMA=0
-      run_gtest moe_expert_test "$bin" "$work/moe_expert_test-stream-wgmma-all.log" moe_expert_test-stream-wgmma-all \
+      start_gtest moe_expert_test "$bin" "$work/moe_expert_test-stream-wgmma-all.log" moe_expert_test-stream-wgmma-all \
         MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1
-      run_gtest moe_expert_test "$bin" "$work/moe_expert_test-stream-wgmma-all-no-pair.log" \
+      start_gtest moe_expert_test "$bin" "$work/moe_expert_test-stream-wgmma-all-no-pair.log" \
         moe_expert_test-stream-wgmma-all-no-pair MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1 MOESHARD_MOE_SW_PAIR=0
-      run_gtest moe_expert_test "$bin" "$work/moe_expert_test-stream-split.log" moe_expert_test-stream-split \
+      start_gtest moe_expert_test "$bin" "$work/moe_expert_test-stream-split.log" moe_expert_test-stream-split \
         MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1000000 MOESHARD_MOE_SW_SPLIT_ROWS=48
       for tok in 32 96 112 128; do  # the other kernel forms (ctest's moe_expert_test_stream_wgmma_tok*)
-        run_gtest moe_expert_test "$bin" "$work/moe_expert_test-stream-wgmma-tok$tok.log" \
+        start_gtest moe_expert_test "$bin" "$work/moe_expert_test-stream-wgmma-tok$tok.log" \
           "moe_expert_test-stream-wgmma-tok$tok" MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1 "MOESHARD_MOE_SW_TOK=$tok"
       done
-      run_gtest moe_expert_test "$bin" "$work/moe_expert_test-stream-wgmma-pair.log" moe_expert_test-stream-wgmma-pair \
+      start_gtest moe_expert_test "$bin" "$work/moe_expert_test-stream-wgmma-pair.log" moe_expert_test-stream-wgmma-pair \
         MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1 MOESHARD_MOE_SW_PAIR=3 MOESHARD_MOE_SW_DYN=0
-      run_gtest moe_expert_test "$bin" "$work/moe_expert_test-stream-wgmma-pair-dyn.log" \
+      start_gtest moe_expert_test "$bin" "$work/moe_expert_test-stream-wgmma-pair-dyn.log" \
         moe_expert_test-stream-wgmma-pair-dyn MOESHARD_MOE_STREAM_WGMMA_MIN_ROWS=1 MOESHARD_MOE_SW_PAIR=4 \
         MOESHARD_MOE_SW_DYN=1
     fi
+    judge_gtests
   fi
   if [[ $part == all || $part == checks ]]; then
     run_step gpu_check "$work/gpu_check.log" bash "$ROOT/scripts/gpu_check.sh" "$bin" "$data"
