@@ -5,13 +5,16 @@
 // each against the device-to-device copy rate measured in the same run (2 x bytes / time, the
 // "copy bandwidth" of docs/PERFORMANCE.md). Nothing is computed: the figures are the ceilings of
 // each way of reading, for choosing between them (issue 13: the experts' direct GEMV streams at
-// ~70 % of the DRAM peak under ncu, the dense GEMVs' plain loads at ~80-90 %).
+// ~70 % of the DRAM peak under ncu; the dense GEMVs' plain loads at 2.5-2.8 TB/s).
 //
 //   read_bandwidth_bench [--gib 2] [--iters 5] [--sizes 1024,2048,...] [--slots 2,4] [--warps 8]
+//                        [--blocks N]
 //
 // Per row: the way, the bytes a copy, the ring (copies in flight a warp), the layout (each warp
 // one contiguous run of chunks, as a warp's slice of an expert; or consecutive chunks on
-// consecutive warps), blocks an SM, GB/s read, and that over the copy rate.
+// consecutive warps), warps a block (fewer than --warps where a block's rings would not fit),
+// blocks an SM (as many as fit, at most --blocks: the direct GEMV runs 4 of 8 warps), the bytes
+// in flight an SM, GB/s read, and that over the copy rate.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -119,6 +122,8 @@ double TimeMs(F launch, int iters) {
     ms.push_back(t);
   }
   CK(cudaGetLastError());
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
 }
@@ -133,45 +138,63 @@ std::vector<long> ParseList(const char* s) {
   return v;
 }
 
+struct BulkOpts {
+  int warps = 8;       // warps a block asked for (fewer where the ring does not fit)
+  int max_blocks = 0;  // blocks an SM at most (0: as many as fit)
+  int sms = 0, iters = 5;
+  double copy_rate = 0;
+};
+
 template <int kSlots>
 void RunBulk(const uint8_t* src, const uint8_t* src2, size_t bytes, uint32_t copy, uint32_t extra, int contiguous,
-             int warps, int sms, int iters, double copy_rate, uint32_t* sink) {
-  const size_t smem_bytes =
-      static_cast<size_t>(warps) * kSlots * (copy + extra) + static_cast<size_t>(warps) * kSlots * 8;
-  if (cudaFuncSetAttribute(BulkRing<kSlots>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(smem_bytes)) != cudaSuccess) {
-    cudaGetLastError();
-    std::printf("| bulk | %u + %u | %d | %s | - | does not fit (%zu bytes of shared memory) | |\n", copy, extra, kSlots,
-                contiguous ? "contiguous" : "interleaved", smem_bytes);
+             const BulkOpts& o, uint32_t* sink) {
+  const char* layout = contiguous ? "contiguous" : "interleaved";
+  int optin = 0;
+  CK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+  const size_t per_warp = static_cast<size_t>(kSlots) * (copy + extra + 8);
+  const int warps = std::min<int>(o.warps, static_cast<int>(static_cast<size_t>(optin) / per_warp));
+  if (warps < 1) {
+    std::printf("| bulk | %u + %u | %d | %s | - | - | - | does not fit (%zu bytes a warp) | |\n", copy, extra, kSlots,
+                layout, per_warp);
     return;
   }
+  const size_t smem_bytes = static_cast<size_t>(warps) * per_warp;
+  CK(cudaFuncSetAttribute(BulkRing<kSlots>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)));
+  CK(cudaFuncSetAttribute(BulkRing<kSlots>, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
   int per_sm = 0;
   CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, BulkRing<kSlots>, warps * 32, smem_bytes));
+  if (o.max_blocks > 0) per_sm = std::min(per_sm, o.max_blocks);
   if (per_sm == 0) {
-    std::printf("| bulk | %u + %u | %d | %s | 0 | no block fits | |\n", copy, extra, kSlots,
-                contiguous ? "contiguous" : "interleaved");
+    std::printf("| bulk | %u + %u | %d | %s | %d | 0 | - | no block fits | |\n", copy, extra, kSlots, layout, warps);
     return;
   }
   const int64_t chunks = static_cast<int64_t>(bytes / copy);
   const double ms = TimeMs(
       [&] {
-        BulkRing<kSlots><<<per_sm * sms, warps * 32, smem_bytes>>>(src, src2, copy, extra, chunks, contiguous, sink);
+        BulkRing<kSlots><<<per_sm * o.sms, warps * 32, smem_bytes>>>(src, src2, copy, extra, chunks, contiguous, sink);
       },
-      iters);
+      o.iters);
   const double gbs = static_cast<double>(chunks) * (copy + extra) / (ms * 1e-3) / 1e9;
-  std::printf("| bulk | %u + %u | %d | %s | %d | %.0f | %.1f %% |\n", copy, extra, kSlots,
-              contiguous ? "contiguous" : "interleaved", per_sm, gbs, 100.0 * gbs / copy_rate);
+  const double in_flight_kb = static_cast<double>(per_sm) * warps * kSlots * (copy + extra) / 1024.0;
+  std::printf("| bulk | %u + %u | %d | %s | %d | %d | %.0f | %.0f | %.1f %% |\n", copy, extra, kSlots, layout, warps,
+              per_sm, in_flight_kb, gbs, 100.0 * gbs / o.copy_rate);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   double gib = 2;
-  int iters = 5, warps = 8;
+  int iters = 5, warps = 8, max_blocks = 0;
   std::vector<long> sizes = {1024, 2048, 4096, 8192, 16384, 32768}, slots = {2, 4};
-  for (int i = 1; i + 1 < argc; i += 2) {
+  for (int i = 1; i < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--gib") {
+    if (i + 1 == argc) {
+      std::fprintf(stderr, "%s needs a value\n", a.c_str());
+      return 2;
+    }
+    if (a == "--blocks") {
+      max_blocks = std::atoi(argv[i + 1]);
+    } else if (a == "--gib") {
       gib = std::atof(argv[i + 1]);
     } else if (a == "--iters") {
       iters = std::atoi(argv[i + 1]);
@@ -186,9 +209,15 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (gib <= 0 || iters < 1 || warps < 1 || warps > 32) {
-    std::fprintf(stderr, "--gib > 0, --iters >= 1, 1 <= --warps <= 32\n");
+  if (gib <= 0 || iters < 1 || warps < 1 || warps > 32 || max_blocks < 0) {
+    std::fprintf(stderr, "--gib > 0, --iters >= 1, 1 <= --warps <= 32, --blocks >= 0\n");
     return 2;
+  }
+  for (long k : slots) {
+    if (k != 2 && k != 4) {
+      std::fprintf(stderr, "--slots: 2 or 4 (got %ld)\n", k);
+      return 2;
+    }
   }
   for (long s : sizes) {
     if (s < 256 || s % 256 != 0 || s > 65536) {
@@ -209,33 +238,34 @@ int main(int argc, char** argv) {
   const double copy_rate = moeshard::bench::CopyRate();
   std::printf("%s, %d SMs; device-to-device copy %.0f GB/s; %.2f GiB read a run, median of %d\n\n", prop.name,
               prop.multiProcessorCount, copy_rate, bytes / double(1 << 30), iters);
-  std::printf("| way | bytes a copy (+ scales) | ring | layout | blocks an SM | GB/s | of copy |\n");
-  std::printf("|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "| way | bytes a copy (+ scales) | ring | layout | warps a block | blocks an SM | KB in flight an SM "
+      "| GB/s | of copy |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|\n");
   {
     int per_sm = 0;
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, PlainLoads, 256, 0));
+    if (max_blocks > 0) per_sm = std::min(per_sm, max_blocks);
     const double ms = TimeMs(
         [&] {
           PlainLoads<<<per_sm * prop.multiProcessorCount, 256>>>(reinterpret_cast<const uint4*>(src), bytes / 16, sink);
         },
         iters);
     const double gbs = bytes / (ms * 1e-3) / 1e9;
-    std::printf("| plain 16-byte loads | - | 4 a thread | grid-stride | %d | %.0f | %.1f %% |\n", per_sm, gbs,
-                100.0 * gbs / copy_rate);
+    std::printf("| plain 16-byte loads | - | 4 a thread | grid-stride | 8 | %d | %d | %.0f | %.1f %% |\n", per_sm,
+                per_sm * 256 * 4 * 16 / 1024, gbs, 100.0 * gbs / copy_rate);
   }
+  BulkOpts o;
+  o.warps = warps, o.max_blocks = max_blocks, o.sms = prop.multiProcessorCount, o.iters = iters;
+  o.copy_rate = copy_rate;
   for (long s : sizes) {
     for (long k : slots) {
       for (int contiguous : {1, 0}) {
         for (uint32_t extra : {0u, static_cast<uint32_t>(s / 8)}) {
           if (k == 2) {
-            RunBulk<2>(src, src2, bytes, static_cast<uint32_t>(s), extra, contiguous, warps, prop.multiProcessorCount,
-                       iters, copy_rate, sink);
-          } else if (k == 4) {
-            RunBulk<4>(src, src2, bytes, static_cast<uint32_t>(s), extra, contiguous, warps, prop.multiProcessorCount,
-                       iters, copy_rate, sink);
+            RunBulk<2>(src, src2, bytes, static_cast<uint32_t>(s), extra, contiguous, o, sink);
           } else {
-            std::fprintf(stderr, "--slots: 2 or 4\n");
-            return 2;
+            RunBulk<4>(src, src2, bytes, static_cast<uint32_t>(s), extra, contiguous, o, sink);
           }
         }
       }

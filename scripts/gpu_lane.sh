@@ -50,9 +50,10 @@
 #       MOESHARD_LANE_PART=checks runs steps 1-3b only, =e2e steps 4-5 only (default all): the
 #       two halves' bundles each fit one device call's 64 MiB beside the tree.
 #       Step 1's gtest runs (those of the list and the variants) go out in the background,
-#       MOESHARD_LANE_JOBS (default 4) at a time, and are recorded in their listed order once all
-#       have ended (each moe_expert_test run is ~30 s, mostly its CPU reference: one after another
-#       they took 540 s on an H100 on 2026-12-06); MOESHARD_LANE_TESTS names another list than
+#       MOESHARD_LANE_JOBS (default 4; 1 under MOESHARD_LANE_SERIAL=1) at a time, and are recorded
+#       in their listed order, each once it and the runs before it have ended (each
+#       moe_expert_test run is ~31 s, mostly its CPU reference: one after another step 1 takes
+#       ~630 s on an H100, 2026-12-06); MOESHARD_LANE_TESTS names another list than
 #       .device/gpu_tests.txt (tests/scripts/gpu_lane_test.sh runs the step on fakes, no GPU).
 #       A step that exits 77 (no GPU) is a failure here: the lane runs on a GPU machine. A gtest
 #       that reports SKIPPED (a multi-GPU case on one GPU, say nccl_communicator_test) fails the
@@ -121,33 +122,58 @@ run_step() {
   fi
 }
 
-# The gtest runs of step 1 go out as background jobs, at most MOESHARD_LANE_JOBS (default 4) at
-# a time (each run's CPU reference and setup dominate it; the GPU takes the processes' kernels in
-# turn), and are judged in the order they were started, once all have ended (judge_gtests).
-GTEST_PIDS=() GTEST_JOBS=()
+# The gtest runs of step 1 go out as background jobs, at most MOESHARD_LANE_JOBS (default 4;
+# 1 under MOESHARD_LANE_SERIAL=1) at a time — each run's CPU reference and setup dominate it; the
+# GPU takes the processes' kernels in turn — and are recorded in the order they were started, each
+# as soon as it and every run before it have ended (a lane cut short still reports those).
+GTEST_PIDS=() GTEST_JOBS=() GTEST_NEXT=0
+gtest_jobs() {
+  local jobs=${MOESHARD_LANE_JOBS:-}
+  if [[ -z $jobs && ${MOESHARD_LANE_SERIAL:-0} == 1 ]]; then
+    jobs=1
+  elif [[ -z $jobs ]]; then
+    jobs=4
+  fi
+  [[ $jobs =~ ^[1-9][0-9]*$ ]] || jobs=1
+  echo "$jobs"
+}
+# A started run is live until its exit status is written (LOG.rc) or its process is gone.
+gtest_live() {  # gtest_live I
+  local log=${GTEST_JOBS[$1]#*|}
+  [[ ! -e $log.rc ]] && kill -0 "${GTEST_PIDS[$1]}" 2>/dev/null
+}
+judge_ready() {  # records the runs at the head of the queue that have ended
+  while [[ $GTEST_NEXT -lt ${#GTEST_PIDS[@]} ]] && ! gtest_live "$GTEST_NEXT"; do
+    wait "${GTEST_PIDS[$GTEST_NEXT]}" 2>/dev/null
+    judge_gtest "${GTEST_JOBS[$GTEST_NEXT]%%|*}" "${GTEST_JOBS[$GTEST_NEXT]#*|}"
+    GTEST_NEXT=$((GTEST_NEXT + 1))
+  done
+}
 start_gtest() {  # start_gtest TEST BIN_DIR LOG [NAME [VAR=VALUE...]]: NAME in the summary, the variables set for it
   local t=$1 bin=$2 log=$3 name=${4:-$1}
   shift 3
   [[ $# -gt 0 ]] && shift
-  local jobs=${MOESHARD_LANE_JOBS:-4} live p
+  local jobs live i
+  jobs=$(gtest_jobs)
   while :; do
+    judge_ready
     live=0
-    for p in "${GTEST_PIDS[@]}"; do kill -0 "$p" 2>/dev/null && live=$((live + 1)); done
+    for ((i = GTEST_NEXT; i < ${#GTEST_PIDS[@]}; i++)); do gtest_live "$i" && live=$((live + 1)); done
     [[ $live -lt $jobs ]] && break
     sleep 0.2
   done
+  rm -f "$log.rc"
   (env "$@" MOESHARD_TESTDATA="${data:-${MOESHARD_TESTDATA:-}}" "$bin/$t" >"$log" 2>&1; echo $? >"$log.rc") &
   GTEST_PIDS+=($!)
   GTEST_JOBS+=("$name|$log")
 }
 
-judge_gtests() {  # waits for every started gtest run, then records each in start order
-  local i
-  for i in "${!GTEST_PIDS[@]}"; do
-    wait "${GTEST_PIDS[$i]}"
-    judge_gtest "${GTEST_JOBS[$i]%%|*}" "${GTEST_JOBS[$i]#*|}"
+judge_gtests() {  # waits for every started gtest run, recording each in start order
+  while [[ $GTEST_NEXT -lt ${#GTEST_PIDS[@]} ]]; do
+    judge_ready
+    [[ $GTEST_NEXT -lt ${#GTEST_PIDS[@]} ]] && sleep 0.2
   done
-  GTEST_PIDS=() GTEST_JOBS=()
+  GTEST_PIDS=() GTEST_JOBS=() GTEST_NEXT=0
 }
 
 judge_gtest() {  # judge_gtest NAME LOG: the run's exit status from LOG.rc, its counts from LOG
@@ -163,7 +189,10 @@ judge_gtest() {  # judge_gtest NAME LOG: the run's exit status from LOG.rc, its 
   if [[ $rc == 77 && ${ran:-0} -gt $skipped && $skipped -gt 0 ]]; then
     rc=0
   fi
-  if [[ $rc != 0 ]]; then
+  if [[ $rc == "?" ]]; then
+    record FAIL "$name" "no exit status recorded (killed?); see $log"
+    tail -n 15 "$log" | sed 's/^/    /'
+  elif [[ $rc != 0 ]]; then
     record FAIL "$name" "exit $rc (77: no GPU seen); see $log"
     tail -n 15 "$log" | sed 's/^/    /'
   elif [[ $skipped -gt 0 && ${MOESHARD_ALLOW_SINGLE_GPU:-0} != 1 ]]; then

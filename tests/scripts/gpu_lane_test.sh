@@ -24,9 +24,13 @@ SMI
 cat > "$d/fake_gtest" <<'FAKE'
 #!/usr/bin/env bash
 name=$(basename "$0")
-vars=$(env | grep -E '^MOESHARD_(GEMV|RESIDUAL|MOE)_' | sort | tr '\n' ' ')
+vars=$(env | grep -E '^MOESHARD_(GEMV|RESIDUAL|MOE)_' | LC_ALL=C sort | tr '\n' ' ')
 echo "start $name $vars" >> "$FAKE_LOG"
-sleep 0.3
+# The last variant: has the lane already recorded the first run (results stream, in order)?
+case " $vars" in
+  *" MOESHARD_MOE_SW_PAIR=4 "*) grep -q '^== ok op_harness_test' "$FAKE_OUT" && echo "first recorded before the last start" >> "$FAKE_LOG" ;;
+esac
+sleep "${FAKE_SLEEP:-0.3}"
 echo "end $name" >> "$FAKE_LOG"
 echo "$vars"
 if [ "$name" = nccl_communicator_test ]; then
@@ -49,11 +53,13 @@ printf '#!/usr/bin/env bash\nexit 1\n' > "$d/bin/testdata_gguf"  # no test model
 chmod +x "$d/bin/testdata_gguf"
 printf '%s\n' "${tests[@]}" > "$d/list.txt"
 
-lane() {  # lane JOBS ALLOW: runs step 1 (and the checks after it, which fail on the fakes)
+lane() {  # lane JOBS ALLOW [VAR=VALUE...]: runs step 1 (and the checks after it, which fail on the fakes)
+  local jobs=$1 allow=$2
+  shift 2
   : > "$d/log"
-  PATH="$d/path:$PATH" FAKE_LOG="$d/log" FAKE_FAIL_IF=MOESHARD_MOE_SW_TOK=96 MOESHARD_LANE_JOBS=$1 \
-    MOESHARD_ALLOW_SINGLE_GPU=$2 MOESHARD_LANE_PART=checks MOESHARD_LANE_LONG=0 MOESHARD_LANE_TESTS="$d/list.txt" \
-    bash "$root/scripts/gpu_lane.sh" run "$d/bin" > "$d/out" 2>&1
+  env PATH="$d/path:$PATH" FAKE_LOG="$d/log" FAKE_OUT="$d/out" FAKE_FAIL_IF=MOESHARD_MOE_SW_TOK=96 \
+    MOESHARD_LANE_JOBS="$jobs" MOESHARD_ALLOW_SINGLE_GPU="$allow" MOESHARD_LANE_PART=checks MOESHARD_LANE_LONG=0 \
+    MOESHARD_LANE_TESTS="$d/list.txt" "$@" timeout 120 bash "$root/scripts/gpu_lane.sh" run "$d/bin" > "$d/out" 2>&1
   local logs
   logs=$(sed -n 's/^gpu lane: logs in \(\/tmp\/moeshard-gpu-lane\.[A-Za-z0-9]*\)$/\1/p' "$d/out")
   [ -n "$logs" ] && rm -rf "$logs"
@@ -91,11 +97,24 @@ check "runs overlap, at most MOESHARD_LANE_JOBS=3 at once (most: $m)" $?
 tail -1 "$d/out" | grep -qE '^gpu lane \(checks\): .*: [0-9]+ passed, [0-9]+ failed, 1 skipped \(allowed\)$'
 check "the summary line counts the allowed skip" $?
 
-lane 1 0
+grep -q '^first recorded before the last start$' "$d/log"
+check "results are recorded as runs end, before the last run starts" $?
+
+lane 1 0 FAKE_SLEEP=0.05
 [ "$(most)" = 1 ]
 check "MOESHARD_LANE_JOBS=1 runs one at a time" $?
 grep -q '^== FAIL nccl_communicator_test: 1 case(s) skipped' "$d/out"
 check "without MOESHARD_ALLOW_SINGLE_GPU a skipped case fails" $?
+
+lane "" 1 MOESHARD_LANE_SERIAL=1 FAKE_SLEEP=0.05
+[ "$(most)" = 1 ] && [ "$(grep -c '^start ' "$d/log")" = "$(wc -l < "$d/names")" ]
+check "MOESHARD_LANE_SERIAL=1 runs them one at a time too" $?
+lane 0 1 FAKE_SLEEP=0.05
+[ "$(most)" = 1 ] && [ "$(grep -c '^start ' "$d/log")" = "$(wc -l < "$d/names")" ]
+check "MOESHARD_LANE_JOBS=0 runs them one at a time (not a hang)" $?
+lane abc 1 FAKE_SLEEP=0.05
+[ "$(most)" = 1 ] && grep -q '^== ok moe_expert_test-stream-wgmma-pair-dyn' "$d/out"
+check "a non-numeric MOESHARD_LANE_JOBS runs them one at a time" $?
 
 [ $fails = 0 ] || { echo "--- last lane output:"; sed 's/^/  /' "$d/out" | head -80; }
 exit $((fails > 0))
