@@ -26,7 +26,6 @@
 //     as the tensor cores keep bf16 subnormal inputs (they do: moe_expert_test's bit-for-bit
 //     comparison passes on the H200). A block scale above 2^65 (e8m0 > 192) saturates to inf.
 // Instructions a warp for the same 8.7 KB: ~1,900 (SASS: ~46 a 32-column block of 16 rows).
-#include <cstdlib>
 
 #include "kernels/cuda/mbarrier.cuh"
 #include "kernels/cuda/pdl.cuh"
@@ -363,11 +362,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) DirectKernel(MoeExpertPa
       if constexpr (kLate) PdlWait();
       return;  // MoeWork::direct_v2 only with Q8_0 and MXFP4 experts
   }
-}
-
-bool EnvOn(const char* name) {
-  const char* v = std::getenv(name);
-  return !(v && v[0] == '0');
 }
 
 template <bool kGateUp, bool kEarly, bool kSubnormal>

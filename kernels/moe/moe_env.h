@@ -12,14 +12,17 @@ inline int EnvInt(const char* name, int def) {
   return v && *v ? std::atoi(v) : def;
 }
 
+// A switch on by default: off when the variable's value starts with 0.
+inline bool EnvOn(const char* name) {
+  const char* v = std::getenv(name);
+  return !(v && v[0] == '0');
+}
+
 // MOESHARD_MOE_DOWN_EARLY: the direct down kernels (moe_stream_direct.cu, moe_direct.cu,
 // moe_gemv.cu) issue their first weights before their wait; a value starting with 0 makes them wait
 // first. Read once, the same for all three.
 inline bool MoeDownEarly() {
-  static const bool on = [] {
-    const char* v = std::getenv("MOESHARD_MOE_DOWN_EARLY");
-    return !(v && v[0] == '0');
-  }();
+  static const bool on = EnvOn("MOESHARD_MOE_DOWN_EARLY");
   return on;
 }
 
