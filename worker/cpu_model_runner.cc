@@ -194,6 +194,7 @@ absl::Status CpuModelRunner::Route(int64_t li, const RouteOpts& opts) {
   wts_.assign(T * K, 0.f);
   ids_.assign(T * K, 0);
   MatMul(y_.data(), T, w_->layers[li].router, logits.data());  // fp32 router
+  if (router_hook_) router_hook_(shard_.layer_begin + li, pos_, E, logits.data());
   TopKRouting(logits.data(), T, E, K, opts.softmax_topk_only, opts.renormalize, ids_.data(), wts_.data());
   latent_ = opts.latent;
   return absl::OkStatus();

@@ -28,6 +28,10 @@ class CpuModelRunner : public ModelRunner, private LayerOps {
                     std::vector<float>* logits) override;
   size_t kv_bytes() const override { return kv_->bytes(); }
   std::string backend() const override { return "cpu float32"; }
+  absl::Status SetRouterLogitsHook(RouterLogitsHook hook) override {
+    router_hook_ = std::move(hook);
+    return absl::OkStatus();
+  }
 
  private:
   CpuModelRunner(const ModelConfig& c, const ShardSpec& s, const RunnerOptions& o, Communicator* comm)
@@ -64,6 +68,7 @@ class CpuModelRunner : public ModelRunner, private LayerOps {
   std::vector<float> y_, f_, wts_, z_, mix_;
   std::vector<int32_t> ids_;
   bool latent_ = false;
+  RouterLogitsHook router_hook_;
 };
 
 }  // namespace moeshard

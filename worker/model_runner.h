@@ -94,6 +94,13 @@ struct ResidualTrace {
 };
 using ResidualTraceSink = std::function<void(const ResidualTrace&)>;
 
+// A hook on the router: at every MoE layer of the step, before the top-k pick, it sees the
+// model's layer index, the step's rows' positions [T] and the router's logits [T, num_experts],
+// and may change them. The itest's bf16 tolerance uses it to find the float32 engine's near ties
+// between the k-th and (k+1)-th expert and to run the model with one decided the other way.
+using RouterLogitsHook =
+    std::function<void(int64_t layer, const std::vector<int32_t>& positions, int64_t num_experts, float* logits)>;
+
 class ModelRunner {
  public:
   virtual ~ModelRunner() = default;
@@ -144,6 +151,11 @@ class ModelRunner {
   void SetResidualTrace(int64_t position, ResidualTraceSink sink) {
     trace_position_ = sink ? position : -1;
     trace_sink_ = std::move(sink);
+  }
+  // Installs `hook` (an empty one removes it). The CPU backend, the reference, has it; the
+  // others refuse with Unimplemented.
+  virtual absl::Status SetRouterLogitsHook(RouterLogitsHook hook) {
+    return absl::UnimplementedError("router logits hook: only the CPU backend has it");
   }
 
  protected:

@@ -16,13 +16,7 @@ namespace {
 
 constexpr int kTop = 3, kTokens = 5;
 
-
-// What a response served for one request, position by position.
-struct Served {
-  std::vector<int32_t> prompt, tokens;
-  std::vector<double> chosen;            // logprob of the token it chose
-  std::vector<std::vector<double>> top;  // the listed alternatives' logprobs
-};
+using Served = ServedLogprobs;
 
 // One position's alternatives, in the order listed: a list of {token, logprob} or a {token: logprob} map.
 absl::StatusOr<std::vector<double>> TopValues(const Json& top, const std::string& where) {
@@ -62,34 +56,10 @@ absl::Status CheckTop(const Json& top, double chosen, const std::string& where, 
   return absl::OkStatus();
 }
 
-
-// The served values against the in-process engine's log-softmax over the same tokens.
+// The served values against the in-process engine's (token_match.h: SameLogprobs).
 absl::Status LogprobsMatchReference(Context& ctx, const Served& s) {
   if (ctx.reference == nullptr) return Skip("needs --model (the in-process reference)");
-  if (s.prompt.empty() || s.tokens.size() != s.chosen.size())
-    return absl::InternalError("the response lacks prompt_token_ids or token_ids (return_token_ids)");
-  std::vector<int32_t> seq = s.prompt;
-  seq.insert(seq.end(), s.tokens.begin(), s.tokens.end() - 1);
-  ASSIGN_OR_RETURN(auto rows, ctx.reference->LogProbs(seq, static_cast<int64_t>(s.tokens.size())));
-  for (size_t i = 0; i < s.tokens.size(); ++i) {
-    const std::vector<double>& lp = rows[i];
-    const int32_t id = s.tokens[i];
-    if (id < 0 || id >= static_cast<int32_t>(lp.size()))
-      return absl::InternalError(absl::StrCat("position ", i, ": token ", id, " outside the vocabulary"));
-    if (!LogprobClose(ctx, s.chosen[i], lp[id])) {
-      return absl::InternalError(absl::StrCat("position ", i, ": token ", id, " served logprob ", s.chosen[i],
-                                              ", the in-process engine gives ", lp[id]));
-    }
-    std::vector<double> want = lp;
-    std::partial_sort(want.begin(), want.begin() + kTop, want.end(), std::greater<>());
-    for (int k = 0; k < kTop; ++k) {
-      if (!LogprobClose(ctx, s.top[i][k], want[k])) {
-        return absl::InternalError(absl::StrCat("position ", i, ": top_logprobs[", k, "] served ", s.top[i][k],
-                                                ", the in-process engine gives ", want[k]));
-      }
-    }
-  }
-  return absl::OkStatus();
+  return SameLogprobs(ctx, s);
 }
 
 absl::Status CompletionLogprobs(Context& ctx, Served* s) {

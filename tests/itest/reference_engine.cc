@@ -1,6 +1,8 @@
 #include "tests/itest/reference_engine.h"
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "common/status.h"
 #include "local/chunked_forward.h"
@@ -27,14 +29,50 @@ absl::StatusOr<std::unique_ptr<ReferenceEngine>> ReferenceEngine::Load(const std
   return e;
 }
 
-absl::StatusOr<std::vector<int32_t>> ReferenceEngine::Greedy(const std::vector<int32_t>& prompt, int64_t n) {
+absl::StatusOr<std::vector<int32_t>> ReferenceEngine::Greedy(const std::vector<int32_t>& prompt, int64_t n,
+                                                             const RouteTie* swap) {
   GenerateOptions go;  // temperature 0, no EOS ids: greedy for exactly n tokens
   go.max_new_tokens = n;
-  ASSIGN_OR_RETURN(GenerateResult r, Generate(prompt, go));
-  return r.tokens;
+  if (swap == nullptr) {
+    ASSIGN_OR_RETURN(GenerateResult r, Generate(prompt, go));
+    return r.tokens;
+  }
+  // One request at a time (mu_): the positions the hook sees are this prompt's.
+  std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(SetSwap(swap));
+  absl::StatusOr<GenerateResult> r = GenerateLocked(prompt, go);
+  RETURN_IF_ERROR(SetSwap(nullptr));
+  RETURN_IF_ERROR(r.status());
+  return r->tokens;
+}
+
+absl::Status ReferenceEngine::SetSwap(const RouteTie* swap) {
+  if (swap == nullptr) return runner_->SetRouterLogitsHook(nullptr);
+  const RouteTie t = *swap;
+  if (t.picked == t.next || t.picked < 0 || t.next < 0 || t.picked >= model_.config.num_experts ||
+      t.next >= model_.config.num_experts) {
+    return absl::InvalidArgumentError("reference engine: a route tie names two distinct experts of the model");
+  }
+  return runner_->SetRouterLogitsHook(
+      [t](int64_t layer, const std::vector<int32_t>& positions, int64_t E, float* logits) {
+        if (layer != t.layer) return;
+        for (size_t r = 0; r < positions.size(); ++r) {
+          if (positions[r] != t.position) continue;
+          float* row = logits + static_cast<int64_t>(r) * E;
+          std::swap(row[t.picked], row[t.next]);
+          // Equal logits go to the lower index: make the exchanged pick strict.
+          if (row[t.picked] == row[t.next]) row[t.picked] = std::nextafter(row[t.picked], -INFINITY);
+        }
+      });
 }
 
 absl::StatusOr<GenerateResult> ReferenceEngine::Generate(const std::vector<int32_t>& prompt, GenerateOptions options) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return GenerateLocked(prompt, std::move(options));
+}
+
+absl::StatusOr<GenerateResult> ReferenceEngine::GenerateLocked(const std::vector<int32_t>& prompt,
+                                                               GenerateOptions options) {
   if (static_cast<int64_t>(prompt.size()) + options.max_new_tokens > kMaxPositions) {
     return absl::InvalidArgumentError("reference engine: sequence longer than it was sized for");
   }
@@ -51,25 +89,71 @@ absl::StatusOr<GenerateResult> ReferenceEngine::Generate(const std::vector<int32
   TextOptions text;
   text.tokenizer = model_.tokenizer.get();
   text.stop = options.stop;
-  std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(LocalResult r, RunRequest(*engine_, req, text));
   return GenerateResult{std::move(r.tokens), std::move(r.finish_reason)};
 }
 
-absl::StatusOr<std::vector<std::vector<double>>> ReferenceEngine::LogProbs(const std::vector<int32_t>& seq, int64_t n) {
+absl::Status ReferenceEngine::Forward(const std::vector<int32_t>& seq, std::vector<float>* logits) {
+  const int64_t len = static_cast<int64_t>(seq.size());
+  SeqChunk chunk{seq, 0, {}, /*all_logits=*/true};
+  RETURN_IF_ERROR(blocks_->Reserve(chunk.block_table, len, runner_->block_size()));
+  absl::Status st = ForwardChunked(*runner_, {chunk}, logits);  // in steps of its max_batch_tokens
+  blocks_->Free(chunk.block_table);
+  RETURN_IF_ERROR(st);
+  if (static_cast<int64_t>(logits->size()) != len * model_.config.vocab_size)
+    return absl::InternalError("reference engine: logits size");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<RouteTie>> ReferenceEngine::RouteTies(const std::vector<int32_t>& seq, int64_t upto,
+                                                                 int count) {
+  const ModelConfig& c = model_.config;
+  if (upto < 1 || upto > static_cast<int64_t>(seq.size()) || upto > kMaxPositions || count < 1) {
+    return absl::InvalidArgumentError("reference engine: RouteTies needs 1 <= upto <= the sequence's length");
+  }
+  if (c.num_experts <= c.top_k) return std::vector<RouteTie>{};  // every expert runs: no tie to part on
+  std::vector<RouteTie> ties;
+  const int64_t K = c.top_k;
+  std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(runner_->SetRouterLogitsHook(
+      [&ties, K](int64_t layer, const std::vector<int32_t>& positions, int64_t E, float* logits) {
+        std::vector<int32_t> idx(E);
+        for (size_t r = 0; r < positions.size(); ++r) {
+          const float* row = logits + static_cast<int64_t>(r) * E;
+          for (int64_t e = 0; e < E; ++e) idx[e] = static_cast<int32_t>(e);
+          // The pick's order: larger logit first, equal logits the lower expert first.
+          std::partial_sort(idx.begin(), idx.begin() + K + 1, idx.end(),
+                            [row](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+          ties.push_back({positions[r], layer, idx[K - 1], idx[K], static_cast<double>(row[idx[K - 1]]) - row[idx[K]]});
+        }
+      }));
+  const std::vector<int32_t> prefix(seq.begin(), seq.begin() + upto);
+  std::vector<float> logits;
+  absl::Status st = Forward(prefix, &logits);
+  RETURN_IF_ERROR(runner_->SetRouterLogitsHook(nullptr));
+  RETURN_IF_ERROR(st);
+  const size_t keep = std::min<size_t>(count, ties.size());
+  std::partial_sort(ties.begin(), ties.begin() + keep, ties.end(), [](const RouteTie& a, const RouteTie& b) {
+    return a.margin < b.margin ||
+           (a.margin == b.margin && (a.position < b.position || (a.position == b.position && a.layer < b.layer)));
+  });
+  ties.resize(keep);
+  return ties;
+}
+
+absl::StatusOr<std::vector<std::vector<double>>> ReferenceEngine::LogProbs(const std::vector<int32_t>& seq, int64_t n,
+                                                                           const RouteTie* swap) {
   const int64_t len = static_cast<int64_t>(seq.size());
   if (len > kMaxPositions || n < 1 || n > len) {
     return absl::InvalidArgumentError("reference engine: LogProbs needs 1 <= n <= the sequence's length");
   }
   std::lock_guard<std::mutex> lock(mu_);
-  SeqChunk chunk{seq, 0, {}, /*all_logits=*/true};
-  RETURN_IF_ERROR(blocks_->Reserve(chunk.block_table, len, runner_->block_size()));
   std::vector<float> logits;
-  absl::Status st = ForwardChunked(*runner_, {chunk}, &logits);  // in steps of its max_batch_tokens
-  blocks_->Free(chunk.block_table);
+  RETURN_IF_ERROR(SetSwap(swap));
+  absl::Status st = Forward(seq, &logits);
+  if (swap != nullptr) RETURN_IF_ERROR(SetSwap(nullptr));
   RETURN_IF_ERROR(st);
   const int64_t vocab = model_.config.vocab_size;
-  if (static_cast<int64_t>(logits.size()) != len * vocab) return absl::InternalError("reference engine: logits size");
   std::vector<std::vector<double>> out;
   for (int64_t p = len - n; p < len; ++p) {
     const float* row = logits.data() + p * vocab;

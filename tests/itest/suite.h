@@ -70,6 +70,10 @@ struct Context {
   std::optional<MetricsView> metrics_at_start;  // with --metrics
   std::unique_ptr<OpenAiApi> api;
   Tolerance tolerance = Tolerance::kExact;
+  // bf16: the router ties tried (token_match.h): those within this bound, at most this many;
+  // tests change them.
+  double route_tie_bound = kBf16RouteTie;
+  int route_ties_tried = kRouteTiesTried;
 
   // The greedy reference for a prompt: the in-process engine, or Skip without --model.
   absl::StatusOr<std::vector<int32_t>> Reference(const std::vector<int32_t>& prompt, int64_t n) const;
