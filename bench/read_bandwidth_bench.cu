@@ -1,5 +1,6 @@
 // read_bandwidth_bench: how fast this GPU reads HBM the ways the decode kernels read weights —
-// plain 128-bit loads (the dense GEMVs), and 1-D bulk copies into shared memory through per-warp
+// plain 128-bit loads (the dense GEMVs; 4, 8 or 16 in flight a thread, grid-stride or a warp
+// reading one contiguous run), and 1-D bulk copies into shared memory through per-warp
 // rings (the experts' direct GEMV, kernels/moe/moe_stream_direct.cu: one copy of 2,048 code
 // bytes and one of 256 scale bytes a chunk, two chunks a warp in flight) at 1-32 KB a copy —
 // each against the device-to-device copy rate measured in the same run (2 x bytes / time, the
@@ -36,24 +37,35 @@ using moeshard::gpu::MbarrierArriveExpectTx;
 using moeshard::gpu::MbarrierInit;
 using moeshard::gpu::MbarrierWait;
 
-// Plain loads: each thread four 16-byte loads an iteration (non-coherent, not kept in L1), XORed
-// into one word so that none is dead; `sink` written only if the XOR is a value no fill gives.
+// Plain loads: each thread kLoads 16-byte loads an iteration (non-coherent, not kept in L1),
+// XORed into one word so that none is dead; `sink` written only if the XOR is a value no fill
+// gives. Grid-stride: load k of a thread is a whole grid's width from load k - 1 (each warp
+// instruction 512 contiguous bytes, a thread's loads far apart). Warp-contiguous (kWarpRun): a
+// warp's kLoads instructions cover kLoads x 512 contiguous bytes, as a GEMV warp reads its row.
+template <int kLoads, bool kWarpRun>
 __global__ void __launch_bounds__(256) PlainLoads(const uint4* __restrict__ src, size_t n16, uint32_t* sink) {
-  const size_t stride = size_t{gridDim.x} * blockDim.x;
+  const size_t threads = size_t{gridDim.x} * blockDim.x;
+  const size_t tid = size_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  const size_t lane = threadIdx.x % 32, warp = tid / 32;
+  // Element of load k in iteration `it`.
+  auto at = [&](size_t it, int k) -> size_t {
+    if constexpr (kWarpRun) return (it * (threads / 32) + warp) * (32 * kLoads) + k * 32 + lane;
+    return it * threads * kLoads + tid + k * threads;
+  };
   uint32_t acc = 0;
-  size_t i = size_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  for (; i + 3 * stride < n16; i += 4 * stride) {
-    uint4 v[4];
+  const size_t iters = n16 / (threads * kLoads);
+  for (size_t it = 0; it < iters; ++it) {
+    uint4 v[kLoads];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k < kLoads; ++k) {
       asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
                    : "=r"(v[k].x), "=r"(v[k].y), "=r"(v[k].z), "=r"(v[k].w)
-                   : "l"(src + i + k * stride));
+                   : "l"(src + at(it, k)));
     }
 #pragma unroll
-    for (int k = 0; k < 4; ++k) acc ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
+    for (int k = 0; k < kLoads; ++k) acc ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
   }
-  for (; i < n16; i += stride) acc ^= src[i].x;
+  for (size_t i = iters * threads * kLoads + tid; i < n16; i += threads) acc ^= src[i].x;
   if (acc == 0x9e3779b9u) *sink = acc;
 }
 
@@ -144,6 +156,23 @@ struct BulkOpts {
   int sms = 0, iters = 5;
   double copy_rate = 0;
 };
+
+// One plain-load row of the table.
+template <int kLoads, bool kWarpRun>
+void RunPlain(const uint8_t* src, size_t bytes, int max_blocks, int sms, int iters, double copy_rate, uint32_t* sink) {
+  int per_sm = 0;
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, PlainLoads<kLoads, kWarpRun>, 256, 0));
+  if (max_blocks > 0) per_sm = std::min(per_sm, max_blocks);
+  const double ms = TimeMs(
+      [&] {
+        PlainLoads<kLoads, kWarpRun><<<per_sm * sms, 256>>>(reinterpret_cast<const uint4*>(src), bytes / 16, sink);
+      },
+      iters);
+  const double gbs = bytes / (ms * 1e-3) / 1e9;
+  std::printf("| plain 16-byte loads | - | %d a thread | %s | 8 | %d | %d | %.0f | %.1f %% |\n", kLoads,
+              kWarpRun ? "warp-contiguous" : "grid-stride", per_sm, per_sm * 256 * kLoads * 16 / 1024, gbs,
+              100.0 * gbs / copy_rate);
+}
 
 template <int kSlots>
 void RunBulk(const uint8_t* src, const uint8_t* src2, size_t bytes, uint32_t copy, uint32_t extra, int contiguous,
@@ -242,19 +271,11 @@ int main(int argc, char** argv) {
       "| way | bytes a copy (+ scales) | ring | layout | warps a block | blocks an SM | KB in flight an SM "
       "| GB/s | of copy |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|\n");
-  {
-    int per_sm = 0;
-    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, PlainLoads, 256, 0));
-    if (max_blocks > 0) per_sm = std::min(per_sm, max_blocks);
-    const double ms = TimeMs(
-        [&] {
-          PlainLoads<<<per_sm * prop.multiProcessorCount, 256>>>(reinterpret_cast<const uint4*>(src), bytes / 16, sink);
-        },
-        iters);
-    const double gbs = bytes / (ms * 1e-3) / 1e9;
-    std::printf("| plain 16-byte loads | - | 4 a thread | grid-stride | 8 | %d | %d | %.0f | %.1f %% |\n", per_sm,
-                per_sm * 256 * 4 * 16 / 1024, gbs, 100.0 * gbs / copy_rate);
-  }
+  RunPlain<4, false>(src, bytes, max_blocks, prop.multiProcessorCount, iters, copy_rate, sink);
+  RunPlain<8, false>(src, bytes, max_blocks, prop.multiProcessorCount, iters, copy_rate, sink);
+  RunPlain<4, true>(src, bytes, max_blocks, prop.multiProcessorCount, iters, copy_rate, sink);
+  RunPlain<8, true>(src, bytes, max_blocks, prop.multiProcessorCount, iters, copy_rate, sink);
+  RunPlain<16, true>(src, bytes, max_blocks, prop.multiProcessorCount, iters, copy_rate, sink);
   BulkOpts o;
   o.warps = warps, o.max_blocks = max_blocks, o.sms = prop.multiProcessorCount, o.iters = iters;
   o.copy_rate = copy_rate;

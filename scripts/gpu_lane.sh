@@ -20,7 +20,8 @@
 #            (MOESHARD_LANE_LONG=0 leaves it out);
 #         4. tests/e2e/run.sh with every cluster's workers on the GPU in bfloat16, the suite
 #            comparing with the bf16 tolerance (`itest --tolerance bf16`: tokens equal up to a
-#            near tie of the float32 engine, logprobs within 0.5 nats);
+#            near tie of the float32 engine, logprobs within 0.5 nats, or what the float32 engine
+#            gives with one of its nearest router ties decided the other way);
 #         5. the same in float32, compared exactly (MOESHARD_LANE_FLOAT32_E2E=0 leaves it out).
 #       Steps 4 and 5 start first and run in the background beside 1-3, each with its own clusters
 #       (MOESHARD_LANE_SERIAL=1: everything one after another).
@@ -48,7 +49,9 @@
 #       MOESHARD_MOE_SW_SPLIT_ROWS=48) as
 #       moe_expert_test-stream-split.
 #       MOESHARD_LANE_PART=checks runs steps 1-3b only, =e2e steps 4-5 only (default all): the
-#       two halves' bundles each fit one device call's 64 MiB beside the tree.
+#       two halves' bundles each fit one device call's 64 MiB beside the tree (the whole stripped
+#       bundle, xz-packed, fits beside the tree without tests/testdata/long-goldens: all but 3b in
+#       one call, 202 s on an H100, 2026-12-06).
 #       Step 1's gtest runs (those of the list and the variants) go out in the background,
 #       MOESHARD_LANE_JOBS (default 4; 1 under MOESHARD_LANE_SERIAL=1) at a time, and are recorded
 #       in their listed order, each once it and the runs before it have ended (each
