@@ -11,9 +11,10 @@
 //   read_bandwidth_bench [--gib 2] [--iters 5] [--sizes 1024,2048,...] [--slots 2,4] [--warps 8]
 //                        [--blocks N]
 //
-// Per row: the way, the bytes a copy, the ring (copies in flight a warp), the layout (each warp
-// one contiguous run of chunks, as a warp's slice of an expert; or consecutive chunks on
-// consecutive warps), warps a block (fewer than --warps where a block's rings would not fit),
+// Per row: the way, the bytes a copy, the ring (copies in flight a warp; plain rows: loads in
+// flight a thread), the layout (each warp one contiguous run of chunks, as a warp's slice of an
+// expert; or consecutive chunks on consecutive warps; plain rows: grid-stride or
+// warp-contiguous), warps a block (fewer than --warps where a block's rings would not fit),
 // blocks an SM (as many as fit, at most --blocks: the direct GEMV runs 4 of 8 warps), the bytes
 // in flight an SM, GB/s read, and that over the copy rate.
 #include <cuda_runtime.h>

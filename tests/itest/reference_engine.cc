@@ -49,9 +49,12 @@ absl::StatusOr<std::vector<int32_t>> ReferenceEngine::Greedy(const std::vector<i
 absl::Status ReferenceEngine::SetSwap(const RouteTie* swap) {
   if (swap == nullptr) return runner_->SetRouterLogitsHook(nullptr);
   const RouteTie t = *swap;
-  if (t.picked == t.next || t.picked < 0 || t.next < 0 || t.picked >= model_.config.num_experts ||
-      t.next >= model_.config.num_experts) {
+  const ModelConfig& c = model_.config;
+  if (t.picked == t.next || t.picked < 0 || t.next < 0 || t.picked >= c.num_experts || t.next >= c.num_experts) {
     return absl::InvalidArgumentError("reference engine: a route tie names two distinct experts of the model");
+  }
+  if (t.position < 0 || t.layer < 0 || t.layer >= c.num_layers || !c.layers[t.layer].moe) {
+    return absl::InvalidArgumentError("reference engine: a route tie's layer is not one of the model's MoE layers");
   }
   return runner_->SetRouterLogitsHook(
       [t](int64_t layer, const std::vector<int32_t>& positions, int64_t E, float* logits) {
@@ -93,6 +96,19 @@ absl::StatusOr<GenerateResult> ReferenceEngine::GenerateLocked(const std::vector
   return GenerateResult{std::move(r.tokens), std::move(r.finish_reason)};
 }
 
+RouteTie TopKBoundary(const float* row, int64_t E, int64_t K) {
+  std::vector<int32_t> idx(E);
+  for (int64_t e = 0; e < E; ++e) idx[e] = static_cast<int32_t>(e);
+  // The pick's order: larger logit first, equal logits the lower expert first.
+  std::partial_sort(idx.begin(), idx.begin() + K + 1, idx.end(),
+                    [row](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+  RouteTie t;
+  t.picked = idx[K - 1];
+  t.next = idx[K];
+  t.margin = static_cast<double>(row[t.picked]) - row[t.next];
+  return t;
+}
+
 absl::Status ReferenceEngine::Forward(const std::vector<int32_t>& seq, std::vector<float>* logits) {
   const int64_t len = static_cast<int64_t>(seq.size());
   SeqChunk chunk{seq, 0, {}, /*all_logits=*/true};
@@ -108,23 +124,21 @@ absl::Status ReferenceEngine::Forward(const std::vector<int32_t>& seq, std::vect
 absl::StatusOr<std::vector<RouteTie>> ReferenceEngine::RouteTies(const std::vector<int32_t>& seq, int64_t upto,
                                                                  int count) {
   const ModelConfig& c = model_.config;
-  if (upto < 1 || upto > static_cast<int64_t>(seq.size()) || upto > kMaxPositions || count < 1) {
+  if (upto < 1 || upto > static_cast<int64_t>(seq.size()) || upto > kMaxPositions) {
     return absl::InvalidArgumentError("reference engine: RouteTies needs 1 <= upto <= the sequence's length");
   }
+  if (count < 1) return absl::InvalidArgumentError("reference engine: RouteTies needs a count of at least 1");
   if (c.num_experts <= c.top_k) return std::vector<RouteTie>{};  // every expert runs: no tie to part on
   std::vector<RouteTie> ties;
   const int64_t K = c.top_k;
   std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(runner_->SetRouterLogitsHook(
       [&ties, K](int64_t layer, const std::vector<int32_t>& positions, int64_t E, float* logits) {
-        std::vector<int32_t> idx(E);
         for (size_t r = 0; r < positions.size(); ++r) {
-          const float* row = logits + static_cast<int64_t>(r) * E;
-          for (int64_t e = 0; e < E; ++e) idx[e] = static_cast<int32_t>(e);
-          // The pick's order: larger logit first, equal logits the lower expert first.
-          std::partial_sort(idx.begin(), idx.begin() + K + 1, idx.end(),
-                            [row](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
-          ties.push_back({positions[r], layer, idx[K - 1], idx[K], static_cast<double>(row[idx[K - 1]]) - row[idx[K]]});
+          RouteTie t = TopKBoundary(logits + static_cast<int64_t>(r) * E, E, K);
+          t.position = positions[r];
+          t.layer = layer;
+          ties.push_back(t);
         }
       }));
   const std::vector<int32_t> prefix(seq.begin(), seq.begin() + upto);
@@ -149,7 +163,7 @@ absl::StatusOr<std::vector<std::vector<double>>> ReferenceEngine::LogProbs(const
   }
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<float> logits;
-  RETURN_IF_ERROR(SetSwap(swap));
+  if (swap != nullptr) RETURN_IF_ERROR(SetSwap(swap));
   absl::Status st = Forward(seq, &logits);
   if (swap != nullptr) RETURN_IF_ERROR(SetSwap(nullptr));
   RETURN_IF_ERROR(st);

@@ -39,6 +39,10 @@ struct RouteTie {
   double margin = 0;
 };
 
+// The k-th and (k+1)-th entries of one token's router logits [E] in the pick's order (larger first,
+// equal logits the lower expert first; K < E): `picked`, `next` and `margin` of a RouteTie.
+RouteTie TopKBoundary(const float* row, int64_t E, int64_t K);
+
 class ReferenceEngine {
  public:
   // Loads the model at `path` (folder or .gguf), all layers in one runner.

@@ -57,9 +57,10 @@ inline constexpr int kRouteTiesTried = 3;
 absl::Status SameGreedy(const Context& ctx, const std::vector<int32_t>& prompt, const std::vector<int32_t>& want,
                         const std::vector<int32_t>& got, absl::string_view what);
 // SameGreedy's step for one router tie: `got` against the float32 engine's greedy continuation
-// with `tie` decided the other way (up to a parting at a near tie of that run's final logits).
+// with `tie` decided the other way — equal over [0, from) (the tokens already matched without
+// the tie) and from there up to a parting at a near tie of that run's final logits.
 absl::Status SameGreedyUnder(const Context& ctx, const std::vector<int32_t>& prompt, const RouteTie& tie,
-                             const std::vector<int32_t>& got, absl::string_view what);
+                             const std::vector<int32_t>& got, absl::string_view what, int64_t from);
 // The same for two seeded samplings with the same settings.
 absl::Status SameSampled(const Context& ctx, const std::vector<int32_t>& prompt, const std::vector<int32_t>& want,
                          const std::vector<int32_t>& got, absl::string_view what);
@@ -71,8 +72,9 @@ struct ServedLogprobs {
   std::vector<std::vector<double>> top;
 };
 // Each chosen logprob and each alternative's against the float32 engine's log-softmax over the
-// same tokens (LogprobClose). bf16: from the first position that differs on, the engine run with
-// one of its router's near ties up to there decided the other way may give them instead.
+// same tokens (LogprobClose). bf16: where a position differs, the engine run with one of its
+// router's near ties up to there decided the other way may give them instead (all of them: one
+// routing explains every position).
 absl::Status SameLogprobs(const Context& ctx, const ServedLogprobs& s);
 // True when `served` is within the logprob tolerance of `want`.
 bool LogprobClose(const Context& ctx, double served, double want);

@@ -25,6 +25,12 @@ class TokenMatchTest : public ::testing::Test {
     ctx_->reference = *std::move(r);
   }
   static void TearDownTestSuite() { delete ctx_; }
+  // A test that stops at a failed assertion leaves the suite's context as the next one expects.
+  void SetUp() override {
+    ctx_->tolerance = Tolerance::kExact;
+    ctx_->route_tie_bound = kBf16RouteTie;
+    ctx_->route_ties_tried = kRouteTiesTried;
+  }
   static Context* ctx_;
 };
 Context* TokenMatchTest::ctx_ = nullptr;
@@ -113,6 +119,44 @@ TEST_F(TokenMatchTest, Bf16RefusesALengthDifferenceAndUnlikelySamples) {
   EXPECT_FALSE(SameSampled(*ctx_, prompt, *want, got, "sampled").ok());
 }
 
+// The pick's boundary: the k-th and (k+1)-th logits, equal ones the lower expert first.
+TEST(TokenMatch, TopKBoundaryIsThePicksLastAndTheFirstLeftOut) {
+  const float row[6] = {0.5f, 3.f, 1.f, 2.f, 1.f, -4.f};
+  RouteTie t = TopKBoundary(row, 6, 2);
+  EXPECT_EQ(t.picked, 3);
+  EXPECT_EQ(t.next, 2);  // 1.0 at experts 2 and 4: the lower first
+  EXPECT_DOUBLE_EQ(t.margin, 1.0);
+  t = TopKBoundary(row, 6, 3);
+  EXPECT_EQ(t.picked, 2);
+  EXPECT_EQ(t.next, 4);
+  EXPECT_DOUBLE_EQ(t.margin, 0.0);
+  t = TopKBoundary(row, 6, 1);
+  EXPECT_EQ(t.picked, 1);
+  EXPECT_EQ(t.next, 3);
+  EXPECT_DOUBLE_EQ(t.margin, 1.0);
+}
+
+// With the suite's bounds, a token the float32 engine finds least likely is refused wherever it is.
+TEST_F(TokenMatchTest, Bf16DefaultsRefuseAnUnlikelyLaterToken) {
+  ctx_->tolerance = Tolerance::kBf16;
+  for (int seed : {3, 11}) {
+    const auto prompt = Prompt(8, seed);
+    auto want = ctx_->reference->Greedy(prompt, 6);
+    ASSERT_TRUE(want.ok()) << want.status();
+    std::vector<int32_t> seq = prompt;
+    seq.insert(seq.end(), want->begin(), want->begin() + 4);
+    auto rows = ctx_->reference->LogProbs(seq, 1);
+    ASSERT_TRUE(rows.ok());
+    const auto& lp = rows->back();
+    std::vector<int32_t> got = *want;
+    got[4] = static_cast<int32_t>(std::min_element(lp.begin(), lp.end()) - lp.begin());
+    ASSERT_GT(lp[(*want)[4]] - lp[got[4]], kBf16GreedyMargin);
+    const absl::Status st = SameGreedy(*ctx_, prompt, *want, got, "unlikely");
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("at position 4"), std::string::npos) << st;
+  }
+}
+
 // The router's ties: the nearest first, each a pick and the expert just left out; a run with
 // one decided the other way keeps every row before its position and changes one from there on.
 TEST_F(TokenMatchTest, RouteTiesAreTheRoutersAndASwapActsFromItsPosition) {
@@ -178,8 +222,11 @@ TEST_F(TokenMatchTest, RouteTiesAreTheRoutersAndASwapActsFromItsPosition) {
 TEST_F(TokenMatchTest, Bf16AcceptsAPartingARouterTieExplains) {
   ctx_->tolerance = Tolerance::kBf16;
   constexpr int64_t kN = 8;
+  // The search starts where it found its case in a Release build (seed 11: layer 0, position 0,
+  // experts 11 / 4, margin 0.21) and goes on should a build compute otherwise.
+  constexpr int kFirstSeed = 11;
   bool found = false;
-  for (int seed = 0; seed < 40 && !found; ++seed) {
+  for (int seed = kFirstSeed; seed < kFirstSeed + 40 && !found; ++seed) {
     const auto prompt = Prompt(6 + seed % 5, seed + 100);
     auto want = ctx_->reference->Greedy(prompt, kN);
     ASSERT_TRUE(want.ok()) << want.status();
@@ -209,13 +256,23 @@ TEST_F(TokenMatchTest, Bf16AcceptsAPartingARouterTieExplains) {
         if (lp[(*got)[j]] - lp[worst] <= kBf16GreedyMargin) continue;
         std::vector<int32_t> wrong = *got;
         wrong[j] = worst;
-        const absl::Status w = SameGreedyUnder(*ctx_, prompt, t, wrong, "wrong");
+        const absl::Status w = SameGreedyUnder(*ctx_, prompt, t, wrong, "wrong", static_cast<int64_t>(i));
         EXPECT_FALSE(w.ok()) << "position " << j;
         EXPECT_NE(w.message().find(absl::StrCat("at position ", j)), std::string::npos) << w;
-        EXPECT_TRUE(SameGreedyUnder(*ctx_, prompt, t, *got, "tie").ok());
+        EXPECT_TRUE(SameGreedyUnder(*ctx_, prompt, t, *got, "tie", static_cast<int64_t>(i)).ok());
         refused = true;
       }
       EXPECT_TRUE(refused) << "no clear token after the parting";
+      // With every tie tried, a token after the parting that the float32 engine finds least likely,
+      // on its own tokens, is still refused: a tie whose run parts from them earlier excuses nothing.
+      std::vector<int32_t> late = *want;
+      std::vector<int32_t> s3 = prompt;
+      s3.insert(s3.end(), want->begin(), want->end() - 1);
+      auto rows = ctx_->reference->LogProbs(s3, 1);
+      ASSERT_TRUE(rows.ok());
+      late.back() =
+          static_cast<int32_t>(std::min_element(rows->back().begin(), rows->back().end()) - rows->back().begin());
+      EXPECT_FALSE(SameGreedy(*ctx_, prompt, *want, late, "late").ok()) << "seed " << seed;
       found = true;
       break;
     }
@@ -231,8 +288,10 @@ TEST_F(TokenMatchTest, Bf16LogprobsARouterTieExplains) {
   ctx_->tolerance = Tolerance::kBf16;
   constexpr int64_t kN = 6;
   constexpr size_t kTop = 3;
+  // Found in a Release build at seed 20 (layer 0, position 5, experts 9 / 13, margin 0.041).
+  constexpr int kFirstSeed = 20;
   bool found = false;
-  for (int seed = 0; seed < 40 && !found; ++seed) {
+  for (int seed = kFirstSeed; seed < kFirstSeed + 40 && !found; ++seed) {
     const auto prompt = Prompt(6 + seed % 5, seed + 300);
     auto tokens = ctx_->reference->Greedy(prompt, kN);
     ASSERT_TRUE(tokens.ok()) << tokens.status();
