@@ -165,6 +165,26 @@ void ExpectWholeHit(const prometheus::Registry& registry) {
   EXPECT_EQ(Value(registry, MetricName("prefix_cache_hits_total")), 64);
 }
 
+// The sliding pool's used + free + cached blocks once a read of the three agrees with the pool's
+// size (or after 5 s, the last read). The engine sets the three gauges one after another (each
+// step's end, and every loop turn) and the test reads them one after another: a read can mix two
+// updates while the last sequences are being freed (CI runs under ASan saw 26 of 24, in the one-
+// and the two-worker tests). The read that sums to the pool is the one returned (a re-read could
+// mix updates again); a pool that never sums to its size still fails.
+double SettledSlidingTotal(const prometheus::Registry& registry, double want = 24) {
+  const std::string name = MetricName("kv_blocks");
+  auto total = [&] {
+    return Value(registry, name, "sliding", "used") + Value(registry, name, "sliding", "free") +
+           Value(registry, name, "sliding", "cached");
+  };
+  double t = total();
+  for (int i = 0; i < 500 && t != want; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    t = total();
+  }
+  return t;
+}
+
 // RunRequests on the single-process engine with one pool: what every other run must equal.
 std::vector<LocalResult> SlidingPoolTest::Reference() {
   auto reference = StartLocalEngine(Runner(0), EngineOptions());
@@ -188,20 +208,7 @@ TEST_F(SlidingPoolTest, EngineEqualsOnePoolAndItsSlidingPoolStaysFlat) {
   const prometheus::Registry& registry = *(*engine)->registry();
   ExpectWholeHit(registry);
   const std::string name = MetricName("kv_blocks");
-  // The engine sets the three gauges one after another (each step's end, and every loop turn),
-  // and the test reads them one after another: a read can mix two updates while the last
-  // sequences are being freed (CI runs under ASan saw 26). Wait for one read of the three that
-  // sums to the pool, and check that read (a re-read could mix updates again).
-  auto sliding_total = [&] {
-    return Value(registry, name, "sliding", "used") + Value(registry, name, "sliding", "free") +
-           Value(registry, name, "sliding", "cached");
-  };
-  double total = sliding_total();
-  for (int i = 0; i < 500 && total != 24; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    total = sliding_total();
-  }
-  EXPECT_EQ(total, 24);
+  EXPECT_EQ(SettledSlidingTotal(registry), 24);
   EXPECT_GT(Value(registry, name, "sliding", "cached"), 0);  // finished sequences' blocks stay reusable
 
   // While one long sequence decodes, the sliding pool's use stays at its window's blocks
@@ -284,9 +291,7 @@ TEST_F(SlidingPoolTest, TwoWorkerClusterEqualsOnePool) {
   ExpectSameOutputs(want[0], got[0], "cluster: 200-token sequence");
   ExpectSameOutputs(want[1], got[1], "cluster: prefix-cache hit");
   ExpectWholeHit(*engine->registry());
-  EXPECT_EQ(Value(*engine->registry(), MetricName("kv_blocks"), "sliding", "used") +
-                Value(*engine->registry(), MetricName("kv_blocks"), "sliding", "free") +
-                Value(*engine->registry(), MetricName("kv_blocks"), "sliding", "cached"), 24);
+  EXPECT_EQ(SettledSlidingTotal(*engine->registry()), 24);
   EXPECT_EQ(Value(*engine->registry(), MetricName("lookahead_chunks_total")), 0);  // two workers: none
   engine->Stop();
 }
