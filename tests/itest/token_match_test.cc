@@ -96,7 +96,6 @@ TEST_F(TokenMatchTest, Bf16AcceptsANearTieAndRefusesAClearWinner) {
       }
     }
   }
-  ctx_->route_tie_bound = kBf16RouteTie;
   EXPECT_TRUE(near) << "no near tie found in 60 prompts";
   EXPECT_TRUE(clear) << "no clear winner found in 60 prompts";
 }
@@ -277,8 +276,6 @@ TEST_F(TokenMatchTest, Bf16AcceptsAPartingARouterTieExplains) {
       break;
     }
   }
-  ctx_->route_tie_bound = kBf16RouteTie;
-  ctx_->route_ties_tried = kRouteTiesTried;
   EXPECT_TRUE(found) << "no router tie in 40 prompts changed the greedy tokens past the final-logit margin";
 }
 
@@ -330,7 +327,6 @@ TEST_F(TokenMatchTest, Bf16LogprobsARouterTieExplains) {
       break;
     }
   }
-  ctx_->route_tie_bound = kBf16RouteTie;
   EXPECT_TRUE(found) << "no router tie in 40 prompts moved a logprob past the bf16 bound";
 }
 
