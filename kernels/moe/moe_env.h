@@ -3,6 +3,8 @@
 // function-local static.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <cstdlib>
 
 namespace moeshard::gpu {
@@ -24,6 +26,29 @@ inline bool EnvOn(const char* name) {
 inline bool MoeDownEarly() {
   static const bool on = EnvOn("MOESHARD_MOE_DOWN_EARLY");
   return on;
+}
+
+// Tests' hold on the direct GEMV's form (moe_expert.h SetMoeDirectWarpFormForTest): mask -1 leaves
+// it to the environment; max_blocks > 0 caps the warp form's grid.
+struct DirectWarpTestHold {
+  std::atomic<int> mask{-1};
+  std::atomic<int> max_blocks{0};
+};
+inline DirectWarpTestHold& DirectWarpHold() {
+  static DirectWarpTestHold hold;
+  return hold;
+}
+
+// MOESHARD_MOE_DIRECT_WARP: which launches of the direct GEMV over repacked experts take the warp
+// form (moe_stream_direct_warp.cu: a warp a 16-row slice over the whole of K, no block barriers)
+// instead of the block form (moe_stream_direct.cu): bit 1 down, bit 2 gate/up (default 0: neither);
+// from MOESHARD_MOE_DIRECT_WARP_MIN pairs a step (default 1). Both forms give the same bits.
+inline bool StreamDirectWarpForm(bool gate_up, int64_t pairs) {
+  const int held = DirectWarpHold().mask.load(std::memory_order_relaxed);
+  if (held >= 0) return (held & (gate_up ? 2 : 1)) != 0;
+  static const int mask = EnvInt("MOESHARD_MOE_DIRECT_WARP", 0);
+  static const int from = EnvInt("MOESHARD_MOE_DIRECT_WARP_MIN", 1);
+  return (mask & (gate_up ? 2 : 1)) != 0 && pairs >= from;
 }
 
 }  // namespace moeshard::gpu

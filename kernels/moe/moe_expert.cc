@@ -295,6 +295,11 @@ MoePathCounts MoeExpertPathCounts() {
           g_generic.load(kRelaxed)};
 }
 
+void SetMoeDirectWarpFormForTest(int mask, int max_blocks) {
+  DirectWarpHold().mask.store(mask, std::memory_order_relaxed);
+  DirectWarpHold().max_blocks.store(max_blocks, std::memory_order_relaxed);
+}
+
 uint32_t MoeExpertFormats(const MoeExpertWeights* experts, int num_local_experts, int64_t width, int64_t inter) {
   uint32_t bits = kMoeAllViewsFast;
   const bool nvfp4_sizes = width % 256 == 0 && inter % 256 == 0;

@@ -13,7 +13,8 @@
 // and each warp's two-slot ring (one bulk copy of 2,048 code bytes and one of 256 scale bytes a
 // chunk) runs across unit boundaries. The units' expert ids and the experts' views sit in shared
 // memory. Each chunk is moe_stream.cuh's ComputeStageE2m1 for one slice and one token, its B
-// fragments (16 consecutive activations a lane and quad) read in place.
+// fragments (16 consecutive activations a lane and quad) read in place (moe_stream_direct.cuh, which
+// the warp form, moe_stream_direct_warp.cu, shares; moe_env.h StreamDirectWarpForm picks the form).
 //
 // Q8_0 experts in their int8 layout (kMoeQ8Repacked, moe_q8_stream_layout.h) take the kQ8 kernels:
 // 4,096 code bytes a chunk, each 32-column block's two k16 steps into a fresh accumulator added
@@ -29,19 +30,20 @@
 #include "kernels/moe/moe_env.h"
 #include "kernels/moe/moe_launch.h"
 #include "kernels/moe/moe_q8_stream_layout.h"
+#include "kernels/moe/moe_stream_direct.cuh"
 #include "kernels/moe/moe_unit_cursor.h"
 
 namespace moeshard::gpu {
 namespace {
 
+using stream_direct::kCols;
+using stream_direct::kData;
+using stream_direct::kStage;
+using stream_direct::TableBytes;
+using stream_direct::Views;
+
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kScale = 256, kCols = 256;  // one chunk of a 16-row slice: its scale bytes, columns
-// Its code bytes: e2m1 (NVFP4, MXFP4) or int8 (Q8_0).
-template <bool kQ8>
-constexpr int kData = kQ8 ? kQ8StreamSliceBytes : 2048;
-template <bool kQ8>
-constexpr int kStage = kData<kQ8> + kScale;
 // Blocks an SM: the stages' shared memory (37 KB, or 70 KB for Q8_0) allows 4 (3).
 template <bool kQ8>
 constexpr int kMinBlocks = kQ8 ? 3 : 4;
@@ -55,19 +57,6 @@ template <bool kQ8>
 constexpr int kTableOffset = kBarOffset<kQ8> + kWarps * 2 * 8;
 
 extern __shared__ __align__(128) uint8_t smem[];
-
-// One expert's two views of this launch (gate and up; down twice), repacked and dense.
-struct Views {
-  const uint8_t* data[2];
-  const uint8_t* scale[2];
-  int64_t chunks[2];  // 256-column chunks a 16-row slice
-  float fin[2];       // what the sums are multiplied by: scale2 · 2^8
-};
-
-// The views, then the pairs' expert ids, the local pairs' indices (UnitCursor) and their count.
-__host__ __device__ constexpr int TableBytes(int E, int64_t pairs) {
-  return static_cast<int>(E * sizeof(Views) + 8 * pairs + 4);
-}
 
 template <bool kGateUp, bool kQ8>
 struct Direct {
@@ -84,67 +73,13 @@ struct Direct {
   // Chunk kc of unit (pair, rt) into this warp's buffer `buf` (e < 0: no bytes, the padding chunk of
   // a quarter shorter than the others).
   __device__ __forceinline__ void Stage(uint32_t buf, uint64_t* bar, int e, int64_t rt, int kc) const {
-    // Scale bytes a chunk: Q8_0's fp16 a 32 columns, NVFP4's e4m3 a 16, MXFP4's e8m0 a 32.
-    const uint32_t sbytes = kQ8 ? kScale : E2m1ScaleBytes(w.stream_mx);
-    // One lane: the byte count is expected before either copy is issued (the stream kernels'
-    // producer does the same with a __syncwarp between; here lane 0 alone keeps the order).
-    if (lane != 0) return;
-    MbarrierArriveExpectTx(bar, e >= 0 ? kData<kQ8> + sbytes : 0);
-    if (e >= 0) {
-      const Views& v = tab[e];
-      const int64_t idx = FirstRow(rt) / 16 * v.chunks[slice] + kc;
-      BulkCopyToShared(smem + buf, v.data[slice] + idx * kData<kQ8>, kData<kQ8>, bar);
-      BulkCopyToShared(smem + buf + kData<kQ8>, v.scale[slice] + idx * sbytes, sbytes, bar);
-    }
+    stream_direct::StageChunk<kQ8>(smem + buf, bar, e >= 0 ? tab + e : nullptr, slice, FirstRow(rt), kc, w.stream_mx,
+                                   lane);
   }
 
-  // Chunk kc from `buf` into acc: moe_stream.cuh's ComputeStageE2m1 (or ComputeStageQ8), one
-  // slice, one token; `row`: the activations' row, the pair's token (gate/up) or the pair (down).
+  // Chunk kc from `buf` into acc (stream_direct::ComputeChunk).
   __device__ __forceinline__ void Compute(uint32_t buf, int64_t row, int kc, float (&acc)[4]) const {
-    const uint16_t* brow = (kGateUp ? static_cast<const uint16_t*>(p.x) + row * p.width
-                                    : static_cast<const uint16_t*>(w.h) + row * p.inter) +
-                           int64_t{kCols} * kc;
-    const uint8_t* sb = smem + buf;
-    if constexpr (kQ8) {
-#pragma unroll 2
-      for (int b = 0; b < kCols / 32; ++b) {
-        const uint4 v = *reinterpret_cast<const uint4*>(sb + Q8StreamLaneCodes(b, lane));
-        uint32_t a[2][4];
-        Q8LaneFragments(v.x, v.y, v.z, v.w, a);
-        const uint32_t sc =
-            *reinterpret_cast<const uint32_t*>(sb + kData<kQ8> + Q8StreamLaneScales(b / 2, lane) + 4 * (b % 2));
-        float dg, d8;  // rows g and g + 8
-        F16x2ToF32(sc, dg, d8);
-        // Q8StreamLaneB's byte offset, in activations: columns 32b + 8c .. + 7 of the chunk.
-        const uint4 x = __ldg(reinterpret_cast<const uint4*>(brow + Q8StreamLaneB(b, lane) / 2));
-        float part[4];
-        MmaBf16Zero(part, a[0][0], a[0][1], a[0][2], a[0][3], x.x, x.y);
-        MmaBf16(part, a[1][0], a[1][1], a[1][2], a[1][3], x.z, x.w);
-        acc[0] = fmaf(part[0], dg, acc[0]);
-        acc[1] = fmaf(part[1], dg, acc[1]);
-        acc[2] = fmaf(part[2], d8, acc[2]);
-        acc[3] = fmaf(part[3], d8, acc[3]);
-      }
-    } else {  // e2m1 (NVFP4, MXFP4)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const uint4 wd = *reinterpret_cast<const uint4*>(sb + (q * 32 + lane) * 16);
-        const uint32_t sc = *reinterpret_cast<const uint32_t*>(sb + kData<kQ8> + E2m1ScaleWord(lane, q, w.stream_mx));
-        uint32_t s2[2];  // rows g, g + 8
-        E2m1ScalePair(sc, q, w.stream_mx, s2);
-        const uint32_t s2a = s2[0], s2b = s2[1];
-        const uint4* bp = reinterpret_cast<const uint4*>(brow + q * 64 + 16 * c);
-        const uint4 bq[2] = {__ldg(bp), __ldg(bp + 1)};
-#pragma unroll
-        for (int jw = 0; jw < 2; ++jw) {
-          uint32_t ag[4], ag8[4];
-          DecodeRepacked(jw == 0 ? wd.x : wd.z, s2a, ag);
-          DecodeRepacked(jw == 0 ? wd.y : wd.w, s2b, ag8);
-          MmaBf16(acc, ag[0], ag8[0], ag[1], ag8[1], bq[jw].x, bq[jw].y);
-          MmaBf16(acc, ag[2], ag8[2], ag[3], ag8[3], bq[jw].z, bq[jw].w);
-        }
-      }
-    }
+    stream_direct::ComputeChunk<kGateUp, kQ8>(p, w, smem + buf, row, kc, lane, acc);
   }
 
   // The unit's quarters summed in order; warps 0-3 store element q of both slices (one token:
@@ -159,8 +94,7 @@ struct Direct {
       const float s[2] = {QuarterSum(red, 0, q, lane) * tab[e].fin[0], QuarterSum(red, 1, q, lane) * tab[e].fin[1]};
       const int64_t r = g + 8 * (q >> 1);
       if constexpr (kGateUp) {
-        const float gv = RoundBf16(s[0]), uv = RoundBf16(s[1]);
-        static_cast<uint16_t*>(w.h)[pair * p.inter + 16 * rt + r] = DevF32ToBf16(Silu(gv) * uv);
+        static_cast<uint16_t*>(w.h)[pair * p.inter + 16 * rt + r] = stream_direct::GateUpOut(s[0], s[1]);
       } else {
         w.y[pair * p.width + 32 * rt + r] = s[0];
         w.y[pair * p.width + 32 * rt + 16 + r] = s[1];
@@ -182,16 +116,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kQ8>) StreamDirectKernel(
   const int64_t pairs = p.num_tokens * p.top_k;
   Views* tab = reinterpret_cast<Views*>(smem + kTableOffset<kQ8>);
   int32_t* ids = reinterpret_cast<int32_t*>(tab + E);
-  // The experts' views: fixed weights, read before the wait (pdl.cuh rule 1).
-  for (int i = threadIdx.x; i < E; i += kThreads) {
-    const MoeExpertWeights& ew = p.experts[i];
-    const WeightRef& v0 = kGateUp ? ew.gate : ew.down;
-    const WeightRef& v1 = kGateUp ? ew.up : ew.down;
-    tab[i] = Views{{v0.data, v1.data},
-                   {v0.scale, v1.scale},
-                   {v0.cols / kCols, v1.cols / kCols},
-                   {v0.scale2 * 256.f, v1.scale2 * 256.f}};
-  }
+  stream_direct::LoadViews<kGateUp>(p, tab);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   uint64_t* const bar = reinterpret_cast<uint64_t*>(smem + kBarOffset<kQ8>) + 2 * warp;  // buffer i: bar + i
   if (lane == 0) {
@@ -200,29 +125,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kQ8>) StreamDirectKernel(
     FenceMbarrierInit();
   }
   int32_t* local = ids + pairs;  // the pairs whose experts are on this GPU, in order
-  int32_t& n_local = local[pairs];
+  const int32_t& n_local = local[pairs];
   if constexpr (!kEarly) {
     PdlWait();
     PdlTrigger();
   }
-  for (int64_t i = threadIdx.x; i < pairs; i += kThreads) ids[i] = __ldcg(p.expert_ids + i);
-  __syncthreads();
-  if (warp == 0) {
-    int n = 0;
-    for (int64_t b = 0; b < pairs; b += 32) {
-      const bool here = b + lane < pairs && ids[b + lane] >= 0;
-      const uint32_t m = __ballot_sync(~0u, here);
-      if (here) local[n + __popc(m & ((1u << lane) - 1u))] = static_cast<int32_t>(b + lane);
-      n += __popc(m);
-    }
-    if (lane == 0) n_local = n;
-  }
-  __syncthreads();
-  if constexpr (kGateUp) {  // the combine's pos: the pair, or -1 (another GPU's expert)
-    for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < pairs; i += int64_t{gridDim.x} * kThreads) {
-      w.pos[i] = ids[i] >= 0 ? static_cast<int32_t>(i) : -1;
-    }
-  }
+  stream_direct::LoadIds<kGateUp>(p, w, ids, local);
 
   Direct<kGateUp, kQ8> d{p, w, tab, ids};
   d.R = static_cast<int>((kGateUp ? p.inter / 16 : p.width / 32));
@@ -273,36 +181,21 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kQ8>) StreamDirectKernel(
 template <bool kGateUp, bool kQ8, bool kEarly = false>
 cudaError_t LaunchT(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
   const int64_t pairs = p.num_tokens * p.top_k;
-  const int smem_bytes = kTableOffset<kQ8> + TableBytes(p.num_local_experts, pairs);
   static int attr_bytes = 0;  // the largest size set so far (the attribute is per kernel)
-  if (smem_bytes > attr_bytes) {
-    if (cudaError_t e = cudaFuncSetAttribute(StreamDirectKernel<kGateUp, kQ8, kEarly>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-        e != cudaSuccess) {
-      return e;
-    }
-    attr_bytes = smem_bytes;
-  }
-  int per_sm = 0;
-  if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, StreamDirectKernel<kGateUp, kQ8, kEarly>,
-                                                                    kThreads, smem_bytes);
-      e != cudaSuccess) {
-    return e;
-  }
-  const int64_t units = pairs * (kGateUp ? p.inter / 16 : p.width / 32);
-  const int64_t wave = std::max<int64_t>(1, int64_t{per_sm} * std::max(w.num_sms, 1));
-  const int64_t grid = std::max<int64_t>(1, std::min(units, wave));
-  return LaunchPdl(StreamDirectKernel<kGateUp, kQ8, kEarly>, static_cast<unsigned>(grid), kThreads, smem_bytes, stream,
-                   p, w);
+  return stream_direct::LaunchOneWave(StreamDirectKernel<kGateUp, kQ8, kEarly>, kThreads,
+                                      kTableOffset<kQ8> + TableBytes(p.num_local_experts, pairs), attr_bytes,
+                                      pairs * (kGateUp ? p.inter / 16 : p.width / 32), p, w, stream);
 }
 
 }  // namespace
 
 cudaError_t LaunchMoeStreamDirectGateUp(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
+  if (StreamDirectWarpForm(true, p.num_tokens * p.top_k)) return LaunchMoeStreamDirectWarp(true, p, w, stream);
   return w.stream_q8 ? LaunchT<true, true>(p, w, stream) : LaunchT<true, false>(p, w, stream);
 }
 
 cudaError_t LaunchMoeStreamDirectDown(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
+  if (StreamDirectWarpForm(false, p.num_tokens * p.top_k)) return LaunchMoeStreamDirectWarp(false, p, w, stream);
   if (MoeDownEarly())
     return w.stream_q8 ? LaunchT<false, true, true>(p, w, stream) : LaunchT<false, false, true>(p, w, stream);
   return w.stream_q8 ? LaunchT<false, true>(p, w, stream) : LaunchT<false, false>(p, w, stream);

@@ -12,7 +12,8 @@
 // decode-size items with the down GEMM split in K, mid-size and prefill-size items).
 // fp32 must match within 2e-5 of each row's largest value;
 // bf16 (which rounds gate, up and h to bf16) within 2 % of each row's L2 norm. Outputs are
-// poisoned with NaN first, and a second run must repeat the first bit for bit.
+// poisoned with NaN first, and a second run must repeat the first bit for bit; the direct GEMV over
+// repacked experts gives the same bits in its block and warp forms.
 // Labelled `gpu`; skips (exit 77) where no CUDA device is present.
 #include "kernels/moe/moe_expert.h"
 
@@ -175,7 +176,13 @@ constexpr Shape kShapes[] = {
     // Past 4,096 wide (Muse Spark's latent is 4,096): the combine's eight float4 a thread, and its
     // bf16 copy (out_act). Last, so the shapes before keep their ids' alignment and draws.
     {"combine wide", 2, 8, 4, 8, 4128, 64, 0, -1},
+    // Qwen3-30B's expert size (2,048 x 768): the direct GEMV's gate/up K eight chunks (two a
+    // quarter), down's three (its first quarter empty); every token picks both local experts.
+    {"qwen decode", 2, 8, 2, 8, 2048, 768, 0, -1, true},
 };
+
+// Cases whose repacked step took the direct GEMV and compared its two forms (RunCase).
+int g_direct_forms_compared = 0;
 
 void RunCase(const Shape& s, WeightFormat f, ActDType act, bool norm, std::mt19937& rng) {
   const int64_t T = s.T, L = s.L, I = s.I;
@@ -333,6 +340,23 @@ void RunCase(const Shape& s, WeightFormat f, ActDType act, bool norm, std::mt199
       CUDA_OK(cudaMemcpy(dst->data(), d_out.ptr, T * L * 4, cudaMemcpyDeviceToHost));
     }
     EXPECT_EQ(std::memcmp(got.data(), again.data(), T * L * 4), 0) << "two repacked runs differ";
+    // The direct GEMV's two forms (moe_stream_direct.cu's block a unit, moe_stream_direct_warp.cu's
+    // warp a unit; down, gate/up, both), the warp form also on a grid of two blocks so that each
+    // warp walks several units: the same bits as the run above, whichever form it took.
+    const uint64_t direct_before = gpu::MoeExpertPathCounts().stream_direct;
+    constexpr int kForms[][2] = {{0, 0}, {1, 0}, {2, 0}, {3, 0}, {3, 2}};  // mask, grid cap
+    for (const auto& [mask, max_blocks] : kForms) {
+      gpu::SetMoeDirectWarpFormForTest(mask, max_blocks);
+      CUDA_OK(cudaMemset(d_out.ptr, 0xff, T * L * 4));
+      absl::Status st = gpu::MoeExpertStep(pr, nullptr);
+      gpu::SetMoeDirectWarpFormForTest(-1);
+      ASSERT_TRUE(st.ok()) << st;
+      CUDA_OK(cudaDeviceSynchronize());
+      CUDA_OK(cudaMemcpy(again.data(), d_out.ptr, T * L * 4, cudaMemcpyDeviceToHost));
+      EXPECT_EQ(std::memcmp(got.data(), again.data(), T * L * 4), 0)
+          << "the direct GEMV's forms differ (MOESHARD_MOE_DIRECT_WARP=" << mask << ", grid cap " << max_blocks << ")";
+    }
+    if (gpu::MoeExpertPathCounts().stream_direct > direct_before) ++g_direct_forms_compared;
     results.push_back(got);
   }
 
@@ -481,6 +505,7 @@ TEST_F(MoeExpertTest, MatchesCpuReference) {
         << "MOESHARD_MOE_STREAM_DIRECT=0, yet a step took the direct GEMV over repacked experts";
   } else {
     EXPECT_GT(n.stream_direct, 0u) << "no step took the direct GEMV over repacked experts";
+    EXPECT_GT(g_direct_forms_compared, 0) << "no case compared the direct GEMV's two forms";
   }
 }
 
