@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kQ8>) StreamDirectKernel(
   const int64_t pairs = p.num_tokens * p.top_k;
   Views* tab = reinterpret_cast<Views*>(smem + kTableOffset<kQ8>);
   int32_t* ids = reinterpret_cast<int32_t*>(tab + E);
-  stream_direct::LoadViews<kGateUp>(p, tab);
+  stream_direct::LoadViews<kGateUp, kThreads>(p, tab);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   uint64_t* const bar = reinterpret_cast<uint64_t*>(smem + kBarOffset<kQ8>) + 2 * warp;  // buffer i: bar + i
   if (lane == 0) {
@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kQ8>) StreamDirectKernel(
     PdlWait();
     PdlTrigger();
   }
-  stream_direct::LoadIds<kGateUp>(p, w, ids, local);
+  stream_direct::LoadIds<kGateUp, kThreads>(p, w, ids, local);
 
   Direct<kGateUp, kQ8> d{p, w, tab, ids};
   d.R = static_cast<int>((kGateUp ? p.inter / 16 : p.width / 32));

@@ -36,11 +36,11 @@ __host__ __device__ constexpr int TableBytes(int E, int64_t pairs) {
   return static_cast<int>(E * sizeof(Views) + 8 * pairs + 4);
 }
 
-// The experts' views into `tab` by the block's threads: fixed weights, read before the wait
-// (pdl.cuh rule 1).
-template <bool kGateUp>
+// The experts' views into `tab` by the block's kThreads threads: fixed weights, read before the
+// wait (pdl.cuh rule 1).
+template <bool kGateUp, int kThreads>
 __device__ __forceinline__ void LoadViews(const MoeExpertParams& p, Views* tab) {
-  for (int i = threadIdx.x; i < p.num_local_experts; i += blockDim.x) {
+  for (int i = threadIdx.x; i < p.num_local_experts; i += kThreads) {
     const MoeExpertWeights& ew = p.experts[i];
     const WeightRef& v0 = kGateUp ? ew.gate : ew.down;
     const WeightRef& v1 = kGateUp ? ew.up : ew.down;
@@ -53,12 +53,12 @@ __device__ __forceinline__ void LoadViews(const MoeExpertParams& p, Views* tab) 
 
 // The step's expert ids into `ids` and the local pairs' indices, in order, into `local` (their
 // count at local[pairs]); gate/up also writes the combine's pos (the pair, or -1: another GPU's
-// expert). Every thread of the block calls it; block barriers inside.
-template <bool kGateUp>
+// expert). Every thread of the block (kThreads) calls it; block barriers inside.
+template <bool kGateUp, int kThreads>
 __device__ __forceinline__ void LoadIds(const MoeExpertParams& p, const MoeWork& w, int32_t* ids, int32_t* local) {
   const int64_t pairs = p.num_tokens * p.top_k;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  for (int64_t i = threadIdx.x; i < pairs; i += blockDim.x) ids[i] = __ldcg(p.expert_ids + i);
+  for (int64_t i = threadIdx.x; i < pairs; i += kThreads) ids[i] = __ldcg(p.expert_ids + i);
   __syncthreads();
   if (warp == 0) {
     int n = 0;
@@ -72,7 +72,7 @@ __device__ __forceinline__ void LoadIds(const MoeExpertParams& p, const MoeWork&
   }
   __syncthreads();
   if constexpr (kGateUp) {
-    for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < pairs; i += int64_t{gridDim.x} * blockDim.x) {
+    for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < pairs; i += int64_t{gridDim.x} * kThreads) {
       w.pos[i] = ids[i] >= 0 ? static_cast<int32_t>(i) : -1;
     }
   }

@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(kThreads) StreamDirectWarpKernel(MoeExpertPara
   Views* tab = reinterpret_cast<Views*>(smem + kTableOffset<kQ8>);
   int32_t* ids = reinterpret_cast<int32_t*>(tab + p.num_local_experts);
   int32_t* local = ids + pairs;  // the pairs whose experts are on this GPU, in order; their count after
-  stream_direct::LoadViews<kGateUp>(p, tab);
+  stream_direct::LoadViews<kGateUp, kThreads>(p, tab);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   uint64_t* const bar = reinterpret_cast<uint64_t*>(smem + kBarOffset<kQ8>) + kS * warp;  // slot i: bar + i
   if (lane == 0) {
@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(kThreads) StreamDirectWarpKernel(MoeExpertPara
     PdlWait();
     PdlTrigger();
   }
-  stream_direct::LoadIds<kGateUp>(p, w, ids, local);  // block barriers: the views and mbarriers are set too
+  stream_direct::LoadIds<kGateUp, kThreads>(p, w, ids, local);  // block barriers: the views and mbarriers are set too
 
   const int nk = static_cast<int>((kGateUp ? p.width : p.inter) / kCols);  // chunks a slice's row of K
   const int per = kGateUp ? 2 * nk : nk;                                   // chunks a unit
