@@ -13,7 +13,8 @@
 // Why. At Qwen3-30B's expert size (2,048 x 768) down's K is three chunks: the block form leaves one
 // quarter's two warps without a chunk and pays two block barriers for every chunk a warp computes;
 // at four streams (32 pairs) each block walks four such units. Here each chunk costs its copy,
-// its arithmetic and a warp barrier.
+// its arithmetic and a warp barrier. Grouped (kGrouped, below), a unit takes all of an expert's pairs
+// as the n8 tile's columns, so an expert several tokens picked is read once.
 #include <algorithm>
 
 #include "kernels/cuda/pdl.cuh"
@@ -50,9 +51,68 @@ __device__ __forceinline__ void Fold(float (&s)[4], float (&part)[4]) {
   }
 }
 
+// kGrouped: a unit is one 16-row slice of a group — the local pairs of one expert, at most 8 (the
+// n8 tile's columns), in pair order; groups in the order of their first pair — so an expert's
+// weights are read once for all its tokens. Each column's sums are the same bits as its pair's
+// alone: the mma's columns do not mix.
+struct Group {
+  int32_t expert, count, pair[8];
+};
+constexpr int kMaxGroups = static_cast<int>(kMoeDirectMaxPairs);
+// The groups, then each group's number (the cursor's `local`), each pair's group if it leads one,
+// and the warps' leader counts and their sum.
+constexpr int kGroupBytes = kMaxGroups * static_cast<int>(sizeof(Group)) + 2 * 4 * kMaxGroups + 4 * (kWarps + 1);
+
+// The groups of the n local pairs (n <= kMaxGroups <= kThreads); their count in cnt[kWarps]. Every
+// thread of the block calls it; block barriers inside.
+__device__ __forceinline__ void BuildGroups(const int32_t* ids, const int32_t* local, int n, Group* grp, int32_t* order,
+                                            int32_t* lead_group, int32_t* cnt) {
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  int e = -1, rank = 0, of_e = 0;  // this pair's expert, its rank among the expert's pairs, their count
+  if (tid < n) {
+    e = ids[local[tid]];
+    for (int j = 0; j < n; ++j) {
+      const bool same = ids[local[j]] == e;
+      rank += same && j < tid;
+      of_e += same;
+    }
+  }
+  const bool lead = tid < n && rank % 8 == 0;
+  const uint32_t m = __ballot_sync(~0u, lead);
+  if (lane == 0) cnt[warp] = __popc(m);
+  __syncthreads();
+  int g = __popc(m & ((1u << lane) - 1u));
+  for (int k = 0; k < warp; ++k) g += cnt[k];
+  if (lead) {
+    grp[g].expert = e;
+    grp[g].count = min(8, of_e - rank);
+    order[g] = g;
+    lead_group[tid] = g;
+  }
+  __syncthreads();
+  if (tid < n) {  // the pair of rank rank - rank % 8 of expert e leads this one's group
+    const int want = rank - rank % 8;
+    int leader = tid;
+    for (int j = 0, c = 0; j < tid; ++j) {
+      if (ids[local[j]] != e) continue;
+      if (c++ == want) {
+        leader = j;
+        break;
+      }
+    }
+    grp[lead_group[leader]].pair[rank % 8] = local[tid];
+  }
+  if (tid == 0) {
+    int total = 0;
+    for (int k = 0; k < kWarps; ++k) total += cnt[k];
+    cnt[kWarps] = total;
+  }
+  __syncthreads();
+}
+
 // kEarly (down only): as the block form's, the ids and each warp's first kSlots chunks go out
 // before the wait; gate/up's h is read after it.
-template <bool kGateUp, bool kQ8, bool kEarly>
+template <bool kGateUp, bool kQ8, bool kEarly, bool kGrouped>
 __global__ void __launch_bounds__(kThreads) StreamDirectWarpKernel(MoeExpertParams p, MoeWork w) {
   static_assert(!(kGateUp && kEarly), "gate/up reads the ids of the kernel just before it");
   constexpr int kS = kSlots<kQ8>;
@@ -74,10 +134,26 @@ __global__ void __launch_bounds__(kThreads) StreamDirectWarpKernel(MoeExpertPara
   }
   stream_direct::LoadIds<kGateUp, kThreads>(p, w, ids, local);  // block barriers: the views and mbarriers are set too
 
+  Group* const grp = reinterpret_cast<Group*>(reinterpret_cast<uint8_t*>(tab) + TableBytes(p.num_local_experts, pairs));
+  int32_t* const order = reinterpret_cast<int32_t*>(grp + kMaxGroups);
+  int32_t* const cnt = order + 2 * kMaxGroups;
+  if constexpr (kGrouped) {
+    BuildGroups(ids, local, local[pairs], grp, order, order + kMaxGroups, cnt);
+    local = order;  // the cursor's `pair` is a group
+  }
   const int nk = static_cast<int>((kGateUp ? p.width : p.inter) / kCols);  // chunks a slice's row of K
   const int per = kGateUp ? 2 * nk : nk;                                   // chunks a unit
   const int R = static_cast<int>((kGateUp ? p.inter : p.width) / 16);      // units (16-row slices) a pair
-  const int units = local[pairs] * R;
+  const int units = (kGrouped ? cnt[kWarps] : local[pairs]) * R;
+  // The unit's expert; this lane's activations' row (the token of its column's pair for gate/up, the
+  // pair for down; a column past a group's pairs repeats its last).
+  auto expert_of = [&](const UnitCursor& k) { return kGrouped ? grp[k.pair].expert : ids[k.pair]; };
+  auto row_of = [&](const UnitCursor& k) {
+    if constexpr (!kGrouped) return k.row;
+    const Group& gr = grp[k.pair];
+    const int pair = gr.pair[min(lane >> 2, gr.count - 1)];
+    return kGateUp ? pair / static_cast<int>(p.top_k) : pair;
+  };
   const int gw = static_cast<int>(blockIdx.x) * kWarps + warp, nw = static_cast<int>(gridDim.x) * kWarps;
   const int total = UnitsOfBlock(units, gw, nw) * per;  // this warp's units, as a block's of a grid of nw
   uint8_t* const ring = smem + warp * kS * kStage<kQ8>;
@@ -89,7 +165,7 @@ __global__ void __launch_bounds__(kThreads) StreamDirectWarpKernel(MoeExpertPara
   auto stage_next = [&]() {
     if (staged >= total) return;
     const int sl = kGateUp && cs.j >= nk ? 1 : 0;
-    stream_direct::StageChunk<kQ8>(ring + (staged % kS) * kStage<kQ8>, bar + staged % kS, tab + ids[cs.pair], sl,
+    stream_direct::StageChunk<kQ8>(ring + (staged % kS) * kStage<kQ8>, bar + staged % kS, tab + expert_of(cs), sl,
                                    16 * int64_t{cs.rt}, cs.j - sl * nk, w.stream_mx, lane);
     ++staged;
     cs.Next<kGateUp>(local, R, p.top_k, per, units, nw);
@@ -115,7 +191,7 @@ __global__ void __launch_bounds__(kThreads) StreamDirectWarpKernel(MoeExpertPara
     }
     MbarrierWait(bar + i % kS, static_cast<uint32_t>((i / kS) & 1));
     __syncwarp();
-    stream_direct::ComputeChunk<kGateUp, kQ8>(p, w, ring + (i % kS) * kStage<kQ8>, cc.row, kc, lane, part);
+    stream_direct::ComputeChunk<kGateUp, kQ8>(p, w, ring + (i % kS) * kStage<kQ8>, row_of(cc), kc, lane, part);
     __syncwarp();  // every lane is done with this buffer before the copy engine refills it
     stage_next();
     if (kc == nk - 1) {  // the slice's last chunk: its remaining quarters
@@ -128,18 +204,29 @@ __global__ void __launch_bounds__(kThreads) StreamDirectWarpKernel(MoeExpertPara
       }
       q = 0;
       if (!kGateUp || second) {
-        const Views& v = tab[ids[cc.pair]];
-        const int g = lane >> 2;
-        if ((lane & 3) == 0) {  // rows g and g + 8 of the slice: accumulators 0 and 2
-          const int64_t r0 = 16 * int64_t{cc.rt} + g;
+        const Views& v = tab[expert_of(cc)];
+        const int g = lane >> 2, c = lane & 3;
+        const int64_t r0 = 16 * int64_t{cc.rt} + g;
+        // Rows g and g + 8 of the slice: accumulators 0 and 2 of column 2c, 1 and 3 of column 2c + 1
+        // (one pair: every column is it, lanes c == 0 store column 0).
+#pragma unroll
+        for (int hc = 0; hc < 2; ++hc) {
+          const int col = 2 * c + hc;
+          int pair = cc.pair;
+          if constexpr (kGrouped) {
+            if (col >= grp[cc.pair].count) continue;
+            pair = grp[cc.pair].pair[col];
+          } else if (col != 0) {
+            continue;
+          }
           if constexpr (kGateUp) {
-            uint16_t* h = static_cast<uint16_t*>(w.h) + int64_t{cc.pair} * p.inter;
-            h[r0] = stream_direct::GateUpOut(gate[0] * v.fin[0], up[0] * v.fin[1]);
-            h[r0 + 8] = stream_direct::GateUpOut(gate[2] * v.fin[0], up[2] * v.fin[1]);
+            uint16_t* h = static_cast<uint16_t*>(w.h) + int64_t{pair} * p.inter;
+            h[r0] = stream_direct::GateUpOut(gate[hc] * v.fin[0], up[hc] * v.fin[1]);
+            h[r0 + 8] = stream_direct::GateUpOut(gate[2 + hc] * v.fin[0], up[2 + hc] * v.fin[1]);
           } else {
-            float* y = w.y + int64_t{cc.pair} * p.width;
-            y[r0] = gate[0] * v.fin[0];
-            y[r0 + 8] = gate[2] * v.fin[0];
+            float* y = w.y + int64_t{pair} * p.width;
+            y[r0] = gate[hc] * v.fin[0];
+            y[r0 + 8] = gate[2 + hc] * v.fin[0];
           }
         }
 #pragma unroll
@@ -150,25 +237,36 @@ __global__ void __launch_bounds__(kThreads) StreamDirectWarpKernel(MoeExpertPara
   }
 }
 
-template <bool kGateUp, bool kQ8, bool kEarly = false>
+template <bool kGateUp, bool kQ8, bool kEarly, bool kGrouped>
 cudaError_t LaunchT(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
   const int64_t pairs = p.num_tokens * p.top_k;
   const int64_t units = pairs * ((kGateUp ? p.inter : p.width) / 16);
   const int cap = DirectWarpHold().max_blocks.load(std::memory_order_relaxed);
   const int64_t blocks = (units + kWarps - 1) / kWarps;
   static int attr_bytes = 0;
-  return stream_direct::LaunchOneWave(StreamDirectWarpKernel<kGateUp, kQ8, kEarly>, kThreads,
-                                      kTableOffset<kQ8> + TableBytes(p.num_local_experts, pairs), attr_bytes,
-                                      cap > 0 ? std::min<int64_t>(blocks, cap) : blocks, p, w, stream);
+  return stream_direct::LaunchOneWave(StreamDirectWarpKernel<kGateUp, kQ8, kEarly, kGrouped>, kThreads,
+                                      kTableOffset<kQ8> + TableBytes(p.num_local_experts, pairs) + kGroupBytes,
+                                      attr_bytes, cap > 0 ? std::min<int64_t>(blocks, cap) : blocks, p, w, stream);
+}
+
+template <bool kGrouped>
+cudaError_t LaunchG(bool gate_up, const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
+  if (gate_up) {
+    return w.stream_q8 ? LaunchT<true, true, false, kGrouped>(p, w, stream)
+                       : LaunchT<true, false, false, kGrouped>(p, w, stream);
+  }
+  if (MoeDownEarly()) {
+    return w.stream_q8 ? LaunchT<false, true, true, kGrouped>(p, w, stream)
+                       : LaunchT<false, false, true, kGrouped>(p, w, stream);
+  }
+  return w.stream_q8 ? LaunchT<false, true, false, kGrouped>(p, w, stream)
+                     : LaunchT<false, false, false, kGrouped>(p, w, stream);
 }
 
 }  // namespace
 
 cudaError_t LaunchMoeStreamDirectWarp(bool gate_up, const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
-  if (gate_up) return w.stream_q8 ? LaunchT<true, true>(p, w, stream) : LaunchT<true, false>(p, w, stream);
-  if (MoeDownEarly())
-    return w.stream_q8 ? LaunchT<false, true, true>(p, w, stream) : LaunchT<false, false, true>(p, w, stream);
-  return w.stream_q8 ? LaunchT<false, true>(p, w, stream) : LaunchT<false, false>(p, w, stream);
+  return StreamDirectWarpGrouped() ? LaunchG<true>(gate_up, p, w, stream) : LaunchG<false>(gate_up, p, w, stream);
 }
 
 }  // namespace moeshard::gpu
