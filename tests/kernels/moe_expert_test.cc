@@ -180,6 +180,9 @@ constexpr Shape kShapes[] = {
     // Qwen3-30B's expert size (2,048 x 768): the direct GEMV's gate/up K eight chunks (two a
     // quarter), down's three (its first quarter empty); every token picks both local experts.
     {"qwen decode", 2, 8, 2, 8, 2048, 768, 0, -1, true},
+    // 64 pairs, every token on all four experts: the direct GEMV's grouped units split each
+    // expert's 16 pairs into two groups of 8.
+    {"crowded decode", 16, 4, 4, 4, 256, 256, 0, -1},
 };
 
 // The shapes whose repacked steps took the direct GEMV and compared its two forms (RunCase).
@@ -514,7 +517,7 @@ TEST_F(MoeExpertTest, MatchesCpuReference) {
         << "MOESHARD_MOE_STREAM_DIRECT=0, yet a step took the direct GEMV over repacked experts";
   } else {
     EXPECT_GT(n.stream_direct, 0u) << "no step took the direct GEMV over repacked experts";
-    for (const char* name : {"repacked decode", "qwen decode"}) {
+    for (const char* name : {"repacked decode", "qwen decode", "crowded decode"}) {
       EXPECT_EQ(g_direct_forms_compared.count(name), 1u)
           << "\"" << name << "\" did not compare the direct GEMV's forms";
     }
