@@ -62,6 +62,7 @@ constexpr int kMaxGroups = static_cast<int>(kMoeDirectMaxPairs);
 // The groups, then each group's number (the cursor's `local`), each pair's group if it leads one,
 // and the warps' leader counts and their sum.
 constexpr int kGroupBytes = kMaxGroups * static_cast<int>(sizeof(Group)) + 2 * 4 * kMaxGroups + 4 * (kWarps + 1);
+static_assert(kMaxGroups <= kThreads, "BuildGroups gives each local pair a thread");
 
 // The groups of the n local pairs (n <= kMaxGroups <= kThreads); their count in cnt[kWarps]. Every
 // thread of the block calls it; block barriers inside.
@@ -244,9 +245,10 @@ cudaError_t LaunchT(const MoeExpertParams& p, const MoeWork& w, cudaStream_t str
   const int cap = DirectWarpHold().max_blocks.load(std::memory_order_relaxed);
   const int64_t blocks = (units + kWarps - 1) / kWarps;
   static int attr_bytes = 0;
-  return stream_direct::LaunchOneWave(StreamDirectWarpKernel<kGateUp, kQ8, kEarly, kGrouped>, kThreads,
-                                      kTableOffset<kQ8> + TableBytes(p.num_local_experts, pairs) + kGroupBytes,
-                                      attr_bytes, cap > 0 ? std::min<int64_t>(blocks, cap) : blocks, p, w, stream);
+  return stream_direct::LaunchOneWave(
+      StreamDirectWarpKernel<kGateUp, kQ8, kEarly, kGrouped>, kThreads,
+      kTableOffset<kQ8> + TableBytes(p.num_local_experts, pairs) + (kGrouped ? kGroupBytes : 0), attr_bytes,
+      cap > 0 ? std::min<int64_t>(blocks, cap) : blocks, p, w, stream);
 }
 
 template <bool kGrouped>

@@ -183,6 +183,8 @@ constexpr Shape kShapes[] = {
     // 64 pairs, every token on all four experts: the direct GEMV's grouped units split each
     // expert's 16 pairs into two groups of 8.
     {"crowded decode", 16, 4, 4, 4, 256, 256, 0, -1},
+    // 48 pairs, 12 an expert: groups of 8 and 4.
+    {"crowded part", 12, 4, 4, 4, 256, 256, 0, -1},
 };
 
 // The shapes whose repacked steps took the direct GEMV and compared its two forms (RunCase).
@@ -517,7 +519,7 @@ TEST_F(MoeExpertTest, MatchesCpuReference) {
         << "MOESHARD_MOE_STREAM_DIRECT=0, yet a step took the direct GEMV over repacked experts";
   } else {
     EXPECT_GT(n.stream_direct, 0u) << "no step took the direct GEMV over repacked experts";
-    for (const char* name : {"repacked decode", "qwen decode", "crowded decode"}) {
+    for (const char* name : {"repacked decode", "qwen decode", "crowded decode", "crowded part"}) {
       EXPECT_EQ(g_direct_forms_compared.count(name), 1u)
           << "\"" << name << "\" did not compare the direct GEMV's forms";
     }
