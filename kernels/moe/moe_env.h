@@ -44,18 +44,16 @@ inline DirectWarpTestHold& DirectWarpHold() {
 // instead of the block form (moe_stream_direct.cu): bit 1 down, bit 2 gate/up (default 0: neither);
 // from MOESHARD_MOE_DIRECT_WARP_MIN pairs a step (default 1); bit 4: the warp form's units are an
 // expert's pairs together (StreamDirectWarpGrouped). Every form gives the same bits.
+inline int StreamDirectWarpMask() {
+  static const int mask = EnvInt("MOESHARD_MOE_DIRECT_WARP", 0);
+  const int held = DirectWarpHold().mask.load(std::memory_order_relaxed);
+  return held >= 0 ? held : mask;
+}
 inline bool StreamDirectWarpForm(bool gate_up, int64_t pairs) {
-  const int held = DirectWarpHold().mask.load(std::memory_order_relaxed);
-  if (held >= 0) return (held & (gate_up ? 2 : 1)) != 0;
-  static const int mask = EnvInt("MOESHARD_MOE_DIRECT_WARP", 0);
   static const int from = EnvInt("MOESHARD_MOE_DIRECT_WARP_MIN", 1);
-  return (mask & (gate_up ? 2 : 1)) != 0 && pairs >= from;
+  const bool held = DirectWarpHold().mask.load(std::memory_order_relaxed) >= 0;  // a test's: every size
+  return (StreamDirectWarpMask() & (gate_up ? 2 : 1)) != 0 && (held || pairs >= from);
 }
-
-inline bool StreamDirectWarpGrouped() {
-  const int held = DirectWarpHold().mask.load(std::memory_order_relaxed);
-  static const int mask = EnvInt("MOESHARD_MOE_DIRECT_WARP", 0);
-  return ((held >= 0 ? held : mask) & 4) != 0;
-}
+inline bool StreamDirectWarpGrouped() { return (StreamDirectWarpMask() & 4) != 0; }
 
 }  // namespace moeshard::gpu

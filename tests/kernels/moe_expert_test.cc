@@ -350,9 +350,8 @@ void RunCase(const Shape& s, WeightFormat f, ActDType act, bool norm, std::mt199
     // When that step took the direct GEMV: its two forms (moe_stream_direct.cu's block a unit,
     // moe_stream_direct_warp.cu's warp a unit; down, gate/up, both; a unit one pair's or all of an
     // expert's pairs), the warp form also on a grid of two blocks so that each warp walks several
-    // units, must give the same bits as the run above,
-    // whichever form it took. The workspace (h, y, pos) is poisoned too, so that a row a form leaves
-    // unwritten shows.
+    // units, must give the same bits as the run above, whichever form it took. The workspace (h, y,
+    // pos) is poisoned too, so that a row a form leaves unwritten shows.
     if (gpu::MoeExpertPathCounts().stream_direct > direct_before) {
       // mask (MOESHARD_MOE_DIRECT_WARP: 1 down, 2 gate/up, 4 an expert's pairs a unit), grid cap
       constexpr int kForms[][2] = {{0, 0}, {1, 0}, {2, 0}, {3, 0}, {3, 2}, {5, 0}, {6, 0}, {7, 0}, {7, 2}};
