@@ -185,6 +185,9 @@ constexpr Shape kShapes[] = {
     {"crowded decode", 16, 4, 4, 4, 256, 256, 0, -1},
     // 48 pairs, 12 an expert: groups of 8 and 4.
     {"crowded part", 12, 4, 4, 4, 256, 256, 0, -1},
+    // A 4,096-wide latent (Muse Spark's): gate/up's K sixteen chunks, four a quarter (the warp
+    // form's four-stage ring wraps four times within one row of K); down's K two chunks.
+    {"latent decode", 1, 8, 4, 8, 4096, 512, 0, -1, true},
 };
 
 // The shapes whose repacked steps took the direct GEMV and compared its two forms (RunCase).
@@ -518,7 +521,7 @@ TEST_F(MoeExpertTest, MatchesCpuReference) {
         << "MOESHARD_MOE_STREAM_DIRECT=0, yet a step took the direct GEMV over repacked experts";
   } else {
     EXPECT_GT(n.stream_direct, 0u) << "no step took the direct GEMV over repacked experts";
-    for (const char* name : {"repacked decode", "qwen decode", "crowded decode", "crowded part"}) {
+    for (const char* name : {"repacked decode", "qwen decode", "crowded decode", "crowded part", "latent decode"}) {
       EXPECT_EQ(g_direct_forms_compared.count(name), 1u)
           << "\"" << name << "\" did not compare the direct GEMV's forms";
     }
