@@ -426,8 +426,16 @@ cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStr
       {kMoeStageGenericDown, kGeneric, LaunchMoeGenericDown},
       {kMoeStageCombine, kAlways, LaunchMoeCombine},
   };
+  // The direct GEMV's gate/up and down in one launch when both run (moe_env.h StreamDirectFused).
+  const bool fused = w.stream_direct && (mask & kMoeStageFastGateUp) && (mask & kMoeStageFastDown) &&
+                     StreamDirectFused(p.num_tokens * p.top_k);
   for (const auto& s : stages) {
     if (!(mask & s.stage)) continue;
+    if (fused && (s.stage == kMoeStageFastGateUp || s.stage == kMoeStageFastDown)) {
+      if (s.stage == kMoeStageFastDown) continue;
+      if (cudaError_t err = LaunchMoeStreamDirectFused(p, w, stream); err != cudaSuccess) return err;
+      continue;
+    }
     if (w.direct && (s.stage == kMoeStageRoute || s.need == kFastOld || (s.need == kFast && !w.stream_direct))) {
       continue;
     }
