@@ -114,11 +114,14 @@ struct MoePathCounts {
   uint64_t stream_split = 0;    // those GEMMs for the experts with many rows, streamed the rest
   uint64_t stream_wgmma_pair = 0;  // of stream_wgmma, the two-CTA 32-token kernel beside the 128-token one
   uint64_t generic = 0;        // the generic kernels (some expert on no fast path)
+  uint64_t route_folded = 0;   // steps that routed inside the direct GEMV (MoeExpertParams::route)
+  uint64_t route_first = 0;    // steps given route that launched the routing kernel first
 };
 MoePathCounts MoeExpertPathCounts();
 
 // Tests: which form the direct GEMV over repacked experts takes, whatever MOESHARD_MOE_DIRECT_WARP
-// says — `mask` as that variable (bit 1 down, bit 2 gate/up, bit 4 an expert's pairs one unit; -1:
+// says — `mask` as that variable (bit 1 down, bit 2 gate/up, bit 4 an expert's pairs one unit, bit 8
+// gate/up and down fused into one launch; -1:
 // the environment's again) — and the warp form's grid at most `max_blocks` blocks (0: one resident
 // wave), so that each of its warps walks several units. Every form gives the same bits.
 void SetMoeDirectWarpFormForTest(int mask, int max_blocks = 0);
