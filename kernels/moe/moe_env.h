@@ -43,8 +43,7 @@ inline DirectWarpTestHold& DirectWarpHold() {
 // form (moe_stream_direct_warp.cu: a warp a 16-row slice over the whole of K, no block barriers)
 // instead of the block form (moe_stream_direct.cu): bit 1 down, bit 2 gate/up (default 0: neither);
 // from MOESHARD_MOE_DIRECT_WARP_MIN pairs a step (default 1); bit 4: the warp form's units are an
-// expert's pairs together (StreamDirectWarpGrouped); bit 8: StreamDirectFused. Every form gives the
-// same bits.
+// expert's pairs together (StreamDirectWarpGrouped). Every form gives the same bits.
 inline int StreamDirectWarpMask() {
   static const int mask = EnvInt("MOESHARD_MOE_DIRECT_WARP", 0);
   const int held = DirectWarpHold().mask.load(std::memory_order_relaxed);
@@ -56,13 +55,5 @@ inline bool StreamDirectWarpForm(bool gate_up, int64_t pairs) {
   return (StreamDirectWarpMask() & (gate_up ? 2 : 1)) != 0 && (held || pairs >= from);
 }
 inline bool StreamDirectWarpGrouped() { return (StreamDirectWarpMask() & 4) != 0; }
-// Bit 8 of the same mask, with neither warp form: gate/up and down in one launch of the block form
-// (moe_stream_direct.cu StreamDirectFusedKernel), from the same MOESHARD_MOE_DIRECT_WARP_MIN pairs.
-inline bool StreamDirectFused(int64_t pairs) {
-  static const int from = EnvInt("MOESHARD_MOE_DIRECT_WARP_MIN", 1);
-  const int mask = StreamDirectWarpMask();
-  const bool held = DirectWarpHold().mask.load(std::memory_order_relaxed) >= 0;
-  return (mask & 8) != 0 && (mask & 3) == 0 && (held || pairs >= from);
-}
 
 }  // namespace moeshard::gpu

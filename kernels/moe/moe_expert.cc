@@ -437,13 +437,11 @@ cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStr
       {kMoeStageGenericDown, kGeneric, LaunchMoeGenericDown},
       {kMoeStageCombine, kAlways, LaunchMoeCombine},
   };
-  // The direct GEMV's gate/up and down in one launch when both run (moe_env.h StreamDirectFused).
+  // The routing folded into the direct GEMV's block form (MoeExpertParams::route) when both of its
+  // kernels run; any other path gets the routing kernel first and the ids as usual.
   const int64_t pairs = p.num_tokens * p.top_k;
   const bool both = (mask & kMoeStageFastGateUp) && (mask & kMoeStageFastDown);
-  const bool fused = w.stream_direct && both && StreamDirectFused(pairs);
-  // The routing folded into the direct GEMV's block form (MoeExpertParams::route); any other path
-  // gets the routing kernel first and the ids as usual.
-  const bool fold = p.route.logits && w.stream_direct && both && !fused && !StreamDirectWarpForm(true, pairs) &&
+  const bool fold = p.route.logits && w.stream_direct && both && !StreamDirectWarpForm(true, pairs) &&
                     !StreamDirectWarpForm(false, pairs) && p.route.num_experts <= 256 && p.route.top_k <= 32;
   MoeExpertParams routed_first;
   const MoeExpertParams* pp = &p;
@@ -456,11 +454,6 @@ cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStr
   }
   for (const auto& s : stages) {
     if (!(mask & s.stage)) continue;
-    if (fused && (s.stage == kMoeStageFastGateUp || s.stage == kMoeStageFastDown)) {
-      if (s.stage == kMoeStageFastDown) continue;
-      if (cudaError_t err = LaunchMoeStreamDirectFused(*pp, w, stream); err != cudaSuccess) return err;
-      continue;
-    }
     if (w.direct && (s.stage == kMoeStageRoute || s.need == kFastOld || (s.need == kFast && !w.stream_direct))) {
       continue;
     }

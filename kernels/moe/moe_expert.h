@@ -120,8 +120,7 @@ struct MoePathCounts {
 MoePathCounts MoeExpertPathCounts();
 
 // Tests: which form the direct GEMV over repacked experts takes, whatever MOESHARD_MOE_DIRECT_WARP
-// says — `mask` as that variable (bit 1 down, bit 2 gate/up, bit 4 an expert's pairs one unit, bit 8
-// gate/up and down fused into one launch; -1:
+// says — `mask` as that variable (bit 1 down, bit 2 gate/up, bit 4 an expert's pairs one unit; -1:
 // the environment's again) — and the warp form's grid at most `max_blocks` blocks (0: one resident
 // wave), so that each of its warps walks several units. Every form gives the same bits.
 void SetMoeDirectWarpFormForTest(int mask, int max_blocks = 0);

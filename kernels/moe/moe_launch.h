@@ -113,8 +113,6 @@ bool MoeRepackQ8Eligible(const WeightRef& w);
 cudaError_t LaunchMoeRepackQ8(const WeightRef& src, void* dst_data, void* dst_scale, cudaStream_t stream);
 cudaError_t LaunchMoeStreamDirectGateUp(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
 cudaError_t LaunchMoeStreamDirectDown(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
-// Gate/up and down of the direct GEMV in one launch (moe_env.h StreamDirectFused), in place of the two.
-cudaError_t LaunchMoeStreamDirectFused(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
 // Their warp form (moe_stream_direct_warp.cu; moe_env.h StreamDirectWarpForm says when).
 cudaError_t LaunchMoeStreamDirectWarp(bool gate_up, const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
 // The wgmma path (moe_wgmma.cu): whether this build and GPU run it (sm_90a), and its launches in

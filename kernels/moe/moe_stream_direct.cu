@@ -58,7 +58,7 @@ constexpr int kTableOffset = kBarOffset<kQ8> + kWarps * 2 * 8;
 
 extern __shared__ __align__(128) uint8_t smem[];
 
-template <bool kGateUp, bool kQ8, bool kL2 = false>
+template <bool kGateUp, bool kQ8>
 struct Direct {
   const MoeExpertParams& p;
   const MoeWork& w;
@@ -79,7 +79,7 @@ struct Direct {
 
   // Chunk kc from `buf` into acc (stream_direct::ComputeChunk).
   __device__ __forceinline__ void Compute(uint32_t buf, int64_t row, int kc, float (&acc)[4]) const {
-    stream_direct::ComputeChunk<kGateUp, kQ8, kL2>(p, w, smem + buf, row, kc, lane, acc);
+    stream_direct::ComputeChunk<kGateUp, kQ8>(p, w, smem + buf, row, kc, lane, acc);
   }
 
   // The unit's quarters summed in order; warps 0-3 store element q of both slices (one token:
@@ -189,172 +189,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kQ8>) StreamDirectKernel(
   MOESHARD_PROBE_MARK(0);  // the block's units stored
 }
 
-// The fused form (StreamDirectFused: MOESHARD_MOE_DIRECT_WARP bit 8): gate/up and down in one
-// launch, so that down does not wait for gate/up's grid to end (at one Qwen3-30B token, down's chain
-// share was 5.3 µs for ~1 µs of bytes). Each block does its gate/up units (as the gate/up kernel),
-// then its down units (as the down kernel: the same arithmetic, so the same bits), its ring running
-// on from the one into the other, so down's first weights stream while the block's last gate/up
-// chunks compute. A pair's down unit needs every gate/up unit of the pair: gate/up units arrive on
-// the pair's counter after their rows are stored (block barrier, fence, add), and thread 0 of a down
-// unit's block polls it (acquire) before the block reads h, through L2.
-//
-// The counters (g_fused_count, one a pair, zero when the module loads, touched by nothing else)
-// are never reset: in each launch a pair's gate/up units add kFusedHalf between them and its down
-// units kFusedHalf more, each down unit its share as soon as it has seen the gate/up half. So a
-// launch starts with every counter a multiple of 2·kFusedHalf, and a down unit, which has not added
-// its own share yet, sees the count modulo 2·kFusedHalf reach kFusedHalf exactly when every gate/up
-// unit of the pair has stored (64 bits: no wrap). One fused launch at a time a device (the worker
-// runs one stream; a launch completes before the next one's wait returns). Deadlock-free on any
-// residency: a block finishes all its gate/up units before it waits for anything.
-// Measured on an H100 (2026-12-07, bench-model, Qwen3-30B MXFP4, 1 / 4 / 8 streams): 2.50-2.52 /
-// 4.85-4.93 / 7.42-7.51 ms a step against 2.44-2.45 / 4.49-4.51 / 6.92-6.93 for the two launches;
-// Muse Spark level; Q8_0 slower. Off (docs/PERFORMANCE.md, kernels/moe/PERF_NOTES.md).
-constexpr uint64_t kFusedHalf = uint64_t{1} << 20;
-__device__ unsigned long long g_fused_count[kMoeDirectMaxPairs];
-
-// Unit rt of R's share of kFusedHalf (the shares add up to it exactly).
-__device__ __forceinline__ unsigned long long FusedShare(int rt, int R) {
-  return static_cast<unsigned long long>((uint64_t(rt + 1) * kFusedHalf) / R - (uint64_t(rt) * kFusedHalf) / R);
-}
-
-__device__ __forceinline__ unsigned long long LoadAcquireGpu(const unsigned long long* a) {
-  unsigned long long v;
-  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(a) : "memory");
-  return v;
-}
-
-// The down table of the fused kernel: each pair's expert's down views (gate/up's table, by expert,
-// stays as the other kernels have it), after the ids, 8-byte aligned.
-__host__ __device__ constexpr int FusedDownOffset(int E, int64_t pairs) { return (TableBytes(E, pairs) + 7) / 8 * 8; }
-
-template <bool kQ8>
-__global__ void __launch_bounds__(kThreads, kMinBlocks<kQ8>) StreamDirectFusedKernel(MoeExpertParams p, MoeWork w) {
-  const int E = p.num_local_experts;
-  const int64_t pairs = p.num_tokens * p.top_k;
-  Views* tab = reinterpret_cast<Views*>(smem + kTableOffset<kQ8>);
-  int32_t* ids = reinterpret_cast<int32_t*>(tab + E);
-  Views* dtab = reinterpret_cast<Views*>(smem + kTableOffset<kQ8> + FusedDownOffset(E, pairs));
-  stream_direct::LoadViews<true, kThreads>(p, tab);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  uint64_t* const bar = reinterpret_cast<uint64_t*>(smem + kBarOffset<kQ8>) + 2 * warp;
-  if (lane == 0) {
-    MbarrierInit(bar, 1);
-    MbarrierInit(bar + 1, 1);
-    FenceMbarrierInit();
-  }
-  int32_t* local = ids + pairs;
-  const int32_t& n_local = local[pairs];
-  PdlWait();
-  PdlTrigger();
-  stream_direct::LoadIds<true, kThreads>(p, w, ids, local);
-
-  Direct<true, kQ8> dg{p, w, tab, ids};
-  Direct<false, kQ8, true> dd{p, w, dtab, ids};
-  dg.R = static_cast<int>(p.inter / 16), dd.R = static_cast<int>(p.width / 32);
-  dg.warp = dd.warp = warp, dg.lane = dd.lane = lane, dg.g = dd.g = lane >> 2, dg.c = dd.c = lane & 3;
-  dg.slice = dd.slice = warp >> 2;
-  const int quarter = warp & 3, nkg = static_cast<int>(p.width / kCols), nkd = static_cast<int>(p.inter / kCols);
-  dg.kc_begin = quarter * nkg / 4, dg.kc_end = (quarter + 1) * nkg / 4;
-  dd.kc_begin = quarter * nkd / 4, dd.kc_end = (quarter + 1) * nkd / 4;
-  const int mine_g = dg.kc_end - dg.kc_begin, mine_d = dd.kc_end - dd.kc_begin;
-  const int nch_g = max((nkg + 3) / 4, 1), nch_d = max((nkd + 3) / 4, 1);
-  const int grid = static_cast<int>(gridDim.x), b = static_cast<int>(blockIdx.x);
-  const int units_g = n_local * dg.R, units_d = n_local * dd.R;
-  const int total_g = UnitsOfBlock(units_g, b, grid) * nch_g;
-  const int total = total_g + UnitsOfBlock(units_d, b, grid) * nch_d;
-  const uint32_t base = warp * 2 * kStage<kQ8>;
-
-  UnitCursor gs{b}, gc{b}, ds{b}, dc{b};
-  if (total_g > 0) gs.Seek<true>(local, dg.R, p.top_k), gc.Seek<true>(local, dg.R, p.top_k);
-  if (total > total_g) ds.Seek<false>(local, dd.R, p.top_k), dc.Seek<false>(local, dd.R, p.top_k);
-  int staged = 0;
-  auto stage_next = [&]() {
-    if (staged >= total) return;
-    const uint32_t buf = base + (staged & 1) * kStage<kQ8>;
-    if (staged < total_g) {
-      dg.Stage(buf, bar + (staged & 1), gs.j < mine_g ? ids[gs.pair] : -1, gs.rt, dg.kc_begin + gs.j);
-      gs.Next<true>(local, dg.R, p.top_k, nch_g, units_g, grid);
-    } else {  // the down table is by pair
-      dd.Stage(buf, bar + (staged & 1), ds.j < mine_d ? ds.pair : -1, ds.rt, dd.kc_begin + ds.j);
-      ds.Next<false>(local, dd.R, p.top_k, nch_d, units_d, grid);
-    }
-    ++staged;
-  };
-  // Gate/up's first copies go out before the down table is read (a dependent round trip: the
-  // pairs' experts' views); down's wait for the block barrier after it.
-  if (total_g > 0) stage_next();
-  if (total_g > 1) stage_next();
-  for (int i = threadIdx.x; i < pairs; i += kThreads) {
-    const int e = ids[i];
-    if (e >= 0) {
-      const WeightRef& v = p.experts[e].down;
-      dtab[i] = Views{
-          {v.data, v.data}, {v.scale, v.scale}, {v.cols / kCols, v.cols / kCols}, {v.scale2 * 256.f, v.scale2 * 256.f}};
-    }
-  }
-  __syncthreads();
-  while (staged < 2 && staged < total) stage_next();
-
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 1
-  for (int i = 0; i < total_g; ++i) {
-    const int e = ids[gc.pair];
-    MbarrierWait(bar + (i & 1), static_cast<uint32_t>((i >> 1) & 1));
-    __syncwarp();
-    if (gc.j < mine_g) dg.Compute(base + (i & 1) * kStage<kQ8>, gc.row, dg.kc_begin + gc.j, acc);
-    __syncwarp();
-    stage_next();
-    if (gc.j == nch_g - 1) {
-      dg.Finish(e, gc.pair, gc.rt, acc);  // ends with a block barrier: every row of the unit stored
-      if (threadIdx.x == 0) {
-        __threadfence();
-        atomicAdd(g_fused_count + gc.pair, FusedShare(gc.rt, dg.R));
-      }
-      acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
-    }
-    gc.Next<true>(local, dg.R, p.top_k, nch_g, units_g, grid);
-  }
-  MOESHARD_PROBE_MARK(0);  // the block's gate/up units stored and counted
-#pragma unroll 1
-  for (int i = total_g; i < total; ++i) {
-    if (dc.j == 0) {  // a new unit: its pair's gate/up rows, all of them
-      if (threadIdx.x == 0) {
-        unsigned long long* cnt = g_fused_count + dc.pair;
-        const long long t0 = clock64();
-        while ((LoadAcquireGpu(cnt) & (2 * kFusedHalf - 1)) < kFusedHalf) {
-          if (clock64() - t0 > (1ll << 33)) __trap();  // seconds: an arrival lost is a bug; fail, never hang
-        }
-        atomicAdd(cnt, FusedShare(dc.rt, dd.R));
-      }
-      __syncthreads();
-      if (i == total_g) MOESHARD_PROBE_MARK(1);  // the block's first down unit may read h
-    }
-    MbarrierWait(bar + (i & 1), static_cast<uint32_t>((i >> 1) & 1));
-    __syncwarp();
-    if (dc.j < mine_d) dd.Compute(base + (i & 1) * kStage<kQ8>, dc.row, dd.kc_begin + dc.j, acc);
-    __syncwarp();
-    stage_next();
-    if (dc.j == nch_d - 1) {
-      dd.Finish(static_cast<int>(dc.pair), dc.pair, dc.rt, acc);
-      acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
-    }
-    dc.Next<false>(local, dd.R, p.top_k, nch_d, units_d, grid);
-  }
-  MOESHARD_PROBE_MARK(2);  // the block's down units stored
-}
-
-template <bool kQ8>
-cudaError_t LaunchFused(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
-  const int64_t pairs = p.num_tokens * p.top_k;
-  const int cap = DirectWarpHold().max_blocks.load(std::memory_order_relaxed);
-  const int64_t blocks = pairs * std::max(p.inter / 16, p.width / 32);
-  static int attr_bytes = 0;
-  return stream_direct::LaunchOneWave(
-      StreamDirectFusedKernel<kQ8>, kThreads,
-      kTableOffset<kQ8> + FusedDownOffset(p.num_local_experts, pairs) + static_cast<int>(pairs * sizeof(Views)),
-      attr_bytes, cap > 0 ? std::min<int64_t>(blocks, cap) : blocks, p, w, stream);
-}
-
 template <bool kGateUp, bool kQ8, bool kEarly, bool kRoute>
 cudaError_t LaunchR(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
   const int64_t pairs = p.num_tokens * p.top_k;
@@ -374,10 +208,6 @@ cudaError_t LaunchT(const MoeExpertParams& p, const MoeWork& w, cudaStream_t str
 }
 
 }  // namespace
-
-cudaError_t LaunchMoeStreamDirectFused(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
-  return w.stream_q8 ? LaunchFused<true>(p, w, stream) : LaunchFused<false>(p, w, stream);
-}
 
 cudaError_t LaunchMoeStreamDirectGateUp(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
   if (StreamDirectWarpForm(true, p.num_tokens * p.top_k)) return LaunchMoeStreamDirectWarp(true, p, w, stream);

@@ -132,12 +132,9 @@ __device__ __forceinline__ void StageChunk(uint8_t* dst, uint64_t* bar, const Vi
 // Chunk kc from `sb` into acc: moe_stream.cuh's ComputeStageE2m1 (or ComputeStageQ8), one slice,
 // one token; `row`: the activations' row, the pair's token (gate/up) or the pair (down). Every
 // column of the n8 tile is that token, so acc[0] / acc[2] are rows g / g + 8 in every lane.
-// kL2: the activations through L2 (ld.global.cg), not the non-coherent path — down's h when gate/up
-// wrote it in the same launch (moe_stream_direct.cu's fused kernel).
-template <bool kGateUp, bool kQ8, bool kL2 = false>
+template <bool kGateUp, bool kQ8>
 __device__ __forceinline__ void ComputeChunk(const MoeExpertParams& p, const MoeWork& w, const uint8_t* sb, int64_t row,
                                              int kc, int lane, float (&acc)[4]) {
-  auto load = [](const uint4* a) { return kL2 ? __ldcg(a) : __ldg(a); };
   const int c = lane & 3;
   const uint16_t* brow = (kGateUp ? static_cast<const uint16_t*>(p.x) + row * p.width
                                   : static_cast<const uint16_t*>(w.h) + row * p.inter) +
@@ -153,7 +150,7 @@ __device__ __forceinline__ void ComputeChunk(const MoeExpertParams& p, const Moe
       float dg, d8;  // rows g and g + 8
       F16x2ToF32(sc, dg, d8);
       // Q8StreamLaneB's byte offset, in activations: columns 32b + 8c .. + 7 of the chunk.
-      const uint4 x = load(reinterpret_cast<const uint4*>(brow + Q8StreamLaneB(b, lane) / 2));
+      const uint4 x = __ldg(reinterpret_cast<const uint4*>(brow + Q8StreamLaneB(b, lane) / 2));
       float part[4];
       MmaBf16Zero(part, a[0][0], a[0][1], a[0][2], a[0][3], x.x, x.y);
       MmaBf16(part, a[1][0], a[1][1], a[1][2], a[1][3], x.z, x.w);
@@ -171,7 +168,7 @@ __device__ __forceinline__ void ComputeChunk(const MoeExpertParams& p, const Moe
       E2m1ScalePair(sc, q, w.stream_mx, s2);
       const uint32_t s2a = s2[0], s2b = s2[1];
       const uint4* bp = reinterpret_cast<const uint4*>(brow + q * 64 + 16 * c);
-      const uint4 bq[2] = {load(bp), load(bp + 1)};
+      const uint4 bq[2] = {__ldg(bp), __ldg(bp + 1)};
 #pragma unroll
       for (int jw = 0; jw < 2; ++jw) {
         uint32_t ag[4], ag8[4];

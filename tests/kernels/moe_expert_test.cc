@@ -417,18 +417,14 @@ void RunCase(const Shape& s, WeightFormat f, ActDType act, bool norm, std::mt199
       CUDA_OK(cudaMemcpy(dst->data(), d_out.ptr, T * L * 4, cudaMemcpyDeviceToHost));
     }
     EXPECT_EQ(std::memcmp(got.data(), again.data(), T * L * 4), 0) << "two repacked runs differ";
-    // When that step took the direct GEMV: its forms (moe_stream_direct.cu's block a unit, as two
-    // launches or fused into one; moe_stream_direct_warp.cu's warp a unit; down, gate/up, both; a
-    // unit one pair's or all of an expert's pairs), the warp and fused forms also on a grid of one
-    // or two blocks so that each block walks several units, must give the same bits as the run
-    // above, whichever form it took. The workspace (h, y,
+    // When that step took the direct GEMV: its two forms (moe_stream_direct.cu's block a unit,
+    // moe_stream_direct_warp.cu's warp a unit; down, gate/up, both; a unit one pair's or all of an
+    // expert's pairs), the warp form also on a grid of two blocks so that each warp walks several
+    // units, must give the same bits as the run above, whichever form it took. The workspace (h, y,
     // pos) is poisoned too, so that a row a form leaves unwritten shows.
     if (gpu::MoeExpertPathCounts().stream_direct > direct_before) {
-      // mask (MOESHARD_MOE_DIRECT_WARP: 1 down, 2 gate/up, 4 an expert's pairs a unit, 8 the block
-      // form's gate/up and down in one launch, its down units waiting on per-pair counters — on two
-      // blocks too, so that each block walks several gate/up units, then several down units), grid cap
-      constexpr int kForms[][2] = {{0, 0}, {1, 0}, {2, 0}, {3, 0}, {3, 2}, {5, 0},
-                                   {6, 0}, {7, 0}, {7, 2}, {8, 0}, {8, 2}, {8, 1}};
+      // mask (MOESHARD_MOE_DIRECT_WARP: 1 down, 2 gate/up, 4 an expert's pairs a unit), grid cap
+      constexpr int kForms[][2] = {{0, 0}, {1, 0}, {2, 0}, {3, 0}, {3, 2}, {5, 0}, {6, 0}, {7, 0}, {7, 2}};
       for (const auto& [mask, max_blocks] : kForms) {
         CUDA_OK(cudaMemset(d_out.ptr, 0xff, T * L * 4));
         CUDA_OK(cudaMemset(d_ws.ptr, 0xff, ws_bytes));
