@@ -1,5 +1,5 @@
-// One token's MoE routing by one warp (routing.cu's RoutingWarpKernel, and the experts' direct GEMV
-// over repacked weights, which routes its own tokens when MoeExpertParams::route says so): the
+// One token's MoE routing by one warp (routing.cu's RoutingWarpKernel; its own header since the
+// experts' direct GEMV shared it for a fold of the routing that measured slower, 2026-12-07): the
 // top-k of the token's fp32 router logits by repeated selection, ties to the lower index as the CPU
 // reference, then the weights (softmax over all experts restricted to the picked ones, optionally
 // renormalized, or over the picked logits only; exponentials in double as the CPU reference).
@@ -30,21 +30,20 @@ struct RoutePicks {
   float my_v = 0.f, first_v = 0.f;
 };
 
-// kPer logits a lane (E <= 32 * kPer), read from `l` (through L2 when kL2: logits a kernel before
-// the caller's wait wrote, pdl.cuh rule 1). Each round picks the largest remaining logit, the lower
+// kPer logits a lane (E <= 32 * kPer), read from `l`. Each round picks the largest remaining logit, the lower
 // expert index on ties, by two warp reductions (redux.sync): the largest key, then among the lanes
 // holding it the lowest index (as ~index); a lane's best is its first largest key (i ascending is
 // index ascending), and the picked value is read back from its key, so nothing is read twice.
 // Replaced (2026-12-06) an argmax of (value, index) pairs by five shuffle rounds a pick: the
 // routing kernel's share of Qwen3-30B's decode chain 4.50 -> 3.16 µs a layer (H100, probe build).
-template <int kPer, bool kL2 = false>
+template <int kPer>
 __device__ __forceinline__ RoutePicks<kPer> RouteSelectWarp(const float* l, int E, int k, int lane) {
   RoutePicks<kPer> r;
   uint32_t key[kPer];  // 0: past E or picked
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int e = lane + 32 * i;
-    r.v[i] = e < E ? (kL2 ? __ldcg(l + e) : l[e]) : 0.f;
+    r.v[i] = e < E ? l[e] : 0.f;
     key[i] = e < E ? RouteKey(r.v[i]) : 0u;
   }
   for (int j = 0; j < k; ++j) {
@@ -111,10 +110,10 @@ __device__ __forceinline__ void RouteStoreWarp(const RoutingParams& p, int64_t t
 }
 
 // The whole of token t's routing by one warp (E <= 32 * kPer, k <= 32).
-template <int kPer, bool kL2 = false>
+template <int kPer>
 __device__ __forceinline__ void RouteTokenWarp(const RoutingParams& p, int64_t t, int lane) {
-  const RoutePicks<kPer> r = RouteSelectWarp<kPer, kL2>(p.logits + t * p.num_experts, static_cast<int>(p.num_experts),
-                                                        static_cast<int>(p.top_k), lane);
+  const RoutePicks<kPer> r = RouteSelectWarp<kPer>(p.logits + t * p.num_experts, static_cast<int>(p.num_experts),
+                                                   static_cast<int>(p.top_k), lane);
   RouteStoreWarp<kPer>(p, t, lane, r);
 }
 

@@ -33,7 +33,6 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_info.h"
-#include "kernels/cuda/launchers.h"
 #include "kernels/moe/moe_env.h"
 #include "kernels/moe/moe_launch.h"
 #include "kernels/moe/moe_stream_decode.h"
@@ -138,16 +137,6 @@ absl::Status Validate(const MoeExpertParams& p) {
        p.inter % 256 != 0)) {
     return absl::InvalidArgumentError(
         "MoeExpertStep: repacked NVFP4 experts need bf16 activations (16-byte aligned) and L, I multiples of 256");
-  }
-  if (p.route.logits) {
-    const RoutingParams& r = p.route;
-    if (r.local_ids != p.expert_ids || r.weights != p.weights || r.num_tokens != p.num_tokens || r.top_k != p.top_k ||
-        r.num_experts < p.top_k || r.num_local_experts != p.num_local_experts || r.expert_begin < 0 ||
-        r.expert_begin + r.num_local_experts > r.num_experts) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "MoeExpertStep: route must write expert_ids and weights, with the step's tokens and top_k and this GPU's ",
-          p.num_local_experts, " experts among its ", r.num_experts));
-    }
   }
   const size_t need = MoeExpertWorkspaceBytes(p.num_local_experts, p.width, p.inter, p.num_tokens, p.top_k);
   if (p.workspace_bytes < need) {
@@ -280,7 +269,7 @@ bool GemvEnabled() {
 }
 
 std::atomic<uint64_t> g_steps{0}, g_stream{0}, g_stream_direct{0}, g_direct{0}, g_wgmma{0}, g_wgmma_repacked{0},
-    g_stream_wgmma{0}, g_stream_split{0}, g_stream_wgmma_pair{0}, g_generic{0}, g_route_folded{0}, g_route_first{0};
+    g_stream_wgmma{0}, g_stream_split{0}, g_stream_wgmma_pair{0}, g_generic{0};
 
 void CountPaths(const MoeWork& w, bool repacked, bool need_generic) {
   constexpr auto kRelaxed = std::memory_order_relaxed;
@@ -303,7 +292,7 @@ MoePathCounts MoeExpertPathCounts() {
   return {g_steps.load(kRelaxed),        g_stream.load(kRelaxed),       g_stream_direct.load(kRelaxed),
           g_direct.load(kRelaxed),       g_wgmma.load(kRelaxed),        g_wgmma_repacked.load(kRelaxed),
           g_stream_wgmma.load(kRelaxed), g_stream_split.load(kRelaxed), g_stream_wgmma_pair.load(kRelaxed),
-          g_generic.load(kRelaxed),      g_route_folded.load(kRelaxed), g_route_first.load(kRelaxed)};
+          g_generic.load(kRelaxed)};
 }
 
 void SetMoeDirectWarpFormForTest(int mask, int max_blocks) {
@@ -437,21 +426,6 @@ cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStr
       {kMoeStageGenericDown, kGeneric, LaunchMoeGenericDown},
       {kMoeStageCombine, kAlways, LaunchMoeCombine},
   };
-  // The routing folded into the direct GEMV's block form (MoeExpertParams::route) when both of its
-  // kernels run; any other path gets the routing kernel first and the ids as usual.
-  const int64_t pairs = p.num_tokens * p.top_k;
-  const bool both = (mask & kMoeStageFastGateUp) && (mask & kMoeStageFastDown);
-  const bool fold = p.route.logits && w.stream_direct && both && !StreamDirectWarpForm(true, pairs) &&
-                    !StreamDirectWarpForm(false, pairs) && p.route.num_experts <= 256 && p.route.top_k <= 32;
-  MoeExpertParams routed_first;
-  const MoeExpertParams* pp = &p;
-  if (p.route.logits) (fold ? g_route_folded : g_route_first).fetch_add(1, std::memory_order_relaxed);
-  if (p.route.logits && !fold) {
-    if (cudaError_t err = LaunchRouting(p.route, stream); err != cudaSuccess) return err;
-    routed_first = p;
-    routed_first.route.logits = nullptr;
-    pp = &routed_first;
-  }
   for (const auto& s : stages) {
     if (!(mask & s.stage)) continue;
     if (w.direct && (s.stage == kMoeStageRoute || s.need == kFastOld || (s.need == kFast && !w.stream_direct))) {
@@ -469,7 +443,7 @@ cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStr
         (s.stage == kMoeStageFastGateUp || s.stage == kMoeStageFastDown)) {
       if (cudaError_t err = cudaMemsetAsync(w.sw_next, 0, 2 * sizeof(int32_t), stream); err != cudaSuccess) return err;
     }
-    if (cudaError_t err = s.launch(*pp, w, stream); err != cudaSuccess) return err;
+    if (cudaError_t err = s.launch(p, w, stream); err != cudaSuccess) return err;
   }
   return cudaSuccess;
 }

@@ -113,9 +113,7 @@ struct MoePathCounts {
   uint64_t stream_wgmma = 0;    // repacked NVFP4 / MXFP4 experts through wgmma (moe_stream_wgmma.cu)
   uint64_t stream_split = 0;    // those GEMMs for the experts with many rows, streamed the rest
   uint64_t stream_wgmma_pair = 0;  // of stream_wgmma, the two-CTA 32-token kernel beside the 128-token one
-  uint64_t generic = 0;        // the generic kernels (some expert on no fast path)
-  uint64_t route_folded = 0;   // steps that routed inside the direct GEMV (MoeExpertParams::route)
-  uint64_t route_first = 0;    // steps given route that launched the routing kernel first
+  uint64_t generic = 0;            // the generic kernels (some expert on no fast path)
 };
 MoePathCounts MoeExpertPathCounts();
 

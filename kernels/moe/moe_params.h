@@ -56,12 +56,6 @@ struct MoeExpertParams {
   // launched as before. A wrong value (a format missing, or kMoeAllViewsFast set for an
   // ineligible expert) leaves that expert's rows uncomputed.
   uint32_t expert_formats = 0;
-  // Optional (route.logits non-null): the step routes its tokens itself from the router's logits
-  // (device [T, route.num_experts] fp32) as LaunchRouting would, writing route.local_ids and
-  // route.weights (and route.global_ids when set), which must be expert_ids and weights. The direct
-  // GEMV over repacked experts folds it into its kernels (one launch less a layer); every other
-  // path launches the routing kernel first. route.num_tokens and top_k must be the step's.
-  RoutingParams route;
 };
 
 MOESHARD_MOE_HD constexpr uint32_t MoeFormatBit(WeightFormat f) { return 1u << static_cast<unsigned>(f); }

@@ -109,18 +109,9 @@ struct Direct {
 // (gate/up's h) are read after it. The ids were written two launches back or more (the routing
 // kernel; gate/up could let this grid start only once it had waited for that kernel): pdl.cuh rule
 // 1, read through L2. As moe_direct.cu's and moe_gemv.cu's direct down kernels do.
-template <bool kGateUp, bool kQ8, bool kEarly = false, bool kRoute = false>
+template <bool kGateUp, bool kQ8, bool kEarly = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocks<kQ8>) StreamDirectKernel(MoeExpertParams p, MoeWork w) {
   static_assert(!(kGateUp && kEarly), "gate/up reads the ids of the kernel just before it");
-  // kRoute, the routing folded in (MoeExpertParams::route): gate/up's last block writes the routing
-  // kernel's outputs for the kernels after this step and takes no unit; every block routes its own
-  // ids from the logits (down before its wait: the router GEMV is two launches back or more).
-  constexpr bool writer_block = kGateUp && kRoute;
-  if (writer_block && blockIdx.x == gridDim.x - 1) {
-    PdlWait();
-    PdlTrigger();
-    return stream_direct::RouteWriter<kThreads>(p);
-  }
   const int E = p.num_local_experts;
   const int64_t pairs = p.num_tokens * p.top_k;
   Views* tab = reinterpret_cast<Views*>(smem + kTableOffset<kQ8>);
@@ -139,8 +130,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kQ8>) StreamDirectKernel(
     PdlWait();
     PdlTrigger();
   }
-  const int grid = static_cast<int>(gridDim.x) - (writer_block ? 1 : 0);
-  stream_direct::LoadIds<kGateUp, kThreads, kRoute>(p, w, ids, local, grid);
+  stream_direct::LoadIds<kGateUp, kThreads>(p, w, ids, local);
 
   Direct<kGateUp, kQ8> d{p, w, tab, ids};
   d.R = static_cast<int>((kGateUp ? p.inter / 16 : p.width / 32));
@@ -149,7 +139,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kQ8>) StreamDirectKernel(
   d.kc_begin = quarter * nk / 4, d.kc_end = (quarter + 1) * nk / 4;
   const int mine = d.kc_end - d.kc_begin;
   const int nch = max((nk + 3) / 4, 1);  // every warp counts the largest quarter's chunks
-  const int units = n_local * d.R;
+  const int units = n_local * d.R, grid = static_cast<int>(gridDim.x);
   const int my_units = UnitsOfBlock(units, static_cast<int>(blockIdx.x), grid);
   const int total = my_units * nch;
   const uint32_t base = warp * 2 * kStage<kQ8>;
@@ -189,22 +179,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kQ8>) StreamDirectKernel(
   MOESHARD_PROBE_MARK(0);  // the block's units stored
 }
 
-template <bool kGateUp, bool kQ8, bool kEarly, bool kRoute>
-cudaError_t LaunchR(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
-  const int64_t pairs = p.num_tokens * p.top_k;
-  static int attr_bytes = 0;  // the largest size set so far (the attribute is per kernel)
-  return stream_direct::LaunchOneWave(StreamDirectKernel<kGateUp, kQ8, kEarly, kRoute>, kThreads,
-                                      kTableOffset<kQ8> + TableBytes(p.num_local_experts, pairs), attr_bytes,
-                                      pairs * (kGateUp ? p.inter / 16 : p.width / 32), p, w, stream,
-                                      kGateUp && kRoute ? 1 : 0);
-}
-
-// With MoeExpertParams::route, the kernels that route their own ids (moe_expert.cc folds the
-// routing only into this form).
 template <bool kGateUp, bool kQ8, bool kEarly = false>
 cudaError_t LaunchT(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
-  return p.route.logits ? LaunchR<kGateUp, kQ8, kEarly, true>(p, w, stream)
-                        : LaunchR<kGateUp, kQ8, kEarly, false>(p, w, stream);
+  const int64_t pairs = p.num_tokens * p.top_k;
+  static int attr_bytes = 0;  // the largest size set so far (the attribute is per kernel)
+  return stream_direct::LaunchOneWave(StreamDirectKernel<kGateUp, kQ8, kEarly>, kThreads,
+                                      kTableOffset<kQ8> + TableBytes(p.num_local_experts, pairs), attr_bytes,
+                                      pairs * (kGateUp ? p.inter / 16 : p.width / 32), p, w, stream);
 }
 
 }  // namespace

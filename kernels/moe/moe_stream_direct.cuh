@@ -11,7 +11,6 @@
 
 #include "kernels/cuda/mbarrier.cuh"
 #include "kernels/cuda/pdl.cuh"
-#include "kernels/cuda/routing_warp.cuh"
 #include "kernels/moe/moe_device.cuh"
 #include "kernels/moe/moe_launch.h"
 #include "kernels/moe/moe_q8_stream_layout.h"
@@ -52,46 +51,14 @@ __device__ __forceinline__ void LoadViews(const MoeExpertParams& p, Views* tab) 
   }
 }
 
-// Token t's k picks as this GPU's local ids (-1: another GPU's) into ids[t k ..], by one warp, from
-// the router's logits (read through L2: the down kernel reads them before its wait); at most 256
-// experts (moe_expert.cc folds the routing only then).
-__device__ __forceinline__ void RouteIds(const MoeExpertParams& p, int64_t t, int lane, int32_t* ids) {
-  const RoutingParams& r = p.route;
-  const int E = static_cast<int>(r.num_experts), k = p.top_k;
-  const float* l = r.logits + t * r.num_experts;
-  const int id =
-      E <= 128 ? RouteSelectWarp<4, true>(l, E, k, lane).my_id : RouteSelectWarp<8, true>(l, E, k, lane).my_id;
-  if (lane < k) ids[t * k + lane] = RouteLocal(r, id);
-}
-
-// What the routing kernel would have written (route.local_ids, route.weights, route.global_ids),
-// by the one block of a gate/up launch that takes no unit (kThreads / 32 warps, a warp a token).
-template <int kThreads>
-__device__ __forceinline__ void RouteWriter(const MoeExpertParams& p) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, E = static_cast<int>(p.route.num_experts);
-  for (int64_t t = warp; t < p.num_tokens; t += kThreads / 32) {
-    if (E <= 128) {
-      RouteTokenWarp<4, true>(p.route, t, lane);
-    } else {
-      RouteTokenWarp<8, true>(p.route, t, lane);
-    }
-  }
-}
-
-// The step's expert ids into `ids` (from the routing kernel's output, or, kRoute, routed here from
-// the logits: MoeExpertParams::route) and the local pairs' indices, in order, into `local` (their count
-// at local[pairs]); gate/up also writes the combine's pos (the pair, or -1: another GPU's expert),
-// `nblocks` blocks sharing it. Every thread of the block (kThreads) calls it; block barriers inside.
-template <bool kGateUp, int kThreads, bool kRoute = false>
-__device__ __forceinline__ void LoadIds(const MoeExpertParams& p, const MoeWork& w, int32_t* ids, int32_t* local,
-                                        int nblocks = -1) {
+// The step's expert ids into `ids` and the local pairs' indices, in order, into `local` (their
+// count at local[pairs]); gate/up also writes the combine's pos (the pair, or -1: another GPU's
+// expert). Every thread of the block (kThreads) calls it; block barriers inside.
+template <bool kGateUp, int kThreads>
+__device__ __forceinline__ void LoadIds(const MoeExpertParams& p, const MoeWork& w, int32_t* ids, int32_t* local) {
   const int64_t pairs = p.num_tokens * p.top_k;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if constexpr (kRoute) {
-    for (int64_t t = warp; t < p.num_tokens; t += kThreads / 32) RouteIds(p, t, lane, ids);
-  } else {
-    for (int64_t i = threadIdx.x; i < pairs; i += kThreads) ids[i] = __ldcg(p.expert_ids + i);
-  }
+  for (int64_t i = threadIdx.x; i < pairs; i += kThreads) ids[i] = __ldcg(p.expert_ids + i);
   __syncthreads();
   if (warp == 0) {
     int n = 0;
@@ -105,8 +72,7 @@ __device__ __forceinline__ void LoadIds(const MoeExpertParams& p, const MoeWork&
   }
   __syncthreads();
   if constexpr (kGateUp) {
-    const int64_t nb = nblocks > 0 ? nblocks : gridDim.x;
-    for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < pairs; i += nb * kThreads) {
+    for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < pairs; i += int64_t{gridDim.x} * kThreads) {
       w.pos[i] = ids[i] >= 0 ? static_cast<int32_t>(i) : -1;
     }
   }
@@ -190,7 +156,7 @@ __device__ __forceinline__ uint16_t GateUpOut(float gate, float up) {
 // hold at `smem_bytes` each (the attribute raised once a size is new: `attr_bytes`, per kernel).
 template <typename Kernel>
 cudaError_t LaunchOneWave(Kernel kernel, int threads, int smem_bytes, int& attr_bytes, int64_t blocks,
-                          const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream, int extra = 0) {
+                          const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
   if (smem_bytes > attr_bytes) {
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
         e != cudaSuccess) {
@@ -204,8 +170,7 @@ cudaError_t LaunchOneWave(Kernel kernel, int threads, int smem_bytes, int& attr_
     return e;
   }
   const int64_t wave = std::max<int64_t>(1, int64_t{per_sm} * std::max(w.num_sms, 1));
-  // `extra` blocks past the wave's units (the routing writer: a block that waits for no other).
-  const int64_t grid = std::max<int64_t>(1, std::min(blocks, wave)) + extra;
+  const int64_t grid = std::max<int64_t>(1, std::min(blocks, wave));
   return LaunchPdl(kernel, static_cast<unsigned>(grid), threads, smem_bytes, stream, p, w);
 }
 

@@ -35,7 +35,6 @@
 #include "kernels/cpu/moe_ref.h"
 #include "kernels/cpu/quantize.h"
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/gpu_ops.h"
 #include "tests/kernels/gpu_test_util.h"
 
 namespace moeshard {
@@ -192,72 +191,6 @@ constexpr Shape kShapes[] = {
 
 // The shapes whose repacked steps took the direct GEMV and compared its two forms (RunCase).
 std::set<std::string> g_direct_forms_compared;
-std::set<std::string> g_route_fold_compared;
-
-// The routing folded into the direct GEMV over repacked experts (MoeExpertParams::route) against the
-// routing kernel first (what the worker launched before): random router logits over the layer's
-// experts (this GPU's the first s.E), both weight rules (softmax over the picked logits; over all,
-// renormalized). The step must write the routing kernel's local ids and weights exactly and give
-// the same output bits as the step run on them; ids, weights, output and workspace are poisoned first.
-void CompareFoldedRouting(const Shape& s, const gpu::MoeExpertParams& pr, int64_t T, std::ptrdiff_t shape_index,
-                          DeviceMem& d_out, DeviceMem& d_ws, size_t ws_bytes) {
-  const int64_t Et = std::max(s.E_total, s.E), K = s.top_k, L = pr.width;
-  if (Et > 256 || K > 32) return;  // the fold's limits (moe_expert.cc)
-  std::mt19937 lg(977 + static_cast<unsigned>(shape_index));
-  std::normal_distribution<float> nd(0.f, 2.f);
-  std::vector<float> logits(T * Et);
-  for (float& v : logits) v = nd(lg);
-  DeviceMem d_logits(logits.size() * 4), d_ids(T * K * 4), d_w(T * K * 4);
-  CUDA_OK(cudaMemcpy(d_logits.ptr, logits.data(), logits.size() * 4, cudaMemcpyHostToDevice));
-  for (const bool topk_only : {true, false}) {
-    gpu::RoutingParams rp;
-    rp.logits = static_cast<const float*>(d_logits.ptr);
-    rp.num_tokens = T;
-    rp.num_experts = Et;
-    rp.top_k = K;
-    rp.softmax_topk_only = topk_only;
-    rp.renormalize = true;
-    rp.expert_begin = 0;
-    rp.num_local_experts = s.E;
-    rp.local_ids = static_cast<int32_t*>(d_ids.ptr);
-    rp.weights = static_cast<float*>(d_w.ptr);
-    gpu::MoeExpertParams pa = pr;
-    pa.expert_ids = rp.local_ids;
-    pa.weights = rp.weights;
-    std::vector<int32_t> ids_a(T * K), ids_b(T * K);
-    std::vector<float> w_a(T * K), w_b(T * K), out_a(T * L), out_b(T * L);
-    absl::Status st = gpu::Routing(rp, nullptr);
-    ASSERT_TRUE(st.ok()) << st;
-    CUDA_OK(cudaMemset(d_out.ptr, 0xff, T * L * 4));
-    st = gpu::MoeExpertStep(pa, nullptr);
-    ASSERT_TRUE(st.ok()) << st;
-    CUDA_OK(cudaDeviceSynchronize());
-    CUDA_OK(cudaMemcpy(ids_a.data(), d_ids.ptr, T * K * 4, cudaMemcpyDeviceToHost));
-    CUDA_OK(cudaMemcpy(w_a.data(), d_w.ptr, T * K * 4, cudaMemcpyDeviceToHost));
-    CUDA_OK(cudaMemcpy(out_a.data(), d_out.ptr, T * L * 4, cudaMemcpyDeviceToHost));
-    CUDA_OK(cudaMemset(d_ids.ptr, 0x7f, T * K * 4));
-    CUDA_OK(cudaMemset(d_w.ptr, 0xff, T * K * 4));
-    CUDA_OK(cudaMemset(d_out.ptr, 0xff, T * L * 4));
-    CUDA_OK(cudaMemset(d_ws.ptr, 0xff, ws_bytes));
-    gpu::MoeExpertParams pb = pa;
-    pb.route = rp;
-    const uint64_t folded_before = gpu::MoeExpertPathCounts().route_folded;
-    st = gpu::MoeExpertStep(pb, nullptr);
-    ASSERT_TRUE(st.ok()) << st;
-    CUDA_OK(cudaDeviceSynchronize());
-    EXPECT_GT(gpu::MoeExpertPathCounts().route_folded, folded_before)
-        << s.name << ": the step did not fold the routing";
-    CUDA_OK(cudaMemcpy(ids_b.data(), d_ids.ptr, T * K * 4, cudaMemcpyDeviceToHost));
-    CUDA_OK(cudaMemcpy(w_b.data(), d_w.ptr, T * K * 4, cudaMemcpyDeviceToHost));
-    CUDA_OK(cudaMemcpy(out_b.data(), d_out.ptr, T * L * 4, cudaMemcpyDeviceToHost));
-    EXPECT_EQ(ids_a, ids_b) << s.name << ": the folded routing's local ids (topk_only " << topk_only << ")";
-    EXPECT_EQ(std::memcmp(w_a.data(), w_b.data(), T * K * 4), 0)
-        << s.name << ": the folded routing's weights (topk_only " << topk_only << ")";
-    EXPECT_EQ(std::memcmp(out_a.data(), out_b.data(), T * L * 4), 0)
-        << s.name << ": the step with the routing folded in differs (topk_only " << topk_only << ")";
-  }
-  g_route_fold_compared.insert(s.name);
-}
 
 void RunCase(const Shape& s, WeightFormat f, ActDType act, bool norm, std::mt19937& rng) {
   const int64_t T = s.T, L = s.L, I = s.I;
@@ -438,7 +371,6 @@ void RunCase(const Shape& s, WeightFormat f, ActDType act, bool norm, std::mt199
             << ")";
       }
       g_direct_forms_compared.insert(s.name);
-      CompareFoldedRouting(s, pr, T, shape_index, d_out, d_ws, ws_bytes);
     }
     results.push_back(got);
   }
@@ -591,8 +523,6 @@ TEST_F(MoeExpertTest, MatchesCpuReference) {
     for (const char* name : {"repacked decode", "qwen decode", "crowded decode", "crowded part", "latent decode"}) {
       EXPECT_EQ(g_direct_forms_compared.count(name), 1u)
           << "\"" << name << "\" did not compare the direct GEMV's forms";
-      EXPECT_EQ(g_route_fold_compared.count(name), 1u)
-          << "\"" << name << "\" did not compare the routing folded into the direct GEMV with the routing kernel";
     }
   }
 }

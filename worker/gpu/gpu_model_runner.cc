@@ -419,11 +419,6 @@ absl::Status GpuModelRunner::Route(int64_t li, const RouteOpts& opts) {
   rp.num_local_experts = host_w_->num_local_experts;
   rp.local_ids = expert_ids_;
   rp.weights = wts_;
-  route_in_ = {};
-  if (route_in_experts_ && Reps(kRepeatRouting) == 1) {  // the expert step routes (MoeExpertParams::route)
-    route_in_ = rp;
-    return absl::OkStatus();
-  }
   for (int rep = 1; rep < Reps(kRepeatRouting); ++rep) RETURN_IF_ERROR(gpu::Routing(rp, stream_));
   return gpu::Routing(rp, stream_);
 }
@@ -455,8 +450,6 @@ absl::Status GpuModelRunner::Experts(int64_t li, const ExpertsOpts& opts) {
   mp.workspace = moe_ws_;
   mp.workspace_bytes = moe_ws_bytes_;
   mp.expert_formats = lw.expert_formats;
-  mp.route = route_in_;  // Route's routing, when it left it to this step
-  route_in_ = {};
   // On one GPU the MLP block's residual update mixes the experts' rows itself (one kernel less).
   if (fuse_moe_residual_ && shard_.tp_size <= 1 && !opts.output_norm && mix_ == f_ && K <= 64) {
     auto region = prof_.Region("expert step", stream_);

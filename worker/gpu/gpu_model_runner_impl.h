@@ -206,13 +206,6 @@ class GpuModelRunner : public ModelRunner, private LayerOps {
   // step level at one stream, 6.32-6.34 -> 6.25-6.27 ms at four). MOESHARD_MIX_IN_COMBINE=0: the
   // conversion kernel.
   bool mix_in_combine_ = true;
-  // MOESHARD_ROUTE_IN_EXPERTS=1: Route leaves the routing to the expert step (MoeExpertParams::route,
-  // route_in_ until Experts runs), whose direct GEMV over repacked experts routes inside its kernels
-  // (one launch less a layer) and whose other paths launch the routing kernel first. Off (the
-  // routing kernel after the router GEMV) until it has run on a GPU: written 2026-12-07, when no
-  // device call came (kernels/moe/PERF_NOTES.md, "The routing folded into the direct GEMV").
-  bool route_in_experts_ = false;
-  RoutingParams route_in_;
   void* mix_act_ = nullptr;  // [T, Lw] act: the mix's copy the combine wrote, or null
   // MOESHARD_REPEAT_OPS (benchmarks only; runner_repeat.h): ops launched twice a step, so that
   // bench-model's step time shows what each costs inside the decode chain.

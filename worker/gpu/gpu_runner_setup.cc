@@ -30,8 +30,6 @@ absl::Status GpuModelRunner::StartDevice() {
   fuse_moe_residual_ = !(moe_res && std::string(moe_res) == "0");
   const char* mix_in = std::getenv("MOESHARD_MIX_IN_COMBINE");
   mix_in_combine_ = !(mix_in && std::string(mix_in) == "0");
-  const char* route_in = std::getenv("MOESHARD_ROUTE_IN_EXPERTS");
-  route_in_experts_ = route_in && std::string(route_in) == "1";
   const char* fold = std::getenv("MOESHARD_FOLD_RESIDUAL");
   fold_residual_ = !(fold && std::string(fold) == "0");
   if (const char* rep = std::getenv("MOESHARD_REPEAT_OPS")) {
