@@ -42,8 +42,9 @@ inline DirectWarpTestHold& DirectWarpHold() {
 // MOESHARD_MOE_DIRECT_WARP: which launches of the direct GEMV over repacked experts take the warp
 // form (moe_stream_direct_warp.cu: a warp a 16-row slice over the whole of K, no block barriers)
 // instead of the block form (moe_stream_direct.cu): bit 1 down, bit 2 gate/up (default 0: neither);
-// from MOESHARD_MOE_DIRECT_WARP_MIN pairs a step (default 1); bit 4: the warp form's units are an
-// expert's pairs together (StreamDirectWarpGrouped). Every form gives the same bits.
+// from MOESHARD_MOE_DIRECT_WARP_MIN pairs a step (default 1); bit 4: either form's units are an
+// expert's pairs together (StreamDirectWarpGrouped, StreamDirectBlockGrouped). Every form gives the
+// same bits.
 inline int StreamDirectWarpMask() {
   static const int mask = EnvInt("MOESHARD_MOE_DIRECT_WARP", 0);
   const int held = DirectWarpHold().mask.load(std::memory_order_relaxed);
@@ -55,5 +56,11 @@ inline bool StreamDirectWarpForm(bool gate_up, int64_t pairs) {
   return (StreamDirectWarpMask() & (gate_up ? 2 : 1)) != 0 && (held || pairs >= from);
 }
 inline bool StreamDirectWarpGrouped() { return (StreamDirectWarpMask() & 4) != 0; }
+// The block form's units grouped the same way (bit 4), for steps of several tokens (one token's
+// pairs are eight experts: nothing to share), or at every size while a test holds the mask.
+inline bool StreamDirectBlockGrouped(int64_t tokens) {
+  const bool held = DirectWarpHold().mask.load(std::memory_order_relaxed) >= 0;
+  return StreamDirectWarpGrouped() && (held || tokens > 1);
+}
 
 }  // namespace moeshard::gpu

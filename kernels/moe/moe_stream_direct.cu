@@ -36,7 +36,9 @@
 namespace moeshard::gpu {
 namespace {
 
+using stream_direct::Group;
 using stream_direct::kCols;
+using stream_direct::kMaxGroups;
 using stream_direct::kData;
 using stream_direct::kStage;
 using stream_direct::TableBytes;
@@ -82,15 +84,19 @@ struct Direct {
     stream_direct::ComputeChunk<kGateUp, kQ8>(p, w, smem + buf, row, kc, lane, acc);
   }
 
-  // The unit's quarters summed in order; warps 0-3 store element q of both slices (one token:
-  // column 0 of the n8 tile, lanes with c == 0).
-  __device__ __forceinline__ void Finish(int e, int64_t pair, int64_t rt, const float (&acc)[4]) const {
+  // The unit's quarters summed in order; warps 0-3 store element q of both slices: rows g and
+  // g + 8 of column 2c (q 0, 2) and 2c + 1 (q 1, 3). One pair (gr null): every column is its token,
+  // so lanes with c == 0 store column 0; a group: column j is the group's pair j.
+  __device__ __forceinline__ void Finish(int e, int64_t pair, int64_t rt, const float (&acc)[4],
+                                         const Group* gr = nullptr) const {
     float* red = reinterpret_cast<float*>(smem + kRedOffset<kQ8>);
     const int quarter = warp & 3;
     StoreQuarter(red, slice, quarter, lane, acc);
     __syncthreads();
-    const int q = warp;
-    if (e >= 0 && q < 4 && c == 0 && (q & 1) == 0) {
+    const int q = warp, col = 2 * c + (q & 1);
+    const bool mine = gr ? col < gr->count : c == 0 && (q & 1) == 0;
+    if (e >= 0 && q < 4 && mine) {
+      if (gr) pair = gr->pair[col];
       const float s[2] = {QuarterSum(red, 0, q, lane) * tab[e].fin[0], QuarterSum(red, 1, q, lane) * tab[e].fin[1]};
       const int64_t r = g + 8 * (q >> 1);
       if constexpr (kGateUp) {
@@ -109,7 +115,9 @@ struct Direct {
 // (gate/up's h) are read after it. The ids were written two launches back or more (the routing
 // kernel; gate/up could let this grid start only once it had waited for that kernel): pdl.cuh rule
 // 1, read through L2. As moe_direct.cu's and moe_gemv.cu's direct down kernels do.
-template <bool kGateUp, bool kQ8, bool kEarly = false>
+// kGrouped: a unit is a row tile of a group of an expert's pairs (stream_direct::Group), each lane's
+// activations its column's pair's.
+template <bool kGateUp, bool kQ8, bool kEarly = false, bool kGrouped = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocks<kQ8>) StreamDirectKernel(MoeExpertParams p, MoeWork w) {
   static_assert(!(kGateUp && kEarly), "gate/up reads the ids of the kernel just before it");
   const int E = p.num_local_experts;
@@ -131,6 +139,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kQ8>) StreamDirectKernel(
     PdlTrigger();
   }
   stream_direct::LoadIds<kGateUp, kThreads>(p, w, ids, local);
+  Group* const grp = reinterpret_cast<Group*>(reinterpret_cast<uint8_t*>(tab) + TableBytes(E, pairs));
+  int32_t* const order = reinterpret_cast<int32_t*>(grp + kMaxGroups);
+  int32_t* const cnt = order + 2 * kMaxGroups;
+  if constexpr (kGrouped) stream_direct::BuildGroups<kThreads>(ids, local, n_local, grp, order, order + kMaxGroups, cnt);
+  const int32_t* const ulocal = kGrouped ? order : local;  // the cursors' `pair`: a group's number, grouped
+  auto expert_of = [&](const UnitCursor& k) { return kGrouped ? grp[k.pair].expert : ids[k.pair]; };
 
   Direct<kGateUp, kQ8> d{p, w, tab, ids};
   d.R = static_cast<int>((kGateUp ? p.inter / 16 : p.width / 32));
@@ -139,21 +153,21 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kQ8>) StreamDirectKernel(
   d.kc_begin = quarter * nk / 4, d.kc_end = (quarter + 1) * nk / 4;
   const int mine = d.kc_end - d.kc_begin;
   const int nch = max((nk + 3) / 4, 1);  // every warp counts the largest quarter's chunks
-  const int units = n_local * d.R, grid = static_cast<int>(gridDim.x);
+  const int units = (kGrouped ? cnt[kWarps] : n_local) * d.R, grid = static_cast<int>(gridDim.x);
   const int my_units = UnitsOfBlock(units, static_cast<int>(blockIdx.x), grid);
   const int total = my_units * nch;
   const uint32_t base = warp * 2 * kStage<kQ8>;
 
   // Two cursors over the flattened (unit, chunk) sequence: the copies run two chunks ahead.
   UnitCursor cs{static_cast<int>(blockIdx.x)}, cc{static_cast<int>(blockIdx.x)};
-  if (my_units > 0) cs.Seek<kGateUp>(local, d.R, p.top_k), cc.Seek<kGateUp>(local, d.R, p.top_k);
+  if (my_units > 0) cs.Seek<kGateUp>(ulocal, d.R, p.top_k), cc.Seek<kGateUp>(ulocal, d.R, p.top_k);
   int staged = 0;
   auto stage_next = [&]() {
     if (staged >= total) return;
-    const int e = cs.j < mine ? ids[cs.pair] : -1;  // a short quarter counts an empty chunk
+    const int e = cs.j < mine ? expert_of(cs) : -1;  // a short quarter counts an empty chunk
     d.Stage(base + (staged & 1) * kStage<kQ8>, bar + (staged & 1), e, cs.rt, d.kc_begin + cs.j);
     ++staged;
-    cs.Next<kGateUp>(local, d.R, p.top_k, nch, units, grid);
+    cs.Next<kGateUp>(ulocal, d.R, p.top_k, nch, units, grid);
   };
   stage_next();
   stage_next();
@@ -164,28 +178,38 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kQ8>) StreamDirectKernel(
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll 1
   for (int i = 0; i < total; ++i) {
-    const int e = ids[cc.pair];
+    const int e = expert_of(cc);
     MbarrierWait(bar + (i & 1), static_cast<uint32_t>((i >> 1) & 1));
     __syncwarp();
-    if (cc.j < mine) d.Compute(base + (i & 1) * kStage<kQ8>, cc.row, d.kc_begin + cc.j, acc);
+    if (cc.j < mine) {
+      const int row = kGrouped ? stream_direct::GroupRow<kGateUp>(grp[cc.pair], p.top_k, lane) : cc.row;
+      d.Compute(base + (i & 1) * kStage<kQ8>, row, d.kc_begin + cc.j, acc);
+    }
     __syncwarp();  // every lane is done with this buffer before the copy engine refills it
     stage_next();
     if (cc.j == nch - 1) {
-      d.Finish(e, cc.pair, cc.rt, acc);
+      d.Finish(e, cc.pair, cc.rt, acc, kGrouped ? grp + cc.pair : nullptr);
       acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
     }
-    cc.Next<kGateUp>(local, d.R, p.top_k, nch, units, grid);
+    cc.Next<kGateUp>(ulocal, d.R, p.top_k, nch, units, grid);
   }
   MOESHARD_PROBE_MARK(0);  // the block's units stored
 }
 
-template <bool kGateUp, bool kQ8, bool kEarly = false>
-cudaError_t LaunchT(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
+template <bool kGateUp, bool kQ8, bool kEarly, bool kGrouped>
+cudaError_t LaunchG(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
   const int64_t pairs = p.num_tokens * p.top_k;
   static int attr_bytes = 0;  // the largest size set so far (the attribute is per kernel)
-  return stream_direct::LaunchOneWave(StreamDirectKernel<kGateUp, kQ8, kEarly>, kThreads,
-                                      kTableOffset<kQ8> + TableBytes(p.num_local_experts, pairs), attr_bytes,
-                                      pairs * (kGateUp ? p.inter / 16 : p.width / 32), p, w, stream);
+  return stream_direct::LaunchOneWave(
+      StreamDirectKernel<kGateUp, kQ8, kEarly, kGrouped>, kThreads,
+      kTableOffset<kQ8> + TableBytes(p.num_local_experts, pairs) + (kGrouped ? stream_direct::GroupBytes<kThreads>() : 0),
+      attr_bytes, pairs * (kGateUp ? p.inter / 16 : p.width / 32), p, w, stream);
+}
+
+template <bool kGateUp, bool kQ8, bool kEarly = false>
+cudaError_t LaunchT(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
+  return StreamDirectBlockGrouped(p.num_tokens) ? LaunchG<kGateUp, kQ8, kEarly, true>(p, w, stream)
+                                                : LaunchG<kGateUp, kQ8, kEarly, false>(p, w, stream);
 }
 
 }  // namespace

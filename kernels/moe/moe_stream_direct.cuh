@@ -78,6 +78,79 @@ __device__ __forceinline__ void LoadIds(const MoeExpertParams& p, const MoeWork&
   }
 }
 
+// Grouped units (MOESHARD_MOE_DIRECT_WARP bit 4, both forms): a unit is one row tile of a group —
+// the local pairs of one expert, at most 8 (the n8 tile's columns), in pair order; groups in the
+// order of their first pair — so an expert several tokens picked is read once for all of them.
+// Each column's sums are the same bits as its pair's alone: the mma's columns do not mix.
+struct Group {
+  int32_t expert, count, pair[8];
+};
+constexpr int kMaxGroups = static_cast<int>(kMoeDirectMaxPairs);
+// The groups, then each group's number (the cursor's `local`), each pair's group if it leads one,
+// and the warps' leader counts and their sum (a block of kThreads).
+template <int kThreads>
+constexpr int GroupBytes() {
+  return kMaxGroups * static_cast<int>(sizeof(Group)) + 2 * 4 * kMaxGroups + 4 * (kThreads / 32 + 1);
+}
+
+// The groups of the n local pairs (n <= kMaxGroups <= kThreads); their count in cnt[kThreads / 32].
+// Every thread of the block calls it; block barriers inside.
+template <int kThreads>
+__device__ __forceinline__ void BuildGroups(const int32_t* ids, const int32_t* local, int n, Group* grp, int32_t* order,
+                                            int32_t* lead_group, int32_t* cnt) {
+  static_assert(kMaxGroups <= kThreads, "a thread a local pair");
+  constexpr int kWarps = kThreads / 32;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  int e = -1, rank = 0, of_e = 0;  // this pair's expert, its rank among the expert's pairs, their count
+  if (tid < n) {
+    e = ids[local[tid]];
+    for (int j = 0; j < n; ++j) {
+      const bool same = ids[local[j]] == e;
+      rank += same && j < tid;
+      of_e += same;
+    }
+  }
+  const bool lead = tid < n && rank % 8 == 0;
+  const uint32_t m = __ballot_sync(~0u, lead);
+  if (lane == 0) cnt[warp] = __popc(m);
+  __syncthreads();
+  int g = __popc(m & ((1u << lane) - 1u));
+  for (int k = 0; k < warp; ++k) g += cnt[k];
+  if (lead) {
+    grp[g].expert = e;
+    grp[g].count = min(8, of_e - rank);
+    order[g] = g;
+    lead_group[tid] = g;
+  }
+  __syncthreads();
+  if (tid < n) {  // the pair of rank rank - rank % 8 of expert e leads this one's group
+    const int want = rank - rank % 8;
+    int leader = tid;
+    for (int j = 0, c = 0; j < tid; ++j) {
+      if (ids[local[j]] != e) continue;
+      if (c++ == want) {
+        leader = j;
+        break;
+      }
+    }
+    grp[lead_group[leader]].pair[rank % 8] = local[tid];
+  }
+  if (tid == 0) {
+    int total = 0;
+    for (int k = 0; k < kWarps; ++k) total += cnt[k];
+    cnt[kWarps] = total;
+  }
+  __syncthreads();
+}
+
+// This lane's activations' row in a grouped unit: the token of its column's pair (gate/up) or the
+// pair (down); a column past the group's pairs repeats its last.
+template <bool kGateUp>
+__device__ __forceinline__ int GroupRow(const Group& gr, int top_k, int lane) {
+  const int pair = gr.pair[min(lane >> 2, gr.count - 1)];
+  return kGateUp ? pair / top_k : pair;
+}
+
 // Chunk kc of the 16-row slice starting at `first_row` of view `slice` of expert view `v` into
 // `dst` (v null: no bytes, a padding chunk). Lane 0 only: the byte count is expected before either
 // copy is issued (the stream kernels' producer does the same with a __syncwarp between).

@@ -26,6 +26,10 @@ namespace moeshard::gpu {
 namespace {
 
 using stream_direct::kCols;
+using stream_direct::BuildGroups;
+using stream_direct::Group;
+using stream_direct::GroupBytes;
+using stream_direct::kMaxGroups;
 using stream_direct::kStage;
 using stream_direct::TableBytes;
 using stream_direct::Views;
@@ -49,66 +53,6 @@ __device__ __forceinline__ void Fold(float (&s)[4], float (&part)[4]) {
     s[e] += part[e];
     part[e] = 0.f;
   }
-}
-
-// kGrouped: a unit is one 16-row slice of a group — the local pairs of one expert, at most 8 (the
-// n8 tile's columns), in pair order; groups in the order of their first pair — so an expert's
-// weights are read once for all its tokens. Each column's sums are the same bits as its pair's
-// alone: the mma's columns do not mix.
-struct Group {
-  int32_t expert, count, pair[8];
-};
-constexpr int kMaxGroups = static_cast<int>(kMoeDirectMaxPairs);
-// The groups, then each group's number (the cursor's `local`), each pair's group if it leads one,
-// and the warps' leader counts and their sum.
-constexpr int kGroupBytes = kMaxGroups * static_cast<int>(sizeof(Group)) + 2 * 4 * kMaxGroups + 4 * (kWarps + 1);
-static_assert(kMaxGroups <= kThreads, "BuildGroups gives each local pair a thread");
-
-// The groups of the n local pairs (n <= kMaxGroups <= kThreads); their count in cnt[kWarps]. Every
-// thread of the block calls it; block barriers inside.
-__device__ __forceinline__ void BuildGroups(const int32_t* ids, const int32_t* local, int n, Group* grp, int32_t* order,
-                                            int32_t* lead_group, int32_t* cnt) {
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  int e = -1, rank = 0, of_e = 0;  // this pair's expert, its rank among the expert's pairs, their count
-  if (tid < n) {
-    e = ids[local[tid]];
-    for (int j = 0; j < n; ++j) {
-      const bool same = ids[local[j]] == e;
-      rank += same && j < tid;
-      of_e += same;
-    }
-  }
-  const bool lead = tid < n && rank % 8 == 0;
-  const uint32_t m = __ballot_sync(~0u, lead);
-  if (lane == 0) cnt[warp] = __popc(m);
-  __syncthreads();
-  int g = __popc(m & ((1u << lane) - 1u));
-  for (int k = 0; k < warp; ++k) g += cnt[k];
-  if (lead) {
-    grp[g].expert = e;
-    grp[g].count = min(8, of_e - rank);
-    order[g] = g;
-    lead_group[tid] = g;
-  }
-  __syncthreads();
-  if (tid < n) {  // the pair of rank rank - rank % 8 of expert e leads this one's group
-    const int want = rank - rank % 8;
-    int leader = tid;
-    for (int j = 0, c = 0; j < tid; ++j) {
-      if (ids[local[j]] != e) continue;
-      if (c++ == want) {
-        leader = j;
-        break;
-      }
-    }
-    grp[lead_group[leader]].pair[rank % 8] = local[tid];
-  }
-  if (tid == 0) {
-    int total = 0;
-    for (int k = 0; k < kWarps; ++k) total += cnt[k];
-    cnt[kWarps] = total;
-  }
-  __syncthreads();
 }
 
 // kEarly (down only): as the block form's, the ids and each warp's first kSlots chunks go out
@@ -139,7 +83,7 @@ __global__ void __launch_bounds__(kThreads) StreamDirectWarpKernel(MoeExpertPara
   int32_t* const order = reinterpret_cast<int32_t*>(grp + kMaxGroups);
   int32_t* const cnt = order + 2 * kMaxGroups;
   if constexpr (kGrouped) {
-    BuildGroups(ids, local, local[pairs], grp, order, order + kMaxGroups, cnt);
+    BuildGroups<kThreads>(ids, local, local[pairs], grp, order, order + kMaxGroups, cnt);
     local = order;  // the cursor's `pair` is a group
   }
   const int nk = static_cast<int>((kGateUp ? p.width : p.inter) / kCols);  // chunks a slice's row of K
@@ -151,9 +95,7 @@ __global__ void __launch_bounds__(kThreads) StreamDirectWarpKernel(MoeExpertPara
   auto expert_of = [&](const UnitCursor& k) { return kGrouped ? grp[k.pair].expert : ids[k.pair]; };
   auto row_of = [&](const UnitCursor& k) {
     if constexpr (!kGrouped) return k.row;
-    const Group& gr = grp[k.pair];
-    const int pair = gr.pair[min(lane >> 2, gr.count - 1)];
-    return kGateUp ? pair / static_cast<int>(p.top_k) : pair;
+    return stream_direct::GroupRow<kGateUp>(grp[k.pair], static_cast<int>(p.top_k), lane);
   };
   const int gw = static_cast<int>(blockIdx.x) * kWarps + warp, nw = static_cast<int>(gridDim.x) * kWarps;
   const int total = UnitsOfBlock(units, gw, nw) * per;  // this warp's units, as a block's of a grid of nw
@@ -247,7 +189,7 @@ cudaError_t LaunchT(const MoeExpertParams& p, const MoeWork& w, cudaStream_t str
   static int attr_bytes = 0;
   return stream_direct::LaunchOneWave(
       StreamDirectWarpKernel<kGateUp, kQ8, kEarly, kGrouped>, kThreads,
-      kTableOffset<kQ8> + TableBytes(p.num_local_experts, pairs) + (kGrouped ? kGroupBytes : 0), attr_bytes,
+      kTableOffset<kQ8> + TableBytes(p.num_local_experts, pairs) + (kGrouped ? GroupBytes<kThreads>() : 0), attr_bytes,
       cap > 0 ? std::min<int64_t>(blocks, cap) : blocks, p, w, stream);
 }
 

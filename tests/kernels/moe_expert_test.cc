@@ -355,8 +355,9 @@ void RunCase(const Shape& s, WeightFormat f, ActDType act, bool norm, std::mt199
     // units, must give the same bits as the run above, whichever form it took. The workspace (h, y,
     // pos) is poisoned too, so that a row a form leaves unwritten shows.
     if (gpu::MoeExpertPathCounts().stream_direct > direct_before) {
-      // mask (MOESHARD_MOE_DIRECT_WARP: 1 down, 2 gate/up, 4 an expert's pairs a unit), grid cap
-      constexpr int kForms[][2] = {{0, 0}, {1, 0}, {2, 0}, {3, 0}, {3, 2}, {5, 0}, {6, 0}, {7, 0}, {7, 2}};
+      // mask (MOESHARD_MOE_DIRECT_WARP: 1 down, 2 gate/up, 4 an expert's pairs a unit — 4 alone: the
+      // block form's units grouped, 5 and 6 each form grouped in one launch), grid cap
+      constexpr int kForms[][2] = {{0, 0}, {1, 0}, {2, 0}, {3, 0}, {3, 2}, {4, 0}, {5, 0}, {6, 0}, {7, 0}, {7, 2}};
       for (const auto& [mask, max_blocks] : kForms) {
         CUDA_OK(cudaMemset(d_out.ptr, 0xff, T * L * 4));
         CUDA_OK(cudaMemset(d_ws.ptr, 0xff, ws_bytes));
