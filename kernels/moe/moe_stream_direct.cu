@@ -38,7 +38,6 @@ namespace {
 
 using stream_direct::Group;
 using stream_direct::kCols;
-using stream_direct::kMaxGroups;
 using stream_direct::kData;
 using stream_direct::kStage;
 using stream_direct::TableBytes;
@@ -140,10 +139,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kQ8>) StreamDirectKernel(
   }
   stream_direct::LoadIds<kGateUp, kThreads>(p, w, ids, local);
   Group* const grp = reinterpret_cast<Group*>(reinterpret_cast<uint8_t*>(tab) + TableBytes(E, pairs));
-  int32_t* const order = reinterpret_cast<int32_t*>(grp + kMaxGroups);
-  int32_t* const cnt = order + 2 * kMaxGroups;
-  if constexpr (kGrouped) stream_direct::BuildGroups<kThreads>(ids, local, n_local, grp, order, order + kMaxGroups, cnt);
-  const int32_t* const ulocal = kGrouped ? order : local;  // the cursors' `pair`: a group's number, grouped
+  const stream_direct::GroupArrays ga(grp);
+  if constexpr (kGrouped) stream_direct::BuildGroups<kThreads>(ids, local, n_local, grp, ga);
+  const int32_t* const ulocal = kGrouped ? ga.order : local;  // the cursors' `pair`: a group's number, grouped
   auto expert_of = [&](const UnitCursor& k) { return kGrouped ? grp[k.pair].expert : ids[k.pair]; };
 
   Direct<kGateUp, kQ8> d{p, w, tab, ids};
@@ -153,7 +151,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kQ8>) StreamDirectKernel(
   d.kc_begin = quarter * nk / 4, d.kc_end = (quarter + 1) * nk / 4;
   const int mine = d.kc_end - d.kc_begin;
   const int nch = max((nk + 3) / 4, 1);  // every warp counts the largest quarter's chunks
-  const int units = (kGrouped ? cnt[kWarps] : n_local) * d.R, grid = static_cast<int>(gridDim.x);
+  const int units = (kGrouped ? ga.cnt[kWarps] : n_local) * d.R, grid = static_cast<int>(gridDim.x);
   const int my_units = UnitsOfBlock(units, static_cast<int>(blockIdx.x), grid);
   const int total = my_units * nch;
   const uint32_t base = warp * 2 * kStage<kQ8>;
@@ -176,15 +174,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kQ8>) StreamDirectKernel(
     PdlTrigger();
   }
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  int e = -1, row = 0;  // the unit's expert and this lane's activations' row, read at its first chunk
 #pragma unroll 1
   for (int i = 0; i < total; ++i) {
-    const int e = expert_of(cc);
+    if (!kGrouped || cc.j == 0) {
+      e = expert_of(cc);
+      row = kGrouped ? stream_direct::GroupRow<kGateUp>(grp[cc.pair], p.top_k, lane) : cc.row;
+    }
     MbarrierWait(bar + (i & 1), static_cast<uint32_t>((i >> 1) & 1));
     __syncwarp();
-    if (cc.j < mine) {
-      const int row = kGrouped ? stream_direct::GroupRow<kGateUp>(grp[cc.pair], p.top_k, lane) : cc.row;
-      d.Compute(base + (i & 1) * kStage<kQ8>, row, d.kc_begin + cc.j, acc);
-    }
+    if (cc.j < mine) d.Compute(base + (i & 1) * kStage<kQ8>, row, d.kc_begin + cc.j, acc);
     __syncwarp();  // every lane is done with this buffer before the copy engine refills it
     stage_next();
     if (cc.j == nch - 1) {

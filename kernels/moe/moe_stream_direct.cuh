@@ -87,58 +87,65 @@ struct Group {
 };
 constexpr int kMaxGroups = static_cast<int>(kMoeDirectMaxPairs);
 // The groups, then each group's number (the cursor's `local`), each pair's group if it leads one,
-// and the warps' leader counts and their sum (a block of kThreads).
+// the local pairs' experts, and the warps' leader counts and their sum (a block of kThreads).
 template <int kThreads>
 constexpr int GroupBytes() {
-  return kMaxGroups * static_cast<int>(sizeof(Group)) + 2 * 4 * kMaxGroups + 4 * (kThreads / 32 + 1);
+  return kMaxGroups * static_cast<int>(sizeof(Group)) + 3 * 4 * kMaxGroups + 4 * (kThreads / 32 + 1);
 }
+// Where GroupBytes' arrays start, after the groups.
+struct GroupArrays {
+  int32_t *order, *lead_group, *eid, *cnt;
+  __device__ explicit GroupArrays(Group* grp)
+      : order(reinterpret_cast<int32_t*>(grp + kMaxGroups)),
+        lead_group(order + kMaxGroups),
+        eid(order + 2 * kMaxGroups),
+        cnt(order + 3 * kMaxGroups) {}
+};
 
-// The groups of the n local pairs (n <= kMaxGroups <= kThreads); their count in cnt[kThreads / 32].
-// Every thread of the block calls it; block barriers inside.
+// The groups of the n local pairs (n <= kMaxGroups <= kThreads); their count in a.cnt[kThreads / 32].
+// Every thread of the block calls it; block barriers inside. One pass over the pairs' experts a thread
+// (broadcast shared loads) gives its rank among its expert's pairs, their count and its group's
+// leader (the expert's pair of rank rank - rank % 8).
 template <int kThreads>
-__device__ __forceinline__ void BuildGroups(const int32_t* ids, const int32_t* local, int n, Group* grp, int32_t* order,
-                                            int32_t* lead_group, int32_t* cnt) {
+__device__ __forceinline__ void BuildGroups(const int32_t* ids, const int32_t* local, int n, Group* grp,
+                                            const GroupArrays& a) {
   static_assert(kMaxGroups <= kThreads, "a thread a local pair");
   constexpr int kWarps = kThreads / 32;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  int e = -1, rank = 0, of_e = 0;  // this pair's expert, its rank among the expert's pairs, their count
+  if (tid < n) a.eid[tid] = ids[local[tid]];
+  __syncthreads();
+  int e = -1, rank = 0, of_e = 0, leader = tid;  // this pair's expert, rank, the expert's count, leader
   if (tid < n) {
-    e = ids[local[tid]];
+    e = a.eid[tid];
+#pragma unroll 8
     for (int j = 0; j < n; ++j) {
-      const bool same = ids[local[j]] == e;
-      rank += same && j < tid;
+      const bool same = a.eid[j] == e;
+      if (same && j < tid) {
+        if (rank % 8 == 0) leader = j;
+        ++rank;
+      }
       of_e += same;
     }
+    if (rank % 8 == 0) leader = tid;
   }
   const bool lead = tid < n && rank % 8 == 0;
   const uint32_t m = __ballot_sync(~0u, lead);
-  if (lane == 0) cnt[warp] = __popc(m);
+  if (lane == 0) a.cnt[warp] = __popc(m);
   __syncthreads();
   int g = __popc(m & ((1u << lane) - 1u));
-  for (int k = 0; k < warp; ++k) g += cnt[k];
+  for (int k = 0; k < warp; ++k) g += a.cnt[k];
   if (lead) {
     grp[g].expert = e;
     grp[g].count = min(8, of_e - rank);
-    order[g] = g;
-    lead_group[tid] = g;
+    a.order[g] = g;
+    a.lead_group[tid] = g;
   }
   __syncthreads();
-  if (tid < n) {  // the pair of rank rank - rank % 8 of expert e leads this one's group
-    const int want = rank - rank % 8;
-    int leader = tid;
-    for (int j = 0, c = 0; j < tid; ++j) {
-      if (ids[local[j]] != e) continue;
-      if (c++ == want) {
-        leader = j;
-        break;
-      }
-    }
-    grp[lead_group[leader]].pair[rank % 8] = local[tid];
-  }
+  if (tid < n) grp[a.lead_group[leader]].pair[rank % 8] = local[tid];
   if (tid == 0) {
     int total = 0;
-    for (int k = 0; k < kWarps; ++k) total += cnt[k];
-    cnt[kWarps] = total;
+    for (int k = 0; k < kWarps; ++k) total += a.cnt[k];
+    a.cnt[kWarps] = total;
   }
   __syncthreads();
 }

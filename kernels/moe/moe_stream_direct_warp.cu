@@ -25,11 +25,10 @@
 namespace moeshard::gpu {
 namespace {
 
-using stream_direct::kCols;
 using stream_direct::BuildGroups;
 using stream_direct::Group;
 using stream_direct::GroupBytes;
-using stream_direct::kMaxGroups;
+using stream_direct::kCols;
 using stream_direct::kStage;
 using stream_direct::TableBytes;
 using stream_direct::Views;
@@ -80,16 +79,15 @@ __global__ void __launch_bounds__(kThreads) StreamDirectWarpKernel(MoeExpertPara
   stream_direct::LoadIds<kGateUp, kThreads>(p, w, ids, local);  // block barriers: the views and mbarriers are set too
 
   Group* const grp = reinterpret_cast<Group*>(reinterpret_cast<uint8_t*>(tab) + TableBytes(p.num_local_experts, pairs));
-  int32_t* const order = reinterpret_cast<int32_t*>(grp + kMaxGroups);
-  int32_t* const cnt = order + 2 * kMaxGroups;
+  const stream_direct::GroupArrays ga(grp);
   if constexpr (kGrouped) {
-    BuildGroups<kThreads>(ids, local, local[pairs], grp, order, order + kMaxGroups, cnt);
-    local = order;  // the cursor's `pair` is a group
+    BuildGroups<kThreads>(ids, local, local[pairs], grp, ga);
+    local = ga.order;  // the cursor's `pair` is a group
   }
   const int nk = static_cast<int>((kGateUp ? p.width : p.inter) / kCols);  // chunks a slice's row of K
   const int per = kGateUp ? 2 * nk : nk;                                   // chunks a unit
   const int R = static_cast<int>((kGateUp ? p.inter : p.width) / 16);      // units (16-row slices) a pair
-  const int units = (kGrouped ? cnt[kWarps] : local[pairs]) * R;
+  const int units = (kGrouped ? ga.cnt[kWarps] : local[pairs]) * R;
   // The unit's expert; this lane's activations' row (the token of its column's pair for gate/up, the
   // pair for down; a column past a group's pairs repeats its last).
   auto expert_of = [&](const UnitCursor& k) { return kGrouped ? grp[k.pair].expert : ids[k.pair]; };
