@@ -56,11 +56,16 @@ inline bool StreamDirectWarpForm(bool gate_up, int64_t pairs) {
   return (StreamDirectWarpMask() & (gate_up ? 2 : 1)) != 0 && (held || pairs >= from);
 }
 inline bool StreamDirectWarpGrouped() { return (StreamDirectWarpMask() & 4) != 0; }
-// The block form's units grouped the same way (bit 4), for steps of several tokens (one token's
-// pairs are eight experts: nothing to share), or at every size while a test holds the mask.
+// The block form's units grouped the same way (stream_direct::Group): by default from
+// MOESHARD_MOE_DIRECT_GROUP_FROM tokens a step (default 5; 0: never), where reading an expert once
+// for the tokens that share it outweighs building the groups (H100, 2026-12-07, Qwen3-30B shape:
+// 4 tokens +2.5 % a step with MXFP4 experts, 5 level, 8 -4 %; Q8_0 -1 % to -9.6 %;
+// kernels/moe/PERF_NOTES.md); with bit 4 at every step of several tokens (one token's pairs are
+// eight experts: nothing to share); while a test holds the mask, exactly as bit 4 says.
 inline bool StreamDirectBlockGrouped(int64_t tokens) {
-  const bool held = DirectWarpHold().mask.load(std::memory_order_relaxed) >= 0;
-  return StreamDirectWarpGrouped() && (held || tokens > 1);
+  static const int from = EnvInt("MOESHARD_MOE_DIRECT_GROUP_FROM", 5);
+  if (DirectWarpHold().mask.load(std::memory_order_relaxed) >= 0) return StreamDirectWarpGrouped();
+  return (StreamDirectWarpGrouped() && tokens > 1) || (from > 0 && tokens >= from);
 }
 
 }  // namespace moeshard::gpu

@@ -16,6 +16,12 @@
 // fragments (16 consecutive activations a lane and quad) read in place (moe_stream_direct.cuh, which
 // the warp form, moe_stream_direct_warp.cu, shares; moe_env.h StreamDirectWarpForm picks the form).
 //
+// From five tokens a step (moe_env.h StreamDirectBlockGrouped) a unit is a row tile of a group — up
+// to 8 local pairs of one expert, in pair order, as the n8 tile's columns, each lane's activations
+// its column's pair's — so an expert that several tokens picked is read once (uniform routing over
+// 128 experts: 8 tokens' 64 pairs touch ~50 experts); the columns do not mix, so each pair's rows are
+// the bits of its own unit.
+//
 // Q8_0 experts in their int8 layout (kMoeQ8Repacked, moe_q8_stream_layout.h) take the kQ8 kernels:
 // 4,096 code bytes a chunk, each 32-column block's two k16 steps into a fresh accumulator added
 // times the block's fp16 scale, as moe_stream.cuh's ComputeStageQ8.
