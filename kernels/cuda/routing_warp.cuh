@@ -30,10 +30,11 @@ struct RoutePicks {
   float my_v = 0.f, first_v = 0.f;
 };
 
-// kPer logits a lane (E <= 32 * kPer), read from `l`. Each round picks the largest remaining logit, the lower
-// expert index on ties, by two warp reductions (redux.sync): the largest key, then among the lanes
-// holding it the lowest index (as ~index); a lane's best is its first largest key (i ascending is
-// index ascending), and the picked value is read back from its key, so nothing is read twice.
+// kPer logits a lane (E <= 32 * kPer), read from `l`. Each round picks the largest remaining
+// logit, the lower expert index on ties, by two warp reductions (redux.sync): the largest key, then
+// among the lanes holding it the lowest index (as ~index); a lane's best is its first largest key
+// (i ascending is index ascending), and the picked value is read back from its key, so nothing is
+// read twice.
 // Replaced (2026-12-06) an argmax of (value, index) pairs by five shuffle rounds a pick: the
 // routing kernel's share of Qwen3-30B's decode chain 4.50 -> 3.16 µs a layer (H100, probe build).
 template <int kPer>

@@ -127,21 +127,32 @@ TEST(MoeExpertNoDeviceTest, RefusesOutActItCannotWrite) {
   EXPECT_THAT(std::string(rows.status().message()), ::testing::HasSubstr("out_act needs the combine"));
 }
 
+// A 32 x 512 view of format f over `data` (row stride `stride`, columns from c0), and two views no
+// repack takes: one off the 32-column grid (columns from 16), one 96 columns wide.
+struct RepackViews {
+  WeightRef ok, odd, narrow;
+};
+RepackViews RepackViewsOf(WeightFormat f, const uint8_t* data, int64_t stride, int64_t c0) {
+  RepackViews r;
+  r.ok.format = f;
+  r.ok.rows = 32;
+  r.ok.cols = 512;
+  r.ok.col_offset = c0;
+  r.ok.data = data;
+  r.ok.row_stride_bytes = stride;
+  r.odd = r.ok;
+  r.odd.col_offset = 16;
+  r.narrow = r.ok;
+  r.narrow.cols = 96;
+  return r;
+}
+
 // The MXFP4 repack's shape rules, checked before any device work: an MXFP4 view on the 32-column
 // grid with rows % 16 and cols % 256; anything else refused with the rule (MoeRepackMxfp4) or
 // reported not repackable (MoeMxfp4Repackable).
 TEST(MoeExpertNoDeviceTest, MxRepackTakesOnlyItsShapes) {
   alignas(16) static uint8_t bytes[64];
-  WeightRef v;
-  v.format = WeightFormat::kMXFP4;
-  v.rows = 32;
-  v.cols = 512;
-  v.data = bytes;
-  v.row_stride_bytes = 512 / 32 * 17;
-  WeightRef odd = v;
-  odd.col_offset = 16;  // off the 32-column grid
-  WeightRef narrow = v;
-  narrow.cols = 96;
+  const auto [v, odd, narrow] = RepackViewsOf(WeightFormat::kMXFP4, bytes, 512 / 32 * 17, 0);
   WeightRef nv = v;
   nv.format = WeightFormat::kNVFP4;
   for (const WeightRef& w : {odd, narrow, nv}) {
@@ -167,18 +178,8 @@ TEST(MoeExpertNoDeviceTest, MxRepackTakesOnlyItsShapes) {
 // cols % 256 (MoeQ8Repackable says so without reading anything); anything else refused with the rule.
 TEST(MoeExpertNoDeviceTest, Q8RepackTakesOnlyItsShapes) {
   alignas(16) static uint8_t bytes[64];
-  WeightRef v;
-  v.format = WeightFormat::kQ8_0;
-  v.rows = 32;
-  v.cols = 512;
-  v.col_offset = 32;
-  v.data = bytes;
-  v.row_stride_bytes = 576 / 32 * 34;
+  const auto [v, odd, narrow] = RepackViewsOf(WeightFormat::kQ8_0, bytes, 576 / 32 * 34, 32);
   EXPECT_TRUE(gpu::MoeQ8Repackable(v));
-  WeightRef odd = v;
-  odd.col_offset = 16;
-  WeightRef narrow = v;
-  narrow.cols = 96;
   WeightRef short_rows = v;
   short_rows.rows = 24;
   WeightRef mx = v;
