@@ -4,9 +4,7 @@
 # then bench-model's decode on both shapes (Muse Spark 8 NVFP4 layers; Qwen3-30B MXFP4 experts in
 # the stream layout, Q8_0 dense), each setting twice, alternating, at 1 and 4 streams.
 #   bench/decode_ab.sh BIN_DIR [SETTING ...]
-# BIN_DIR holds moeshard, model_ops_test, gemv_test and qk_prep_test (a device bundle's bin/); the
-# tests also run the switches still off by default (MOESHARD_GEMV_RES_BATCHED=1, the router's
-# batched prologue; MOESHARD_ATTN_FUSED_PAIR=1, the fused attention's paired step).
+# BIN_DIR holds moeshard, model_ops_test and gemv_test (a device bundle's bin/).
 # DECODE_AB_STREAMS: bench-model's --streams (default 1,4). A SETTING is a
 # space-separated list of VAR=VALUE (default: the defaults, then each switch off alone — the wide
 # gated residual update and the split GEMV, both off, and the direct GEMV's down kernel waiting
@@ -21,9 +19,7 @@ export NCCL_NVLS_ENABLE=0
 log() { echo "== $(date -u +%H:%M:%S) $*"; }
 rc=0
 for t in "model_ops_test MOESHARD_RESIDUAL_WIDE=1 GTEST_FILTER=*Residual*" \
-  "model_ops_test MOESHARD_RESIDUAL_WIDE=0 GTEST_FILTER=*Residual*" "gemv_test MOESHARD_GEMV_SPLITK=0" \
-  "gemv_test MOESHARD_GEMV_RES_BATCHED=1 GTEST_FILTER=*Residual*" \
-  "qk_prep_test MOESHARD_ATTN_FUSED_PAIR=1 GTEST_FILTER=*Fused*"; do
+  "model_ops_test MOESHARD_RESIDUAL_WIDE=0 GTEST_FILTER=*Residual*" "gemv_test MOESHARD_GEMV_SPLITK=0"; do
   read -r name vars <<< "$t"
   tlog="/tmp/decode_ab_${name}_$(echo "$vars" | tr -c 'A-Za-z0-9\n' '_').log"
   # shellcheck disable=SC2086  # the variables are words

@@ -66,21 +66,4 @@ __device__ __forceinline__ float BlockSum(float v, float* scratch /* [32] */) {
   return WarpSum(v);
 }
 
-// BlockSum of N values at once: each value's sum is formed exactly as BlockSum forms it (the same
-// shuffles, the same order of the warps' partials), with two block barriers for all N.
-template <int N>
-__device__ __forceinline__ void BlockSums(float (&v)[N], float* scratch /* [N][32] */) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-#pragma unroll
-  for (int n = 0; n < N; ++n) v[n] = WarpSum(v[n]);
-  __syncthreads();
-  if (lane == 0) {
-#pragma unroll
-    for (int n = 0; n < N; ++n) scratch[n * 32 + warp] = v[n];
-  }
-  __syncthreads();
-#pragma unroll
-  for (int n = 0; n < N; ++n) v[n] = WarpSum(lane < warps ? scratch[n * 32 + lane] : 0.f);
-}
-
 }  // namespace moeshard::gpu

@@ -80,13 +80,7 @@ __device__ __forceinline__ void Fp8RowsToF16(const uint8_t* src, int kw, int lan
   __syncwarp();
 }
 
-// kPair (fused, bf16 cache; MOESHARD_ATTN_FUSED_PAIR=1, off until it runs on a GPU): a split of
-// two chunks — every split past 64 keys at the fused kernel's contexts (at most 1,024 keys: 128 a
-// split) — takes both in one step: each warp's scores of its 16 keys of both stages (independent
-// mmas), one softmax update over the 32, then both P V products, where the loop below pays two
-// dependent steps (copy wait, barrier, scores, softmax, P V) for them. The same values within
-// rounding: the online softmax sees the two stages' maxima at once instead of one after the other.
-template <int HD, KvElem E, bool kFused, bool kPair = false>
+template <int HD, KvElem E, bool kFused>
 __device__ __forceinline__ void DecodeTc(const AttentionParams& p, int group, int splits, float* ws,
                                          const QkPrepParams& qp) {
   using G = TcGeo<HD, E>;
@@ -281,52 +275,7 @@ __device__ __forceinline__ void DecodeTc(const AttentionParams& p, int group, in
   for (int i = 0; i < HD / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // rows lane / 4 and lane / 4 + 8
 
-  bool paired = false;
-  if constexpr (kPair) {
-    static_assert(kFused && E == KvElem::kBF16, "the paired step reads bf16 rows of a fused split");
-    if (nchunks == 2) {  // both stages were issued before the wait (prologue) or written (put_row)
-      paired = true;
-      CpWait<0>();
-      __syncthreads();
-      const int kw = warp * 16;  // this warp's 16 keys of each stage
-      float s[2][2][4] = {};     // [stage][n8 tile][element]
-#pragma unroll
-      for (int st = 0; st < 2; ++st) {
-        const uint16_t* ks = reinterpret_cast<const uint16_t*>(ring + st * G::kRawStage);
-#pragma unroll
-        for (int k = 0; k < KS; ++k) {
-          uint32_t b[4];
-          LdMatrixX4(ks + (kw + lane % 8 + (lane / 16) * 8) * LD + k * 16 + ((lane / 8) % 2) * 8, b);
-          Mma<F16>(s[st][0], qa[k], b[0], b[1]);
-          Mma<F16>(s[st][1], qa[k], b[2], b[3]);
-        }
-      }
-      float mx[2][2];
-#pragma unroll
-      for (int st = 0; st < 2; ++st) {
-        ScaleMaskScores<F16>(s[st], kb + st * kChunk + kw + 2 * (lane % 4), kb, ke, p.scale, nullptr, lane, mx[st]);
-      }
-      float m_use[2];  // m starts at -inf and O at zero: nothing to correct
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        m[r] = QuadMax(fmaxf(mx[0][r], mx[1][r]));
-        m_use[r] = m[r] == -INFINITY ? 0.f : m[r];
-      }
-      float sum[2][2];
-      uint32_t pa[2][4];
-#pragma unroll
-      for (int st = 0; st < 2; ++st) ScoresToP<F16>(s[st], m_use, nullptr, lane, sum[st], pa[st]);
-      l[0] = sum[0][0] + sum[1][0];
-      l[1] = sum[0][1] + sum[1][1];
-#pragma unroll
-      for (int st = 0; st < 2; ++st) {
-        const uint16_t* vs = reinterpret_cast<const uint16_t*>(ring + st * G::kRawStage) + kChunk * LD;
-        PvMma<HD, F16>(o, pa[st], vs + kw * LD, LD, lane);
-      }
-    }
-  }
-
-  for (int64_t c = 0; c < (paired ? 0 : nchunks); ++c) {
+  for (int64_t c = 0; c < nchunks; ++c) {
     CpWait<kStages - 2>();
     __syncthreads();  // stage c visible; every warp done with stage c - 1
     if (c + kStages - 1 < nchunks) {
@@ -428,10 +377,10 @@ __device__ __forceinline__ void DecodeTc(const AttentionParams& p, int group, in
   MOESHARD_PROBE_MARK(3);  // merged and stored
 }
 
-template <int HD, KvElem E, bool kFused, bool kPair = false>
-__global__ void __launch_bounds__(kThreads)
-    DecodeTcKernel(AttentionParams p, int group, int splits, float* ws, QkPrepParams qp) {
-  DecodeTc<HD, E, kFused, kPair>(p, group, splits, ws, qp);
+template <int HD, KvElem E, bool kFused>
+__global__ void __launch_bounds__(kThreads) DecodeTcKernel(AttentionParams p, int group, int splits, float* ws,
+                                                           QkPrepParams qp) {
+  DecodeTc<HD, E, kFused>(p, group, splits, ws, qp);
 }
 // FP8 unfused: three CTAs an SM (at most 168 registers; its shared memory allows it, bf16's ring
 // does not), more warps to hide each one's dependent chain.
@@ -474,10 +423,10 @@ cudaError_t TcOccupancy(int* n) {
 }
 
 // kFusedSplits splits a (token, KV head), one cluster; programmatic dependent launch as LaunchPdl.
-template <int HD, KvElem E, bool kPair = false>
+template <int HD, KvElem E>
 cudaError_t LaunchFusedHd(const AttentionParams& p, const QkPrepParams& qp, cudaStream_t st) {
   const int group = static_cast<int>(p.num_heads / p.cache.num_kv_heads);
-  auto* k = &DecodeTcKernel<HD, E, true, kPair>;
+  auto* k = &DecodeTcKernel<HD, E, true>;
   constexpr size_t smem = TcGeo<HD, E>::kFusedSmem;
   static std::atomic<uint64_t> smem_set{0};
   if (cudaError_t e = EnsureDynamicSmem(k, smem, smem_set); e != cudaSuccess) return e;
@@ -544,17 +493,11 @@ bool DecodeFusedSupports(const AttentionParams& p, const QkPrepParams& qp) {
 }
 
 cudaError_t LaunchAttentionDecodeFused(const AttentionParams& p, const QkPrepParams& qp, cudaStream_t st) {
-  static const bool pair = [] {  // DecodeTc's kPair
-    const char* v = std::getenv("MOESHARD_ATTN_FUSED_PAIR");
-    return v && v[0] == '1';
-  }();
   const bool fp8 = p.cache.elem == KvElem::kFp8E4M3;
   if (p.cache.head_dim == 64) {
-    if (fp8) return LaunchFusedHd<64, KvElem::kFp8E4M3>(p, qp, st);
-    return pair ? LaunchFusedHd<64, KvElem::kBF16, true>(p, qp, st) : LaunchFusedHd<64, KvElem::kBF16>(p, qp, st);
+    return fp8 ? LaunchFusedHd<64, KvElem::kFp8E4M3>(p, qp, st) : LaunchFusedHd<64, KvElem::kBF16>(p, qp, st);
   }
-  if (fp8) return LaunchFusedHd<128, KvElem::kFp8E4M3>(p, qp, st);
-  return pair ? LaunchFusedHd<128, KvElem::kBF16, true>(p, qp, st) : LaunchFusedHd<128, KvElem::kBF16>(p, qp, st);
+  return fp8 ? LaunchFusedHd<128, KvElem::kFp8E4M3>(p, qp, st) : LaunchFusedHd<128, KvElem::kBF16>(p, qp, st);
 }
 
 }  // namespace moeshard::gpu

@@ -69,11 +69,6 @@ absl::Status Gemv(const GemvParams& p, GpuStream stream) {
   a.y_f32 = p.y_dtype == ActDType::kF32;
   a.cols = p.cols;
   a.num_matrices = p.num_matrices;
-  static const bool res_batched = [] {
-    const char* v = std::getenv("MOESHARD_GEMV_RES_BATCHED");
-    return v && v[0] == '1';
-  }();
-  a.res_batched = res && res_batched ? 1 : 0;
   const int rpt = GemvRowsPerTask(p.wtype, p.cols, std::min<int64_t>(p.num_tokens, GemvTokensPerLaunch(p.cols)));
   a.rows_per_task = rpt;
   for (int i = 0; i < p.num_matrices; ++i) {

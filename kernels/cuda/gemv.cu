@@ -76,69 +76,6 @@ __device__ __forceinline__ uint4 LoadStream(const void* p) {
   return v;
 }
 
-// Token t's piece q of x: (s + add) · inv ⊙ norm into the staged x `xt`, and block 0's copy into xn.
-__device__ __forceinline__ void StageResidualPiece(const GemvLaunch& a, int t, int q, float inv, float4* xt) {
-  const GemvResidualIn& r = a.res;
-  float4 v = reinterpret_cast<const float4*>(r.s + t * a.cols)[q];
-  const float4 ad = reinterpret_cast<const float4*>(r.add + t * a.cols)[q];
-  const float4 nn = reinterpret_cast<const float4*>(r.norm)[q];
-  v.x += ad.x;
-  v.y += ad.y;
-  v.z += ad.z;
-  v.w += ad.w;
-  const float4 y = make_float4(v.x * inv * nn.x, v.y * inv * nn.y, v.z * inv * nn.z, v.w * inv * nn.w);
-  xt[XsSlot(q / 4, q % 4)] = y;
-  if (blockIdx.x == 0 && r.xn) {
-    if (r.xn_dtype == ActDType::kF32) {
-      reinterpret_cast<float4*>(static_cast<float*>(r.xn) + t * a.cols)[q] = y;
-    } else {
-      reinterpret_cast<uint2*>(static_cast<uint16_t*>(r.xn) + t * a.cols)[q] = PackBf16x4(y);
-    }
-  }
-}
-
-// ResidualPrologue with the tokens together (GemvLaunch::res_batched): each thread's pieces of every
-// token loaded in one round, each token's sum of squares formed as ResidualPrologue forms it (its
-// pieces q = tid, tid + 256, ... in order, then BlockSum's tree: BlockSums), so the same values.
-template <int TB>
-__device__ __forceinline__ void ResidualPrologueBatched(const GemvLaunch& a, int nchunks, float4* xs) {
-  __shared__ float scratch[TB * 32];
-  const int tid = threadIdx.x, D4 = nchunks * 4;
-  const GemvResidualIn& r = a.res;
-  float ss[TB];
-#pragma unroll
-  for (int t = 0; t < TB; ++t) ss[t] = 0.f;
-  for (int q = tid; q < D4; q += kThreads) {
-    float4 v[TB], ad[TB];
-#pragma unroll
-    for (int t = 0; t < TB; ++t) {
-      if (t >= a.num_tokens) continue;
-      v[t] = reinterpret_cast<const float4*>(r.s + t * a.cols)[q];
-      ad[t] = reinterpret_cast<const float4*>(r.add + t * a.cols)[q];
-    }
-#pragma unroll
-    for (int t = 0; t < TB; ++t) {
-      if (t >= a.num_tokens) continue;
-      v[t].x += ad[t].x;
-      v[t].y += ad[t].y;
-      v[t].z += ad[t].z;
-      v[t].w += ad[t].w;
-      ss[t] += Sq4(v[t]);
-    }
-  }
-  BlockSums<TB>(ss, scratch);
-  for (int q = tid; q < D4; q += kThreads) {
-#pragma unroll
-    for (int t = 0; t < TB; ++t) {
-      if (t >= a.num_tokens) {
-        xs[t * D4 + XsSlot(q / 4, q % 4)] = make_float4(0.f, 0.f, 0.f, 0.f);
-      } else {
-        StageResidualPiece(a, t, q, rsqrtf(ss[t] / static_cast<float>(a.cols) + r.eps), xs + t * D4);
-      }
-    }
-  }
-}
-
 // x from GemvResidualIn: per token, v = s + add and rmsnorm(v) ⊙ norm into the staged x (fp32),
 // the sum of squares as norm_rope.cu's ResidualRegKernel forms it (each of the 256 threads adds
 // its float4 pieces tid, tid + 256, ... in order, then BlockSum), so the values are that
@@ -149,9 +86,6 @@ __device__ __forceinline__ void ResidualPrologue(const GemvLaunch& a, int nchunk
   __shared__ float scratch[32];
   const int tid = threadIdx.x, D4 = nchunks * 4;
   const GemvResidualIn& r = a.res;
-  if constexpr (TB > 1) {  // one token: the same work either way
-    if (a.res_batched) return ResidualPrologueBatched<TB>(a, nchunks, xs);
-  }
   for (int t = 0; t < TB; ++t) {
     float4* xt = xs + t * D4;
     if (t >= a.num_tokens) {
@@ -172,7 +106,23 @@ __device__ __forceinline__ void ResidualPrologue(const GemvLaunch& a, int nchunk
     }
     ss = BlockSum(ss, scratch);
     const float inv = rsqrtf(ss / static_cast<float>(a.cols) + r.eps);
-    for (int q = tid; q < D4; q += kThreads) StageResidualPiece(a, t, q, inv, xt);
+    for (int q = tid; q < D4; q += kThreads) {
+      float4 v = s4[q];
+      const float4 ad = a4[q], nn = reinterpret_cast<const float4*>(r.norm)[q];
+      v.x += ad.x;
+      v.y += ad.y;
+      v.z += ad.z;
+      v.w += ad.w;
+      const float4 y = make_float4(v.x * inv * nn.x, v.y * inv * nn.y, v.z * inv * nn.z, v.w * inv * nn.w);
+      xt[XsSlot(q / 4, q % 4)] = y;
+      if (blockIdx.x == 0 && r.xn) {
+        if (r.xn_dtype == ActDType::kF32) {
+          reinterpret_cast<float4*>(static_cast<float*>(r.xn) + t * a.cols)[q] = y;
+        } else {
+          reinterpret_cast<uint2*>(static_cast<uint16_t*>(r.xn) + t * a.cols)[q] = PackBf16x4(y);
+        }
+      }
+    }
   }
 }
 

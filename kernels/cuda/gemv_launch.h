@@ -23,11 +23,6 @@ struct GemvLaunch {
   int64_t task_begin[4] = {};  // warp tasks: matrix i owns [task_begin[i], task_begin[i + 1])
   int rows_per_task = 2;       // GemvRowsPerTask
   GemvResidualIn res;          // res.s: x from the residual prologue (fp32 x path)
-  // The prologue's tokens together: every token's rows loaded at once and one pair of block
-  // barriers for all their sums, where the default walks the tokens one by one (two barriers and a
-  // dependent round trip each). The same bits either way. MOESHARD_GEMV_RES_BATCHED=1 (off until it
-  // has run on a GPU).
-  int res_batched = 0;
 };
 
 int GemvTokensPerLaunch(int64_t cols);  // tokens whose fp32 x fits kGemvMaxSmemBytes (1..8)
