@@ -68,4 +68,18 @@ inline bool StreamDirectBlockGrouped(int64_t tokens) {
   return (StreamDirectWarpGrouped() && tokens > 1) || (from > 0 && tokens >= from);
 }
 
+// The block form's grid (moe_stream_direct.cu, one resident wave): at most
+// MOESHARD_MOE_DIRECT_PER_SM_GATEUP / MOESHARD_MOE_DIRECT_PER_SM_DOWN blocks an SM for gate/up /
+// down (default 0: as many as fit, 4 of the e2m1 kernels) from MOESHARD_MOE_DIRECT_PER_SM_FROM
+// tokens a step (default 1). Fewer gate/up blocks leave room for down's blocks to be resident
+// and stage their first weights before gate/up ends (kEarly), which a full wave of gate/up
+// blocks prevents from four tokens a step (the probe, 2026-12-07: down's last block started
+// 7.9 µs after its release at four streams). The grid does not change any result's bits.
+inline int StreamDirectBlocksPerSm(bool gate_up, int64_t tokens) {
+  static const int gu = EnvInt("MOESHARD_MOE_DIRECT_PER_SM_GATEUP", 0);
+  static const int down = EnvInt("MOESHARD_MOE_DIRECT_PER_SM_DOWN", 0);
+  static const int from = EnvInt("MOESHARD_MOE_DIRECT_PER_SM_FROM", 1);
+  return tokens >= from ? (gate_up ? gu : down) : 0;
+}
+
 }  // namespace moeshard::gpu

@@ -205,10 +205,11 @@ template <bool kGateUp, bool kQ8, bool kEarly, bool kGrouped>
 cudaError_t LaunchG(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
   const int64_t pairs = p.num_tokens * p.top_k;
   static int attr_bytes = 0;  // the largest size set so far (the attribute is per kernel)
-  return stream_direct::LaunchOneWave(
-      StreamDirectKernel<kGateUp, kQ8, kEarly, kGrouped>, kThreads,
-      kTableOffset<kQ8> + TableBytes(p.num_local_experts, pairs) + (kGrouped ? stream_direct::GroupBytes<kThreads>() : 0),
-      attr_bytes, pairs * (kGateUp ? p.inter / 16 : p.width / 32), p, w, stream);
+  return stream_direct::LaunchOneWave(StreamDirectKernel<kGateUp, kQ8, kEarly, kGrouped>, kThreads,
+                                      kTableOffset<kQ8> + TableBytes(p.num_local_experts, pairs) +
+                                          (kGrouped ? stream_direct::GroupBytes<kThreads>() : 0),
+                                      attr_bytes, pairs * (kGateUp ? p.inter / 16 : p.width / 32), p, w, stream,
+                                      StreamDirectBlocksPerSm(kGateUp, p.num_tokens));
 }
 
 template <bool kGateUp, bool kQ8, bool kEarly = false>

@@ -233,10 +233,11 @@ __device__ __forceinline__ uint16_t GateUpOut(float gate, float up) {
 }
 
 // Launches `kernel` in one resident wave: as many blocks as `blocks` asks, at most what the SMs
-// hold at `smem_bytes` each (the attribute raised once a size is new: `attr_bytes`, per kernel).
+// hold at `smem_bytes` each (the attribute raised once a size is new: `attr_bytes`, per kernel),
+// and at most `max_per_sm` an SM where that is positive.
 template <typename Kernel>
 cudaError_t LaunchOneWave(Kernel kernel, int threads, int smem_bytes, int& attr_bytes, int64_t blocks,
-                          const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream) {
+                          const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream, int max_per_sm = 0) {
   if (smem_bytes > attr_bytes) {
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
         e != cudaSuccess) {
@@ -249,6 +250,7 @@ cudaError_t LaunchOneWave(Kernel kernel, int threads, int smem_bytes, int& attr_
       e != cudaSuccess) {
     return e;
   }
+  if (max_per_sm > 0) per_sm = std::min(per_sm, max_per_sm);
   const int64_t wave = std::max<int64_t>(1, int64_t{per_sm} * std::max(w.num_sms, 1));
   const int64_t grid = std::max<int64_t>(1, std::min(blocks, wave));
   return LaunchPdl(kernel, static_cast<unsigned>(grid), threads, smem_bytes, stream, p, w);
