@@ -291,6 +291,10 @@ run_lane() {
       # The direct down kernels waiting before their first weights (ctest's moe_expert_test_no_down_early).
       start_gtest moe_expert_test "$bin" "$work/moe_expert_test-no-down-early.log" moe_expert_test-no-down-early \
         MOESHARD_MOE_DOWN_EARLY=0
+      # The block form's grids capped at one block an SM (MOESHARD_MOE_DIRECT_PER_SM_*: each block
+      # walks the most units; ctest's moe_expert_test_per_sm).
+      start_gtest moe_expert_test "$bin" "$work/moe_expert_test-per-sm.log" moe_expert_test-per-sm \
+        MOESHARD_MOE_DIRECT_PER_SM_GATEUP=1 MOESHARD_MOE_DIRECT_PER_SM_DOWN=1
       # The prefill shapes' repacked MXFP4 / Q8_0 experts through the wgmma GEMMs (off by default
       # until it has passed here; ctest's moe_expert_test_wgmma_repacked).
       start_gtest moe_expert_test "$bin" "$work/moe_expert_test-wgmma-repacked.log" moe_expert_test-wgmma-repacked \

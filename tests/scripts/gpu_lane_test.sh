@@ -72,7 +72,7 @@ lane 3 1
 grep -oE '^== (ok|FAIL|skip) [A-Za-z0-9_-]+' "$d/out" | awk '{print $3}' | grep -vE '^(testdata|gpu_check|gpu_repack_check)$' > "$d/names"
 want="op_harness_test model_ops_test gemv_test qk_prep_test moe_expert_test nccl_communicator_test gemv_test-group4
 gemv_test-nosplit model_ops_test-residual-wide model_ops_test-residual-narrow moe_expert_test-classes
-moe_expert_test-no-stream-direct moe_expert_test-no-down-early moe_expert_test-wgmma-repacked
+moe_expert_test-no-stream-direct moe_expert_test-no-down-early moe_expert_test-per-sm moe_expert_test-wgmma-repacked
 moe_expert_test-no-stream-wgmma moe_expert_test-stream-wgmma-all moe_expert_test-stream-wgmma-all-no-pair
 moe_expert_test-stream-split moe_expert_test-stream-wgmma-tok32 moe_expert_test-stream-wgmma-tok96
 moe_expert_test-stream-wgmma-tok112 moe_expert_test-stream-wgmma-tok128 moe_expert_test-stream-wgmma-pair
