@@ -254,6 +254,7 @@ cudaError_t LaunchDecodeHd(const AttentionParams& p, int splits, cudaStream_t st
   }();
   if (std::is_same_v<Act, uint16_t> && DecodeTcSupports(p)) {  // attention_decode_tc.cu
     if (cudaError_t e = LaunchAttentionDecodeTc(p, splits, st); e != cudaSuccess || splits == 1) return e;
+    if (p.split_counters != nullptr && DecodeSplitSupports(p)) return cudaSuccess;  // its last split merged
   } else if (E == KvElem::kBF16 && async_on && DecodeAsyncSupports(p)) {  // attention_decode_async.cu
     if (cudaError_t e = LaunchAttentionDecodeAsync(p, splits, st); e != cudaSuccess || splits == 1) return e;
   } else {

@@ -217,6 +217,35 @@ void ModelOpsTestRunAttention(const AttnCase& c, bool bf16, std::mt19937& rng) {
     EXPECT_LE(RelErr(got, out_ref), bound)
         << AlgoName(algo) << " window " << c.window << " kv elem " << static_cast<int>(c.elem) << " hd " << hd
         << " nq " << nq << " nkv " << nkv;
+    // Decode with split counters (the runner's): the sm_90 split kernel's last split of each
+    // (token, KV head) merges them instead of the combine kernel; every kernel leaves the counters
+    // zeroed, so a second launch over the same counters gives the same output.
+    const bool split_decode = algo == gpu::AttentionAlgo::kSplitDecode || algo == gpu::AttentionAlgo::kAuto;
+    if (c.workspace && c.max_tokens_per_seq == 1 && split_decode) {
+      Dev<int32_t> counters(static_cast<size_t>(T * nkv));
+      gpu::AttentionParams mp = ap;
+      mp.split_counters = counters.get();
+      std::vector<float> first;
+      for (int rep = 0; rep < 2; ++rep) {
+        ASSERT_EQ(cudaMemset(out, 0xff, out_bytes), cudaSuccess);
+        STATUS_OK(gpu::Attention(mp, nullptr));
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        std::vector<float> merged = bf16 ? FromBf16(dout16->Host()) : dout32->Host();
+        size_t merged_nans = 0;
+        for (float x : merged) merged_nans += std::isnan(x) ? 1 : 0;
+        EXPECT_EQ(merged_nans, 0u) << AlgoName(algo) << " with split counters, launch " << rep;
+        EXPECT_LE(RelErr(merged, out_ref), bound) << AlgoName(algo) << " with split counters, launch " << rep;
+        EXPECT_LE(RelErr(merged, got), bf16 ? 1e-2 : 1e-6) << AlgoName(algo) << " with split counters against the combine";
+        const std::vector<int32_t> left = counters.Host();
+        EXPECT_EQ(std::count(left.begin(), left.end(), 0), static_cast<std::ptrdiff_t>(left.size()))
+            << AlgoName(algo) << ": the split counters were not left zeroed";
+        if (rep == 0) {
+          first = merged;
+        } else {
+          EXPECT_EQ(std::memcmp(first.data(), merged.data(), merged.size() * 4), 0) << "the second launch differs";
+        }
+      }
+    }
     if (!c.via_copy || c.elem != gpu::KvElem::kFp8E4M3) continue;
     std::vector<SeqChunk> chunks;
     int64_t toff_at = 0;

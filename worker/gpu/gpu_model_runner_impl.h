@@ -247,6 +247,12 @@ class GpuModelRunner : public ModelRunner, private LayerOps {
   void *kv_copy_k_ = nullptr, *kv_copy_v_ = nullptr;
   std::vector<int32_t> kv_copy_host_;
   DeviceBuffer kv_copy_buf_;
+  // A decode step's split attention: max_batch_tokens x local KV heads zeroed ints that the sm_90
+  // split kernel counts its splits on and leaves zeroed, so that each (token, KV head)'s last
+  // split merges them and no combine kernel follows (AttentionParams::split_counters).
+  // MOESHARD_ATTN_SPLIT_MERGE=0: the combine kernel.
+  DeviceBuffer split_counters_;
+  bool split_merge_ = true;
   // The current step.
   std::vector<int32_t> host_idx_;
   int64_t T_ = 0, R_ = 0, max_chunk_tokens_ = 0;
