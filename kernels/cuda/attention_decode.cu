@@ -223,12 +223,7 @@ __global__ void __launch_bounds__(128) CombineKernel(AttentionParams p, int spli
                             : make_float4(0.f, 0.f, 0.f, 0.f);
       }
 #pragma unroll
-      for (int j = 0; j < kRowsInFlight; ++j) {
-        acc.x = fmaf(a[j].x, fs[j], acc.x);
-        acc.y = fmaf(a[j].y, fs[j], acc.y);
-        acc.z = fmaf(a[j].z, fs[j], acc.z);
-        acc.w = fmaf(a[j].w, fs[j], acc.w);
-      }
+      for (int j = 0; j < kRowsInFlight; ++j) Fma4(acc, a[j], fs[j]);
     }
     *reinterpret_cast<float4*>(part + r * hd + 4 * c) = acc;
   }

@@ -282,12 +282,7 @@ __device__ __forceinline__ void LastSplitMerges(const AttentionParams& p, int64_
                            : make_float4(0.f, 0.f, 0.f, 0.f);
       }
 #pragma unroll
-      for (int j = 0; j < kInFlight; ++j) {
-        acc.x = fmaf(a[j].x, f[j], acc.x);
-        acc.y = fmaf(a[j].y, f[j], acc.y);
-        acc.z = fmaf(a[j].z, f[j], acc.z);
-        acc.w = fmaf(a[j].w, f[j], acc.w);
-      }
+      for (int j = 0; j < kInFlight; ++j) Fma4(acc, a[j], f[j]);
     }
     const float k = inv[r];
     uint16_t* o = out + int64_t{r} * hd + 4 * c;

@@ -235,7 +235,8 @@ void ModelOpsTestRunAttention(const AttnCase& c, bool bf16, std::mt19937& rng) {
         for (float x : merged) merged_nans += std::isnan(x) ? 1 : 0;
         EXPECT_EQ(merged_nans, 0u) << AlgoName(algo) << " with split counters, launch " << rep;
         EXPECT_LE(RelErr(merged, out_ref), bound) << AlgoName(algo) << " with split counters, launch " << rep;
-        EXPECT_LE(RelErr(merged, got), bf16 ? 1e-2 : 1e-6) << AlgoName(algo) << " with split counters against the combine";
+        EXPECT_LE(RelErr(merged, got), bf16 ? 1e-2 : 1e-6)
+            << AlgoName(algo) << " with split counters against the combine";
         const std::vector<int32_t> left = counters.Host();
         EXPECT_EQ(std::count(left.begin(), left.end(), 0), static_cast<std::ptrdiff_t>(left.size()))
             << AlgoName(algo) << ": the split counters were not left zeroed";

@@ -33,7 +33,7 @@ absl::Status GpuModelRunner::StartDevice() {
   const char* fold = std::getenv("MOESHARD_FOLD_RESIDUAL");
   fold_residual_ = !(fold && std::string(fold) == "0");
   const char* merge = std::getenv("MOESHARD_ATTN_SPLIT_MERGE");
-  split_merge_ = !(merge && std::string(merge) == "0");
+  split_merge_ = merge && std::string(merge) == "1";
   if (const char* rep = std::getenv("MOESHARD_REPEAT_OPS")) {
     ASSIGN_OR_RETURN(repeat_ops_, ParseRepeatOps(rep));
   }
