@@ -94,10 +94,6 @@ __device__ __forceinline__ void StoreRowPositions(const AttentionParams& p, int6
   }
 }
 
-// The split-decode kernels' bookkeeping (attention_decode*.cu): split sp of token t's visible
-// keys is [kb, ke) — ranges of at least p.split_min_keys keys (64 unless
-// MOESHARD_ATTN_SPLIT_KEYS says more), multiples of 32 — and its partials go to the
-// workspace: acc [tokens * heads * splits, head_dim], then m and l [tokens * heads * splits].
 // acc += a * f, component by component (the split merges' accumulation).
 __device__ __forceinline__ void Fma4(float4& acc, const float4& a, float f) {
   acc.x = fmaf(a.x, f, acc.x);
@@ -106,6 +102,10 @@ __device__ __forceinline__ void Fma4(float4& acc, const float4& a, float f) {
   acc.w = fmaf(a.w, f, acc.w);
 }
 
+// The split-decode kernels' bookkeeping (attention_decode*.cu): split sp of token t's visible
+// keys is [kb, ke) — ranges of at least p.split_min_keys keys (64 unless
+// MOESHARD_ATTN_SPLIT_KEYS says more), multiples of 32 — and its partials go to the
+// workspace: acc [tokens * heads * splits, head_dim], then m and l [tokens * heads * splits].
 struct DecodeSplit {
   int64_t kb = 0, ke = 0;
   float *acc = nullptr, *m = nullptr, *l = nullptr;
