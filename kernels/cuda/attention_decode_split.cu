@@ -221,11 +221,14 @@ __device__ __forceinline__ int TDim(int i, int r) { return (i / 2) * 32 + (r / 8
 // follows. Every split calls it once its partial (or empty mark) is stored: a fence, then one
 // atomic on the pair's counter; the split that brings it to `splits` sets it back to 0 (the
 // next launch's start) and reads the other splits' partials from L2 (ld.cg: never from L1).
+// Called on every path out of the kernel after the wait (an empty split, the transposed form's
+// merge, the plain form's): a split that skipped it would leave its pair without an output.
 // Why: at four to eight decode tokens the combine launch was ~8 us of a Qwen3-30B layer's chain
 // (H100, 2026-12-07; its wait on the split grid, then two dependent L2 round trips), for a few
 // hundred KB of partials.
 __device__ __forceinline__ void LastSplitMerges(const AttentionParams& p, int64_t t, int64_t g, int group, int splits,
                                                 const float* ws, uint8_t* smem) {
+  if (p.split_counters == nullptr || splits <= 1) return;  // uniform: the combine kernel merges, or one split wrote
   __shared__ int last;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   __threadfence();  // this split's stores, before its count
@@ -327,7 +330,7 @@ __global__ void __launch_bounds__(kThreads, E == KvElem::kFp8E4M3 ? 3 : 2)
   PdlTrigger();
   if (kb >= ke) {
     MarkEmptySplit(p, split, t, g, group, sp, splits, tid);
-    if (p.split_counters != nullptr && splits > 1) LastSplitMerges(p, t, g, group, splits, ws, smem);
+    LastSplitMerges(p, t, g, group, splits, ws, smem);  // with split counters
     return;
   }
 
@@ -511,6 +514,7 @@ __global__ void __launch_bounds__(kThreads, E == KvElem::kFp8E4M3 ? 3 : 2)
     }
     __syncthreads();
     MergeWarpRows<HD, false>(p, split, t, g, group, sp, splits, smem, nullptr);
+    LastSplitMerges(p, t, g, group, splits, ws, smem);  // with split counters
     return;
   }
   uint32_t qa[KS][4];
@@ -651,7 +655,7 @@ __global__ void __launch_bounds__(kThreads, E == KvElem::kFp8E4M3 ? 3 : 2)
   m[1] *= kLn2;
   __syncthreads();  // the rings are reused for the merge
   MergeTcWarps<HD, false, F16>(p, split, t, g, group, sp, splits, smem, nullptr, o, m, l);
-  if (p.split_counters != nullptr && splits > 1) LastSplitMerges(p, t, g, group, splits, ws, smem);
+  LastSplitMerges(p, t, g, group, splits, ws, smem);  // with split counters
 }
 
 std::atomic<int> split_mode{-1};  // SetAttentionDecodeSplitKernel
