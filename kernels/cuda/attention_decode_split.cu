@@ -247,10 +247,11 @@ __device__ __forceinline__ void LastSplitMerges(const AttentionParams& p, int64_
   const float* ws_l = ws_m + total;
   float* wgt = reinterpret_cast<float*>(smem);  // [group][splits]: e^(m_s - M) (0: an empty split)
   float* inv = wgt + group * splits;            // [group]: 1 / sum_s l_s e^(m_s - M)
+  float* ls = inv + group;                      // [group][splits]: each split's l
   for (int i = tid; i < group * splits; i += kThreads) {
     const float l = __ldcg(ws_l + base + i), m = __ldcg(ws_m + base + i);
     wgt[i] = l > 0.f ? m : -INFINITY;
-    inv[group + i] = l;  // staged past inv (the layout leaves room: group * (2 * splits + 1) floats)
+    ls[i] = l;
   }
   __syncthreads();
   for (int r = warp; r < group; r += kThreads / 32) {
@@ -259,7 +260,7 @@ __device__ __forceinline__ void LastSplitMerges(const AttentionParams& p, int64_
     M = WarpMax(M);
     float L = 0.f;
     for (int s = lane; s < splits; s += 32) {
-      const float l = inv[group + r * splits + s];
+      const float l = ls[r * splits + s];
       const float f = l > 0.f ? expf(wgt[r * splits + s] - M) : 0.f;
       wgt[r * splits + s] = f;
       L = fmaf(l, f, L);
