@@ -94,14 +94,6 @@ __device__ __forceinline__ void StoreRowPositions(const AttentionParams& p, int6
   }
 }
 
-// acc += a * f, component by component (the split merges' accumulation).
-__device__ __forceinline__ void Fma4(float4& acc, const float4& a, float f) {
-  acc.x = fmaf(a.x, f, acc.x);
-  acc.y = fmaf(a.y, f, acc.y);
-  acc.z = fmaf(a.z, f, acc.z);
-  acc.w = fmaf(a.w, f, acc.w);
-}
-
 // The split-decode kernels' bookkeeping (attention_decode*.cu): split sp of token t's visible
 // keys is [kb, ke) — ranges of at least p.split_min_keys keys (64 unless
 // MOESHARD_ATTN_SPLIT_KEYS says more), multiples of 32 — and its partials go to the

@@ -223,7 +223,12 @@ __global__ void __launch_bounds__(128) CombineKernel(AttentionParams p, int spli
                             : make_float4(0.f, 0.f, 0.f, 0.f);
       }
 #pragma unroll
-      for (int j = 0; j < kRowsInFlight; ++j) Fma4(acc, a[j], fs[j]);
+      for (int j = 0; j < kRowsInFlight; ++j) {
+        acc.x = fmaf(a[j].x, fs[j], acc.x);
+        acc.y = fmaf(a[j].y, fs[j], acc.y);
+        acc.z = fmaf(a[j].z, fs[j], acc.z);
+        acc.w = fmaf(a[j].w, fs[j], acc.w);
+      }
     }
     *reinterpret_cast<float4*>(part + r * hd + 4 * c) = acc;
   }
@@ -249,7 +254,6 @@ cudaError_t LaunchDecodeHd(const AttentionParams& p, int splits, cudaStream_t st
   }();
   if (std::is_same_v<Act, uint16_t> && DecodeTcSupports(p)) {  // attention_decode_tc.cu
     if (cudaError_t e = LaunchAttentionDecodeTc(p, splits, st); e != cudaSuccess || splits == 1) return e;
-    if (p.split_counters != nullptr && DecodeSplitSupports(p)) return cudaSuccess;  // its last split merged
   } else if (E == KvElem::kBF16 && async_on && DecodeAsyncSupports(p)) {  // attention_decode_async.cu
     if (cudaError_t e = LaunchAttentionDecodeAsync(p, splits, st); e != cudaSuccess || splits == 1) return e;
   } else {

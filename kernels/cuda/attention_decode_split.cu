@@ -216,87 +216,6 @@ __device__ __forceinline__ bool UpdateRunningMax(float (&m)[2], const float (&mx
 // The head dim of row r (< 16) of O^T's m16 tile i.
 __device__ __forceinline__ int TDim(int i, int r) { return (i / 2) * 32 + (r / 8) * 16 + 2 * (r % 8) + (i % 2); }
 
-// With p.split_counters, the last of a (token, KV head)'s splits to finish merges them all, as
-// CombineKernel (attention_decode.cu) merges the workspace's partials, and no combine launch
-// follows. Every split calls it once its partial (or empty mark) is stored: a fence, then one
-// atomic on the pair's counter; the split that brings it to `splits` sets it back to 0 (the
-// next launch's start) and reads the other splits' partials from L2 (ld.cg: never from L1).
-// Called on every path out of the kernel after the wait (an empty split, the transposed form's
-// merge, the plain form's): a split that skipped it would leave its pair without an output.
-// Why: at four to eight decode tokens the combine launch was ~8 us of a Qwen3-30B layer's chain
-// (H100, 2026-12-07; its wait on the split grid, then two dependent L2 round trips), for a few
-// hundred KB of partials.
-__device__ __forceinline__ void LastSplitMerges(const AttentionParams& p, int64_t t, int64_t g, int group, int splits,
-                                                const float* ws, uint8_t* smem) {
-  if (p.split_counters == nullptr || splits <= 1) return;  // uniform: the combine kernel merges, or one split wrote
-  __shared__ int last;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  __threadfence();  // this split's stores, before its count
-  __syncthreads();  // every thread's; and the merge's shared memory free
-  if (tid == 0) {
-    int* c = p.split_counters + t * p.cache.num_kv_heads + g;
-    last = atomicAdd(c, 1) == splits - 1;
-    if (last) *c = 0;
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();  // the other splits' stores, seen through their counts
-  const int64_t H = p.num_heads, hd = p.cache.head_dim, total = p.num_tokens * H * splits;
-  const int64_t base = (t * H + g * group) * splits;  // the group's rows are consecutive
-  const float* ws_m = ws + total * hd;
-  const float* ws_l = ws_m + total;
-  float* wgt = reinterpret_cast<float*>(smem);  // [group][splits]: e^(m_s - M) (0: an empty split)
-  float* inv = wgt + group * splits;            // [group]: 1 / sum_s l_s e^(m_s - M)
-  float* ls = inv + group;                      // [group][splits]: each split's l
-  for (int i = tid; i < group * splits; i += kThreads) {
-    const float l = __ldcg(ws_l + base + i), m = __ldcg(ws_m + base + i);
-    wgt[i] = l > 0.f ? m : -INFINITY;
-    ls[i] = l;
-  }
-  __syncthreads();
-  for (int r = warp; r < group; r += kThreads / 32) {
-    float M = -INFINITY;
-    for (int s = lane; s < splits; s += 32) M = fmaxf(M, wgt[r * splits + s]);
-    M = WarpMax(M);
-    float L = 0.f;
-    for (int s = lane; s < splits; s += 32) {
-      const float l = ls[r * splits + s];
-      const float f = l > 0.f ? expf(wgt[r * splits + s] - M) : 0.f;
-      wgt[r * splits + s] = f;
-      L = fmaf(l, f, L);
-    }
-    L = WarpSum(L);
-    if (lane == 0) inv[r] = L > 0.f ? 1.f / L : 0.f;
-  }
-  __syncthreads();
-  constexpr int kInFlight = 8;
-  const int q4 = static_cast<int>(hd / 4);  // float4 columns of a row (head_dim 64 or 128)
-  uint16_t* out = static_cast<uint16_t*>(p.out) + t * (p.out_stride ? p.out_stride : H * hd) + g * group * hd;
-  for (int i = tid; i < group * q4; i += kThreads) {
-    const int r = i / q4, c = i % q4;
-    const float* row = ws + (base + int64_t{r} * splits) * hd + 4 * c;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int s0 = 0; s0 < splits; s0 += kInFlight) {
-      float4 a[kInFlight];
-      float f[kInFlight];
-#pragma unroll
-      for (int j = 0; j < kInFlight; ++j) {
-        f[j] = s0 + j < splits ? wgt[r * splits + s0 + j] : 0.f;
-        a[j] = f[j] != 0.f ? __ldcg(reinterpret_cast<const float4*>(row + int64_t{s0 + j} * hd))
-                           : make_float4(0.f, 0.f, 0.f, 0.f);
-      }
-#pragma unroll
-      for (int j = 0; j < kInFlight; ++j) Fma4(acc, a[j], f[j]);
-    }
-    const float k = inv[r];
-    uint16_t* o = out + int64_t{r} * hd + 4 * c;
-    StoreF(o, acc.x * k);
-    StoreF(o + 1, acc.y * k);
-    StoreF(o + 2, acc.z * k);
-    StoreF(o + 3, acc.w * k);
-  }
-}
-
 template <int HD, KvElem E, bool kT>
 __global__ void __launch_bounds__(kThreads, E == KvElem::kFp8E4M3 ? 3 : 2)
     DecodeSplitKernel(AttentionParams p, int group, int splits, float* ws, const __grid_constant__ CUtensorMap kmap,
@@ -329,11 +248,7 @@ __global__ void __launch_bounds__(kThreads, E == KvElem::kFp8E4M3 ? 3 : 2)
   }
   PdlWait();
   PdlTrigger();
-  if (kb >= ke) {
-    MarkEmptySplit(p, split, t, g, group, sp, splits, tid);
-    LastSplitMerges(p, t, g, group, splits, ws, smem);  // with split counters
-    return;
-  }
+  if (kb >= ke) return MarkEmptySplit(p, split, t, g, group, sp, splits, tid);
 
   // This warp's keys: the 16-key groups [k0 + 64 c, + 16) that start before ke (k0 a multiple of
   // 16: keys before kb in the first group are masked like those from ke on in the last).
@@ -515,7 +430,6 @@ __global__ void __launch_bounds__(kThreads, E == KvElem::kFp8E4M3 ? 3 : 2)
     }
     __syncthreads();
     MergeWarpRows<HD, false>(p, split, t, g, group, sp, splits, smem, nullptr);
-    LastSplitMerges(p, t, g, group, splits, ws, smem);  // with split counters
     return;
   }
   uint32_t qa[KS][4];
@@ -656,7 +570,6 @@ __global__ void __launch_bounds__(kThreads, E == KvElem::kFp8E4M3 ? 3 : 2)
   m[1] *= kLn2;
   __syncthreads();  // the rings are reused for the merge
   MergeTcWarps<HD, false, F16>(p, split, t, g, group, sp, splits, smem, nullptr, o, m, l);
-  LastSplitMerges(p, t, g, group, splits, ws, smem);  // with split counters
 }
 
 std::atomic<int> split_mode{-1};  // SetAttentionDecodeSplitKernel

@@ -213,11 +213,6 @@ struct AttentionParams {
   // (gpu_ops.h); without it the split-decode kernel runs one split per (token, KV head).
   void* workspace = nullptr;
   int64_t workspace_bytes = 0;
-  // Optional: num_tokens x num_kv_heads zeroed ints, left zeroed. With them (and a workspace),
-  // the sm_90 split kernel (attention_decode_split.cu) merges each (token, KV head)'s splits in
-  // its last split to finish, and no combine kernel is launched; the other kernels ignore them.
-  // Attention calls that share them must run one after another (one stream).
-  int32_t* split_counters = nullptr;
   AttentionAlgo algo = AttentionAlgo::kAuto;
   // Split decode: the fewest keys a split takes (a multiple of 32, >= 64); set by the launcher
   // (MOESHARD_ATTN_SPLIT_KEYS), so short contexts use fewer, fuller splits and a smaller combine.

@@ -286,7 +286,6 @@ absl::Status GpuModelRunner::Attention(int64_t li, int64_t window) {
         std::min<int64_t>(AttentionWorkspaceBytes(T, nq_, hd, kAttentionMaxSplits), kAttentionWorkspaceBytes);
     ap.workspace = Take(ws);
     ap.workspace_bytes = ws;
-    if (split_merge_) ap.split_counters = static_cast<int32_t*>(split_counters_.get());
     RETURN_IF_ERROR(arena_error_);
   }
   auto region = prof_.Region("attention", stream_);

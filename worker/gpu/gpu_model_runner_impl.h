@@ -247,13 +247,6 @@ class GpuModelRunner : public ModelRunner, private LayerOps {
   void *kv_copy_k_ = nullptr, *kv_copy_v_ = nullptr;
   std::vector<int32_t> kv_copy_host_;
   DeviceBuffer kv_copy_buf_;
-  // A decode step's split attention: max_batch_tokens x local KV heads zeroed ints that the sm_90
-  // split kernel counts its splits on and leaves zeroed, so that each (token, KV head)'s last
-  // split merges them and no combine kernel follows (AttentionParams::split_counters).
-  // MOESHARD_ATTN_SPLIT_MERGE=1 turns it on; off by default until a device run has measured it
-  // (written 2026-12-07 when no device could be had; model_ops_test runs it on every decode case).
-  DeviceBuffer split_counters_;
-  bool split_merge_ = false;
   // The current step.
   std::vector<int32_t> host_idx_;
   int64_t T_ = 0, R_ = 0, max_chunk_tokens_ = 0;

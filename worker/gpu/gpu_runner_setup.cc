@@ -32,8 +32,6 @@ absl::Status GpuModelRunner::StartDevice() {
   mix_in_combine_ = !(mix_in && std::string(mix_in) == "0");
   const char* fold = std::getenv("MOESHARD_FOLD_RESIDUAL");
   fold_residual_ = !(fold && std::string(fold) == "0");
-  const char* merge = std::getenv("MOESHARD_ATTN_SPLIT_MERGE");
-  split_merge_ = merge && std::string(merge) == "1";
   if (const char* rep = std::getenv("MOESHARD_REPEAT_OPS")) {
     ASSIGN_OR_RETURN(repeat_ops_, ParseRepeatOps(rep));
   }
@@ -168,9 +166,6 @@ absl::Status GpuModelRunner::InitBuffers() {
   size_t bytes = static_cast<size_t>(fixed + std::max({attn, mlp, head})) + 256 * 32;  // + alignment of ~32 buffers
   bytes += size_t{4} << 20;
   RETURN_IF_ERROR(arena_.Reserve(bytes));
-  const size_t counters = static_cast<size_t>(T * std::max<int64_t>(nkv_, 1)) * sizeof(int32_t);
-  ASSIGN_OR_RETURN(split_counters_, DeviceBuffer::Allocate(counters));
-  MOESHARD_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(split_counters_.get(), 0, counters, stream_));
   stage_floats_ = T * std::max(H, Lw);
   MOESHARD_CUDA_RETURN_IF_ERROR(cudaMallocHost(&stage_, static_cast<size_t>(stage_floats_) * 4));
   return absl::OkStatus();
