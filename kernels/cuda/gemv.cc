@@ -62,12 +62,6 @@ absl::Status Gemv(const GemvParams& p, GpuStream stream) {
   } else if (!p.x || !Aligned16(p.x) || (x_stride * x_elem) % 16 != 0 || x_stride < p.cols) {
     return absl::InvalidArgumentError("Gemv: x must be 16-byte aligned with a 16-byte row stride >= K");
   }
-  if (p.prefetch.num_ranges < 0 || p.prefetch.num_ranges > GemvL2Prefetch::kMaxRanges) {
-    return absl::InvalidArgumentError("Gemv: 0 to 8 prefetch ranges");
-  }
-  for (int i = 0; i < p.prefetch.num_ranges; ++i) {
-    if (!p.prefetch.ptr[i] || p.prefetch.bytes[i] < 0) return absl::InvalidArgumentError("Gemv: a bad prefetch range");
-  }
   GemvLaunch a;
   a.wtype = p.wtype;
   a.x_f32 = res || p.x_dtype == ActDType::kF32;
@@ -107,7 +101,6 @@ absl::Status Gemv(const GemvParams& p, GpuStream stream) {
       if (g.res.xn) g.res.xn = static_cast<char*>(g.res.xn) + t0 * p.cols * (p.res.xn_dtype == ActDType::kF32 ? 4 : 2);
     }
     for (int i = 0; i < p.num_matrices; ++i) g.m[i].y = static_cast<char*>(a.m[i].y) + t0 * a.m[i].y_stride * y_elem;
-    if (t0 == 0) g.prefetch = p.prefetch;
     MOESHARD_CUDA_RETURN_IF_ERROR(LaunchGemv(g, stream));
   }
   return absl::OkStatus();

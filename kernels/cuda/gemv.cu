@@ -126,24 +126,6 @@ __device__ __forceinline__ void ResidualPrologue(const GemvLaunch& a, int nchunk
   }
 }
 
-// The launch's L2 prefetch ranges (GemvL2Prefetch), a 128-byte line a thread, consecutive threads
-// consecutive lines.
-__device__ __forceinline__ void IssueL2Prefetch(const GemvL2Prefetch& pf) {
-  const int64_t n = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t me = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (int r = 0; r < pf.num_ranges; ++r) {
-    const char* base = static_cast<const char*>(pf.ptr[r]);
-    const int64_t lines = (pf.bytes[r] + 127) / 128;
-    for (int64_t i = me; i < lines; i += n) {
-      if (pf.evict_last) {
-        asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(base + i * 128));
-      } else {
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(base + i * 128));
-      }
-    }
-  }
-}
-
 // The 16 weights of one chunk as fp32 (split Q8: the codes, unscaled).
 template <GemvWeight W>
 __device__ __forceinline__ void Decode(const uint4 (&v)[Fmt<W>::kLoads], float (&w)[kChunk]) {
@@ -224,7 +206,6 @@ __global__ void __launch_bounds__(kThreads, GemvMinBlocks<W, TB>()) GemvKernel(G
   if (active) load(cbeg + lane);
   PdlWait();
   PdlTrigger();
-  if (a.prefetch.num_ranges > 0) IssueL2Prefetch(a.prefetch);
   if (a.res.s) {
     ResidualPrologue<TB>(a, nchunks, xs);
   } else {

@@ -52,19 +52,6 @@ struct GemvResidualIn {
   ActDType xn_dtype = ActDType::kBF16;
 };
 
-// Optional hint of a launch: byte ranges of device memory (another layer's weights) that its
-// blocks ask L2 for, a 128-byte line a thread at a time (`prefetch.global.L2`, optionally
-// evict_last) right after their wait, so that those weights come from L2 when their own GEMV runs
-// later in the step. Only the generic kernel (gemv.cu) issues them; the tensor-core and wide forms
-// ignore the hint. Nothing is read into registers and nothing is written: results are unchanged.
-struct GemvL2Prefetch {
-  static constexpr int kMaxRanges = 8;
-  const void* ptr[kMaxRanges] = {};
-  int64_t bytes[kMaxRanges] = {};
-  int num_ranges = 0;
-  bool evict_last = false;
-};
-
 struct GemvParams {
   GemvWeight wtype = GemvWeight::kBF16;
   const void* x = nullptr;  // [T, x_stride] of x_dtype
@@ -76,7 +63,6 @@ struct GemvParams {
   GemvMatrix m[3];
   int num_matrices = 1;
   GemvResidualIn res;  // res.s set: x, x_dtype and x_stride are not read
-  GemvL2Prefetch prefetch;  // issued by the first launch only (a hint; see GemvL2Prefetch)
 };
 
 // Whether Gemv takes this weight shape (K) and alignment; callers fall back to a GEMM otherwise.

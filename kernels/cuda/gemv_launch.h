@@ -23,7 +23,6 @@ struct GemvLaunch {
   int64_t task_begin[4] = {};  // warp tasks: matrix i owns [task_begin[i], task_begin[i + 1])
   int rows_per_task = 2;       // GemvRowsPerTask
   GemvResidualIn res;          // res.s: x from the residual prologue (fp32 x path)
-  GemvL2Prefetch prefetch;     // GemvKernel asks L2 for these ranges after its wait
 };
 
 int GemvTokensPerLaunch(int64_t cols);  // tokens whose fp32 x fits kGemvMaxSmemBytes (1..8)

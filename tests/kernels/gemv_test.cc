@@ -7,13 +7,10 @@
 // split-Q8 expansion, bit for bit against ExpandWeights of the
 // Q8_0 bytes, and Gemm's chunked expansion of split-Q8 weights (prefill-sized batches).
 // Labelled `gpu`; exits 77 (SKIPPED) where no CUDA device is present.
-#include "kernels/cuda/gemv.h"
-
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -26,6 +23,7 @@
 #include "kernels/cpu/dequant.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gemv.h"
 #include "kernels/cuda/gpu_ops.h"
 #include "tests/kernels/gpu_test_util.h"
 
@@ -433,91 +431,6 @@ TEST_F(GemvQ8, ResidualFoldedInEqualsResidualThenGemv) {
   bad.num_tokens = 1;
   float dummy[4];
   bad.res.s = dummy;  // no add, no norm
-  EXPECT_EQ(gpu::Gemv(bad, nullptr).code(), absl::StatusCode::kInvalidArgument);
-}
-
-// An L2 prefetch hint (the runner's MOESHARD_L2_PREFETCH: the next layer's weights from the router's
-// GEMV) changes no output bit, with and without the folded residual update, and a bad range is an
-// error.
-TEST_F(GemvQ8, L2PrefetchHintChangesNoBit) {
-  std::mt19937 rng(23);
-  std::normal_distribution<float> d(0.f, 1.f);
-  std::vector<uint8_t> other(8 << 20, 0x5a);  // another layer's weights: 8 MiB
-  DevBuf od(other.data(), other.size());
-  for (const auto& [wt, K, N] : {std::tuple{GemvWeight::kF32, int64_t{2048}, int64_t{128}},
-                                 std::tuple{GemvWeight::kQ8, int64_t{2048}, int64_t{320}}}) {
-    Matrix m = MakeMatrix(wt, N, K, rng);
-    for (int64_t T : {1, 4}) {
-      for (bool fold : {false, true}) {
-        for (bool evict_last : {false, true}) {
-          SCOPED_TRACE(testing::Message()
-                       << "K " << K << " N " << N << " T " << T << " fold " << fold << " evict_last " << evict_last);
-          std::vector<float> x(T * K), add(T * K), norm(K);
-          for (auto& v : x) v = d(rng);
-          for (auto& v : add) v = d(rng);
-          for (auto& v : norm) v = 1.f + 0.2f * d(rng);
-          DevBuf xd(x.data(), x.size() * 4), ad(add.data(), add.size() * 4), nd(norm.data(), K * 4), ya(T * N * 4),
-              yb(T * N * 4), xna(T * K * 2), xnb(T * K * 2);
-          gpu::GemvParams p;
-          p.wtype = wt;
-          p.x = xd.p;
-          p.x_dtype = ActDType::kF32;
-          p.y_dtype = ActDType::kF32;
-          p.cols = K;
-          p.num_tokens = T;
-          p.m[0] = {m.w->p, m.scales ? static_cast<const uint16_t*>(m.scales->p) : nullptr, N, nullptr, ya.p, 0};
-          if (fold) {
-            p.x = nullptr;
-            p.res = {static_cast<const float*>(xd.p),
-                     static_cast<const float*>(ad.p),
-                     static_cast<const float*>(nd.p),
-                     1e-6f,
-                     xna.p,
-                     ActDType::kBF16};
-          }
-          ASSERT_TRUE(gpu::Gemv(p, nullptr).ok());
-          gpu::GemvParams q = p;
-          q.m[0].y = yb.p;
-          if (fold) q.res.xn = xnb.p;
-          q.prefetch.ptr[0] = od.p;
-          q.prefetch.bytes[0] = static_cast<int64_t>(other.size());
-          q.prefetch.ptr[1] = static_cast<const char*>(od.p) + 4096;
-          q.prefetch.bytes[1] = 1000;  // not a whole line
-          q.prefetch.ptr[2] = m.w->p;  // this launch's own weights
-          q.prefetch.bytes[2] = N * K * (wt == GemvWeight::kQ8 ? 1 : 4);
-          q.prefetch.ptr[3] = od.p;
-          q.prefetch.bytes[3] = 0;
-          q.prefetch.num_ranges = 4;
-          q.prefetch.evict_last = evict_last;
-          ASSERT_TRUE(gpu::Gemv(q, nullptr).ok());
-          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-          const auto want = ya.Host<uint32_t>(T * N);
-          EXPECT_EQ(yb.Host<uint32_t>(T * N), want);
-          auto ref = RefMatMul(x, T, m.ref, N, K, nullptr);
-          if (!fold) {
-            std::vector<float> got(T * N);
-            std::memcpy(got.data(), want.data(), got.size() * 4);
-            EXPECT_LE(MaxRelErr(got, ref), 1e-5);
-          } else {
-            EXPECT_EQ(xnb.Host<uint16_t>(T * K), xna.Host<uint16_t>(T * K)) << "xn";
-          }
-          EXPECT_EQ(od.Host<uint8_t>(other.size()), other) << "a prefetched range is never written";
-        }
-      }
-    }
-  }
-  float dummy[4];
-  gpu::GemvParams bad;
-  bad.wtype = GemvWeight::kF32;
-  bad.x = dummy;
-  bad.cols = 256;
-  bad.num_tokens = 1;
-  bad.prefetch.num_ranges = gpu::GemvL2Prefetch::kMaxRanges + 1;
-  EXPECT_EQ(gpu::Gemv(bad, nullptr).code(), absl::StatusCode::kInvalidArgument);
-  bad.prefetch.num_ranges = 1;  // a null range
-  EXPECT_EQ(gpu::Gemv(bad, nullptr).code(), absl::StatusCode::kInvalidArgument);
-  bad.prefetch.ptr[0] = dummy;
-  bad.prefetch.bytes[0] = -1;
   EXPECT_EQ(gpu::Gemv(bad, nullptr).code(), absl::StatusCode::kInvalidArgument);
 }
 

@@ -71,8 +71,6 @@ int64_t GpuModelRunner::GemvChunk(const DenseWeight& w, int64_t rows) const {
 absl::Status GpuModelRunner::ProjectMany(std::initializer_list<ProjectOut> outs, const void* x, ActDType y_dtype,
                                          int64_t rows, const char* category, const gpu::GemvResidualIn& res) {
   const DenseWeight& w0 = *outs.begin()->w;
-  gpu::GemvL2Prefetch prefetch = next_prefetch_;  // Route's hint, for this projection's first launch
-  next_prefetch_ = {};
   bool fused = outs.size() <= 3, chunked = !res.s && outs.size() <= 3;
   int64_t chunk = kGemvMaxTokens;
   for (const ProjectOut& o : outs) {
@@ -103,7 +101,6 @@ absl::Status GpuModelRunner::ProjectMany(std::initializer_list<ProjectOut> outs,
     for (const ProjectOut& o : outs) {
       g.m[g.num_matrices++] = GemvOf(*o.w, o.bias, static_cast<char*>(o.y) + t0 * o.w->rows * y_elem);
     }
-    g.prefetch = t0 == 0 ? prefetch : gpu::GemvL2Prefetch{};
     RETURN_IF_ERROR(Gemv(g, stream_));
   }
   return absl::OkStatus();
@@ -183,32 +180,6 @@ bool GpuModelRunner::FoldsAttentionResidual(int64_t li, const ResidualOpts& opts
          opts.next.kind == NextInput::Kind::kMlp && opts.next.f32_copy && w_->layers[li].moe_norm &&
          router.data && GemvTypeOf(router) == GemvWeight::kF32 && UseGemv(router, T_) &&
          router.cols == config_.hidden_size && config_.hidden_size % 4 == 0;
-}
-
-// The L2 prefetch ranges of layer li + 1's projections that l2_prefetch_ names (none past this
-// shard's last layer): each matrix's codes or rows, and a split-Q8 matrix's scales.
-gpu::GemvL2Prefetch GpuModelRunner::NextLayerPrefetch(int64_t li) const {
-  gpu::GemvL2Prefetch pf;
-  pf.evict_last = (l2_prefetch_ & 4) != 0;
-  if (li + 1 >= static_cast<int64_t>(w_->layers.size())) return pf;
-  const GpuLayerWeights& n = w_->layers[li + 1];
-  auto add = [&](const DenseWeight& w) {
-    if (!w.data || pf.num_ranges + 2 > gpu::GemvL2Prefetch::kMaxRanges) return;
-    const int64_t elem = w.q8_scales ? 1 : (w.dtype == ActDType::kF32 ? 4 : 2);
-    pf.ptr[pf.num_ranges] = w.data;
-    pf.bytes[pf.num_ranges++] = w.rows * w.cols * elem;
-    if (w.q8_scales) {
-      pf.ptr[pf.num_ranges] = w.q8_scales;
-      pf.bytes[pf.num_ranges++] = w.rows * (w.cols / 32) * 2;
-    }
-  };
-  if (l2_prefetch_ & 1) {
-    add(n.q);
-    add(n.k);
-    add(n.v);
-  }
-  if (l2_prefetch_ & 2) add(n.o);
-  return pf;
 }
 
 // The model file's layer sequence (worker/model) over this runner's ops, below.
@@ -432,13 +403,11 @@ absl::Status GpuModelRunner::Route(int64_t li, const RouteOpts& opts) {
   RETURN_IF_ERROR(arena_error_);
   const gpu::GemvResidualIn res = router_res_;  // the attention block's folded update (FoldsAttentionResidual)
   router_res_ = {};
-  if (l2_prefetch_ & 3) next_prefetch_ = NextLayerPrefetch(li);
   for (int rep = 0; rep < Reps(kRepeatRouter); ++rep) {  // fp32 router
     const DenseWeight& router = w_->layers[li].router;
     RETURN_IF_ERROR(res.s ? ProjectMany({{&router, logits_, nullptr}}, y32_, ActDType::kF32, T, "router", res)
                           : Project(router, y32_, logits_, ActDType::kF32, T, nullptr, "router"));
   }
-  next_prefetch_ = {};  // a router on cuBLAS (many tokens) did not take it
   RoutingParams rp;
   rp.logits = logits_;
   rp.num_tokens = T;

@@ -216,12 +216,6 @@ class GpuModelRunner : public ModelRunner, private LayerOps {
   // first (ResidualParams::pre_add) — one kernel less a layer.
   bool fold_residual_ = true;
   gpu::GemvResidualIn router_res_;  // set by Residual, taken by Route's router projection
-  // MOESHARD_L2_PREFETCH (an experiment, default 0: off): the router's GEMV asks L2 for the next
-  // layer's weights (bit 1: Q/K/V, bit 2: O; bit 4: evict_last), so that their GEMVs read from L2
-  // what DRAM brought while the router, the routing and the experts' first loads ran.
-  int l2_prefetch_ = 0;
-  gpu::GemvL2Prefetch next_prefetch_;  // set by Route, taken by the next ProjectMany
-  gpu::GemvL2Prefetch NextLayerPrefetch(int64_t li) const;
   const float* pre_add_ = nullptr;  // set by Residual, taken by the MLP block's residual update
   int Reps(uint32_t op) const { return (repeat_ops_ & op) ? 2 : 1; }
   MoeExpertRows moe_rows_;

@@ -32,8 +32,6 @@ absl::Status GpuModelRunner::StartDevice() {
   mix_in_combine_ = !(mix_in && std::string(mix_in) == "0");
   const char* fold = std::getenv("MOESHARD_FOLD_RESIDUAL");
   fold_residual_ = !(fold && std::string(fold) == "0");
-  if (const char* pf = std::getenv("MOESHARD_L2_PREFETCH"))
-    l2_prefetch_ = static_cast<int>(std::strtol(pf, nullptr, 10));
   if (const char* rep = std::getenv("MOESHARD_REPEAT_OPS")) {
     ASSIGN_OR_RETURN(repeat_ops_, ParseRepeatOps(rep));
   }
