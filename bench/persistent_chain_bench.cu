@@ -41,6 +41,7 @@
 
 #include "bench/copy_rate.h"
 #include "bench/cuda_exit.h"
+#include "bench/persistent_common.cuh"
 #include "kernels/cuda/act.cuh"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/mbarrier.cuh"
@@ -58,8 +59,7 @@ constexpr int kD = 2048;   // hidden
 constexpr int kN1 = 5120;  // Q/K/V rows (32 + 2 x 4 heads of 128)
 constexpr int kK2 = 4096;  // O's input (32 heads of 128)
 constexpr int kN3 = 128;   // router rows
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
+constexpr int kThreads = kPersistThreads;
 constexpr uint32_t kCopyPiece = 16384;
 
 struct Layer {
@@ -111,34 +111,6 @@ Smem SmemFor(int nb, int T) {
   return s;
 }
 
-__device__ __forceinline__ int XsSlot(int c, int p) { return 4 * c + (p ^ ((c >> 1) & 3)); }
-
-__device__ __forceinline__ void RedRelease(unsigned* c) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(c) : "memory");
-}
-__device__ __forceinline__ unsigned LoadAcquire(const unsigned* c) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(c) : "memory");
-  return v;
-}
-
-// Every block's stores of a phase done: count this block (thread 0, after the block's barrier).
-__device__ __forceinline__ void Arrive(unsigned* c) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    RedRelease(c);
-  }
-}
-__device__ __forceinline__ void AwaitAll(const unsigned* c) {
-  if (threadIdx.x == 0) {
-    while (LoadAcquire(c) < gridDim.x) {
-    }
-    __threadfence();
-  }
-  __syncthreads();
-}
-
 // The block's rows of matrix p of layer l into its buffer, counted on bars[p].
 __device__ void IssueWeights(const ChainArgs& a, const Smem& sm, unsigned char* base, int p, int l) {
   const int r0 = RowBegin(p, blockIdx.x, gridDim.x), r1 = RowBegin(p, blockIdx.x + 1, gridDim.x);
@@ -155,56 +127,6 @@ __device__ void IssueWeights(const ChainArgs& a, const Smem& sm, unsigned char* 
   const unsigned char* ssrc =
       reinterpret_cast<const unsigned char*>(ly.sc[p]) + static_cast<size_t>(r0) * (Cols(p) / 32) * 2;
   BulkCopyToShared(base + sm.scales[p], ssrc, sb, bar);
-}
-
-// x rows [T][K] of bf16 (row stride `stride`) into the swizzled fp32 pieces, through L2.
-__device__ void StageBf16(float4* xs, const uint16_t* x, int64_t stride, int K, int T) {
-  const int n4 = K / 4;
-  for (int i = threadIdx.x; i < T * n4; i += blockDim.x) {
-    const int t = i / n4, q = i % n4;
-    const uint2 b = __ldcg(reinterpret_cast<const uint2*>(x + t * stride) + q);
-    xs[t * n4 + XsSlot(q / 4, q % 4)] = make_float4(__uint_as_float(b.x << 16), __uint_as_float(b.x & 0xffff0000u),
-                                                    __uint_as_float(b.y << 16), __uint_as_float(b.y & 0xffff0000u));
-  }
-}
-
-// y[t][r0 + i] = Σ_k code[i][k] · scale[i][k / 32] · x[t][k] for the block's rows (a warp a row).
-template <int T, typename Store>
-__device__ void ComputeRows(const int8_t* codes, const uint16_t* scales, int nrows, int K, const float4* xs,
-                            Store store) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nchunks = K / 16, n4 = K / 4;
-  for (int r = warp; r < nrows; r += kWarps) {
-    float acc[T] = {};
-    for (int c = lane; c < nchunks; c += 32) {
-      const uint4 v = *reinterpret_cast<const uint4*>(codes + static_cast<size_t>(r) * K + 16 * c);
-      const float sc = __half2float(__ushort_as_half(scales[static_cast<size_t>(r) * (K / 32) + c / 2]));
-      const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-      float w[16];
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          w[4 * i + j] = static_cast<float>(static_cast<int32_t>(words[i] << (24 - 8 * j)) >> 24);
-#pragma unroll
-      for (int t = 0; t < T; ++t) {
-        float s = 0.f;
-#pragma unroll
-        for (int p = 0; p < 4; ++p) {
-          const float4 x = xs[t * n4 + XsSlot(c, p)];
-          s = fmaf(w[4 * p], x.x, s);
-          s = fmaf(w[4 * p + 1], x.y, s);
-          s = fmaf(w[4 * p + 2], x.z, s);
-          s = fmaf(w[4 * p + 3], x.w, s);
-        }
-        acc[t] = fmaf(sc, s, acc[t]);
-      }
-    }
-#pragma unroll
-    for (int t = 0; t < T; ++t) {
-      const float s = gpu::WarpSum(acc[t]);
-      if (lane == 0) store(t, r, s);
-    }
-  }
 }
 
 template <int T>
@@ -308,32 +230,6 @@ __global__ void Boundary(const unsigned* in, unsigned* out) {
   if (threadIdx.x == 0) out[blockIdx.x] = v + 1;
 }
 
-__global__ void FillCodes(int8_t* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    p[i] = static_cast<int8_t>(static_cast<int>(h % 255) - 127);
-  }
-}
-__global__ void FillScales(uint16_t* p, size_t n, float base, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
-    const uint32_t h = (static_cast<uint32_t>(i) * 2246822519u) ^ seed;
-    p[i] = __half_as_ushort(__float2half(base * (0.75f + 0.5f * static_cast<float>(h >> 8) / 16777216.f)));
-  }
-}
-
-std::vector<int> Ints(const char* s) {
-  std::vector<int> v;
-  for (const char* p = s; *p;) {
-    v.push_back(std::atoi(p));
-    while (*p && *p != ',') ++p;
-    if (*p == ',') ++p;
-  }
-  return v;
-}
-
 float Median(std::vector<float> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -379,20 +275,11 @@ int Main(int argc, char** argv) {
   if (L < 1 || iters < 1) return std::fprintf(stderr, "--layers and --iters must be positive\n"), 2;
   for (int T : tokens)
     if (T != 1 && T != 2 && T != 4) return std::fprintf(stderr, "--tokens: 1, 2 or 4\n"), 2;
-  int ndev = 0;
-  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
-    std::fprintf(stderr, "persistent_chain_bench: no CUDA device\n");
-    return 77;
-  }
-  int dev = 0, sms = 0, smem_optin = 0, coop = 0;
-  CK(cudaGetDevice(&dev));
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  CK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  CK(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev));
-  cudaDeviceProp prop{};
-  CK(cudaGetDeviceProperties(&prop, dev));
+  PersistDevice dv;
+  if (!FindPersistDevice("persistent_chain_bench", &dv)) return 77;
+  const int sms = dv.sms, smem_optin = dv.smem_optin, coop = dv.coop;
   const double copy = CopyRate();
-  std::printf("device %s, %d SMs, copy %.0f GB/s, %d layers\n", prop.name, sms, copy, L);
+  std::printf("device %s, %d SMs, copy %.0f GB/s, %d layers\n", dv.name.c_str(), sms, copy, L);
 
   // Weights: every layer its own, codes in [-127, 127], scales near 1e-4 (Q/K/V, router) and 3e-4
   // (O), so O's output is ~0.1 of s and the chain's values stay of order one.

@@ -1,0 +1,150 @@
+// The persistent benchmarks' device pieces (bench/persistent_chain_bench.cu,
+// bench/persistent_layer_bench.cu): counter barriers between the phases of one cooperative launch,
+// x staged as swizzled fp32 pieces (as gemv.cu stages it), a warp a split-Q8 row computed from
+// shared memory, and the hash fills of their random weights.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "bench/cuda_exit.h"
+#include "kernels/cuda/act.cuh"
+
+namespace moeshard::bench {
+
+inline constexpr int kPersistThreads = 256;
+inline constexpr int kPersistWarps = kPersistThreads / 32;
+
+__device__ __forceinline__ int XsSlot(int c, int p) { return 4 * c + (p ^ ((c >> 1) & 3)); }
+
+__device__ __forceinline__ void RedRelease(unsigned* c) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(c) : "memory");
+}
+__device__ __forceinline__ unsigned LoadAcquire(const unsigned* c) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(c) : "memory");
+  return v;
+}
+
+// Every block's stores of a phase done: count this block (thread 0, after the block's barrier).
+__device__ __forceinline__ void Arrive(unsigned* c) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    RedRelease(c);
+  }
+}
+__device__ __forceinline__ void AwaitAll(const unsigned* c) {
+  if (threadIdx.x == 0) {
+    while (LoadAcquire(c) < gridDim.x) {
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+// x rows [T][K] of bf16 (row stride `stride`) into the swizzled fp32 pieces, through L2.
+__device__ inline void StageBf16(float4* xs, const uint16_t* x, int64_t stride, int K, int T) {
+  const int n4 = K / 4;
+  for (int i = threadIdx.x; i < T * n4; i += blockDim.x) {
+    const int t = i / n4, q = i % n4;
+    const uint2 b = __ldcg(reinterpret_cast<const uint2*>(x + t * stride) + q);
+    xs[t * n4 + XsSlot(q / 4, q % 4)] = make_float4(__uint_as_float(b.x << 16), __uint_as_float(b.x & 0xffff0000u),
+                                                    __uint_as_float(b.y << 16), __uint_as_float(b.y & 0xffff0000u));
+  }
+}
+
+// y[t][r0 + i] = Σ_k code[i][k] · scale[i][k / 32] · x[t][k] for the block's rows (a warp a row).
+template <int T, typename Store>
+__device__ void ComputeRows(const int8_t* codes, const uint16_t* scales, int nrows, int K, const float4* xs,
+                            Store store) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nchunks = K / 16, n4 = K / 4;
+  for (int r = warp; r < nrows; r += kPersistWarps) {
+    float acc[T] = {};
+    for (int c = lane; c < nchunks; c += 32) {
+      const uint4 v = *reinterpret_cast<const uint4*>(codes + static_cast<size_t>(r) * K + 16 * c);
+      const float sc = __half2float(__ushort_as_half(scales[static_cast<size_t>(r) * (K / 32) + c / 2]));
+      const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+      float w[16];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          w[4 * i + j] = static_cast<float>(static_cast<int32_t>(words[i] << (24 - 8 * j)) >> 24);
+#pragma unroll
+      for (int t = 0; t < T; ++t) {
+        float s = 0.f;
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+          const float4 x = xs[t * n4 + XsSlot(c, p)];
+          s = fmaf(w[4 * p], x.x, s);
+          s = fmaf(w[4 * p + 1], x.y, s);
+          s = fmaf(w[4 * p + 2], x.z, s);
+          s = fmaf(w[4 * p + 3], x.w, s);
+        }
+        acc[t] = fmaf(sc, s, acc[t]);
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      const float s = gpu::WarpSum(acc[t]);
+      if (lane == 0) store(t, r, s);
+    }
+  }
+}
+
+static __global__ void FillCodes(int8_t* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    p[i] = static_cast<int8_t>(static_cast<int>(h % 255) - 127);
+  }
+}
+static __global__ void FillScales(uint16_t* p, size_t n, float base, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    const uint32_t h = (static_cast<uint32_t>(i) * 2246822519u) ^ seed;
+    p[i] = __half_as_ushort(__float2half(base * (0.75f + 0.5f * static_cast<float>(h >> 8) / 16777216.f)));
+  }
+}
+
+// "1,2,4" as ints.
+inline std::vector<int> Ints(const char* s) {
+  std::vector<int> v;
+  for (const char* p = s; *p;) {
+    v.push_back(std::atoi(p));
+    while (*p && *p != ',') ++p;
+    if (*p == ',') ++p;
+  }
+  return v;
+}
+
+// The device the persistent launches run on; false (and a line on stderr) without one.
+struct PersistDevice {
+  int sms = 0, smem_optin = 0, coop = 0;
+  std::string name;
+};
+inline bool FindPersistDevice(const char* prog, PersistDevice* d) {
+  int n = 0, dev = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    std::fprintf(stderr, "%s: no CUDA device\n", prog);
+    return false;
+  }
+  CK(cudaGetDevice(&dev));
+  CK(cudaDeviceGetAttribute(&d->sms, cudaDevAttrMultiProcessorCount, dev));
+  CK(cudaDeviceGetAttribute(&d->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  CK(cudaDeviceGetAttribute(&d->coop, cudaDevAttrCooperativeLaunch, dev));
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, dev));
+  d->name = prop.name;
+  return true;
+}
+
+}  // namespace moeshard::bench
