@@ -316,8 +316,9 @@ __global__ void __launch_bounds__(kThreads, 1) PersistentLayer(LayerArgs a, Smem
       __syncthreads();
     }
     Arrive(cnt + 3);
-    // 5. Down: the block's rows of every pair, the pairs' products added in pair order.
-    AwaitAll(cnt + 3);
+    // 5. Down: the block's rows of every pair, the pairs' products added in pair order. Its first
+    // rows are requested before the wait: they depend only on the routing, and the ring's region is
+    // free once this block's gate/up is done (the plan's third source of gain).
     const int pairs = T * kTopK;
     auto issue_dn = [&](int j) {
       const int st = j % kRing, e = sel[j];
@@ -332,6 +333,7 @@ __global__ void __launch_bounds__(kThreads, 1) PersistentLayer(LayerArgs a, Smem
     };
     if (tid == 0)
       for (int j = 0; j < min(kRing, pairs); ++j) issue_dn(j);
+    AwaitAll(cnt + 3);
     constexpr int n4h = kI / 4;
     for (int i = tid; i < pairs * n4h; i += kThreads) {
       const int j = i / n4h, q = i % n4h;
