@@ -40,9 +40,16 @@ __device__ __forceinline__ void Arrive(unsigned* c) {
     RedRelease(c);
   }
 }
+// A barrier that never completes (a bug in a phase's bookkeeping) traps after 2^24 polls (~10 s of L2 round trips)
+// instead of hanging the GPU lane: the launch then fails with an illegal-instruction error.
 __device__ __forceinline__ void AwaitAll(const unsigned* c) {
   if (threadIdx.x == 0) {
-    while (LoadAcquire(c) < gridDim.x) {
+    for (uint32_t polls = 0; LoadAcquire(c) < gridDim.x; ++polls) {
+      if (polls == (1u << 24)) {
+        printf("persistent barrier %p: %u of %u blocks after 2^24 polls (block %u)\n", static_cast<const void*>(c),
+               LoadAcquire(c), gridDim.x, blockIdx.x);
+        __trap();
+      }
     }
     __threadfence();
   }
