@@ -90,7 +90,6 @@ __host__ __device__ inline int RowBegin(int p, int b, int nb) { return static_ca
 // Shared memory: x (fp32 [T][4,096], chunk pieces swizzled as gemv.cu's), then per matrix the
 // block's rows' codes and scales, then three mbarriers.
 struct Smem {
-  int max_rows[3];
   size_t codes[3], scales[3], bars, total;
 };
 
@@ -100,7 +99,6 @@ Smem SmemFor(int nb, int T) {
   for (int p = 0; p < 3; ++p) {
     int m = 0;
     for (int b = 0; b < nb; ++b) m = std::max(m, RowBegin(p, b + 1, nb) - RowBegin(p, b, nb));
-    s.max_rows[p] = m;
     s.codes[p] = off;
     off += static_cast<size_t>(m) * Cols(p);
     s.scales[p] = off;
@@ -230,48 +228,10 @@ __global__ void Boundary(const unsigned* in, unsigned* out) {
   if (threadIdx.x == 0) out[blockIdx.x] = v + 1;
 }
 
-float Median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-template <typename F>
-float TimeMs(F&& run, int iters, cudaStream_t st) {
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  std::vector<float> ms;
-  for (int i = 0; i <= iters; ++i) {
-    run();  // outside the events: resets, if any
-    CK(cudaEventRecord(e0, st));
-    run.timed();
-    CK(cudaEventRecord(e1, st));
-    CK(cudaEventSynchronize(e1));
-    float t = 0;
-    CK(cudaEventElapsedTime(&t, e0, e1));
-    if (i > 0) ms.push_back(t);
-  }
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
-  return Median(ms);
-}
-
 int Main(int argc, char** argv) {
   int L = 48, iters = 20;
   std::vector<int> tokens = {1, 4};
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i];
-    if (k == "--layers") {
-      L = std::atoi(argv[i + 1]);
-    } else if (k == "--tokens") {
-      tokens = Ints(argv[i + 1]);
-    } else if (k == "--iters") {
-      iters = std::atoi(argv[i + 1]);
-    } else {
-      std::fprintf(stderr, "unknown flag %s\n", k.c_str());
-      return 2;
-    }
-  }
+  if (!ParseFlags(argc, argv, {{"--layers", &L}, {"--iters", &iters}}, &tokens)) return 2;
   if (L < 1 || iters < 1) return std::fprintf(stderr, "--layers and --iters must be positive\n"), 2;
   for (int T : tokens)
     if (T != 1 && T != 2 && T != 4) return std::fprintf(stderr, "--tokens: 1, 2 or 4\n"), 2;
@@ -395,13 +355,9 @@ int Main(int argc, char** argv) {
       CK(cudaGraphInstantiate(&prod_exec, g, 0));
       CK(cudaGraphDestroy(g));
     }
-    struct Graph {
-      cudaGraphExec_t e;
-      cudaStream_t st;
-      void operator()() const {}
-      void timed() const { CK(cudaGraphLaunch(e, st)); }
-    };
-    const float prod_ms = TimeMs(Graph{prod_exec, st}, iters, st);
+    auto none = [] {};
+    auto graph = [&](cudaGraphExec_t e) { return [e, st] { CK(cudaGraphLaunch(e, st)); }; };
+    const float prod_ms = TimeMs(none, graph(prod_exec), iters, st);
     std::vector<float> ref3(static_cast<size_t>(L) * T * kN3);
     std::vector<uint16_t> refx(static_cast<size_t>(T) * kD);
     CK(cudaMemcpy(ref3.data(), y3, ref3.size() * 4, cudaMemcpyDeviceToHost));
@@ -423,7 +379,7 @@ int Main(int argc, char** argv) {
       CK(cudaGraphInstantiate(&bnd_exec, g, 0));
       CK(cudaGraphDestroy(g));
     }
-    const float bnd_ms = TimeMs(Graph{bnd_exec, st}, iters, st);
+    const float bnd_ms = TimeMs(none, graph(bnd_exec), iters, st);
 
     // Persistent: a block an SM, launched cooperatively (all resident, or the launch fails).
     const Smem sm = SmemFor(sms, T);
@@ -434,22 +390,15 @@ int Main(int argc, char** argv) {
     }
     auto kernel = T == 1 ? PersistentChain<1> : T == 2 ? PersistentChain<2> : PersistentChain<4>;
     CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(sm.total)));
-    struct Persist {
-      decltype(kernel) k;
-      ChainArgs a;
-      Smem sm;
-      int sms;
-      cudaStream_t st;
-      void operator()() const { CK(cudaMemsetAsync(a.counters, 0, static_cast<size_t>(a.L) * 3 * 4, st)); }
-      void timed() const {
-        ChainArgs aa = a;
-        Smem ss = sm;
-        void* args[] = {&aa, &ss};
-        CK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(k), dim3(sms), dim3(kThreads), args, sm.total, st));
-      }
-    };
     ChainArgs ca{d_layers, L, T, s, norm, xn, y1, y2, y3, counters, 0};
-    const float bar_ms = TimeMs(Persist{kernel, ca, sm, sms, st}, iters, st);
+    auto reset = [&] { CK(cudaMemsetAsync(counters, 0, static_cast<size_t>(L) * 3 * 4, st)); };
+    auto persist = [&] {
+      ChainArgs aa = ca;
+      Smem ss = sm;
+      void* args[] = {&aa, &ss};
+      CK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(kernel), dim3(sms), dim3(kThreads), args, sm.total, st));
+    };
+    const float bar_ms = TimeMs(reset, persist, iters, st);
     auto bf = [](uint16_t v) {
       const uint32_t u = static_cast<uint32_t>(v) << 16;
       float f;
@@ -462,7 +411,7 @@ int Main(int argc, char** argv) {
       ca.with_weights = mode;
       CK(cudaMemset(y3, 0, static_cast<size_t>(L) * T * kN3 * 4));
       CK(cudaMemset(xn + static_cast<size_t>(T) * kD, 0, static_cast<size_t>(L) * T * kD * 2));
-      const float ms = TimeMs(Persist{kernel, ca, sm, sms, st}, iters, st);
+      const float ms = TimeMs(reset, persist, iters, st);
       std::vector<float> got3(ref3.size());
       std::vector<uint16_t> gotx(refx.size());
       CK(cudaMemcpy(got3.data(), y3, got3.size() * 4, cudaMemcpyDeviceToHost));

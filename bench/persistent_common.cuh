@@ -7,9 +7,12 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -122,15 +125,66 @@ static __global__ void FillScales(uint16_t* p, size_t n, float base, uint32_t se
   }
 }
 
-// "1,2,4" as ints.
-inline std::vector<int> Ints(const char* s) {
-  std::vector<int> v;
-  for (const char* p = s; *p;) {
-    v.push_back(std::atoi(p));
-    while (*p && *p != ',') ++p;
-    if (*p == ',') ++p;
+// Integer flags (`--name N`, and `--tokens A,B,...` into *tokens when given) from argv: false with a
+// line on stderr for an unknown flag, a missing value or one that is not a whole number (no silent 0).
+struct IntFlag {
+  const char* name;
+  int* value;
+};
+inline bool ParseWhole(const char* s, int* out) {
+  char* end = nullptr;
+  const long v = std::strtol(s, &end, 10);
+  if (end == s || v < -(1L << 30) || v > (1L << 30)) return false;
+  *out = static_cast<int>(v);
+  return *end == '\0' || *end == ',';
+}
+inline bool ParseFlags(int argc, char** argv, std::initializer_list<IntFlag> flags, std::vector<int>* tokens) {
+  for (int i = 1; i < argc; i += 2) {
+    const std::string k = argv[i];
+    if (i + 1 >= argc) return std::fprintf(stderr, "%s needs a value\n", k.c_str()), false;
+    const char* v = argv[i + 1];
+    bool known = false, good = true;
+    if (k == "--tokens") {
+      known = true;
+      tokens->clear();
+      for (const char* p = v; good && *p;) {
+        int t = 0;
+        good = ParseWhole(p, &t);
+        tokens->push_back(t);
+        p = std::strchr(p, ',');
+        p = p ? p + 1 : v + std::strlen(v);
+      }
+      good = good && !tokens->empty();
+    }
+    for (const IntFlag& f : flags)
+      if (k == f.name) known = true, good = ParseWhole(v, f.value) && !std::strchr(v, ',');
+    if (!known) return std::fprintf(stderr, "unknown flag %s\n", k.c_str()), false;
+    if (!good) return std::fprintf(stderr, "%s: not a whole number: %s\n", k.c_str(), v), false;
   }
-  return v;
+  return true;
+}
+
+// Median ms of `iters` runs of timed() (after one unmeasured), each after reset() outside the events.
+template <typename Reset, typename Timed>
+float TimeMs(Reset&& reset, Timed&& timed, int iters, cudaStream_t st) {
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  std::vector<float> ms;
+  for (int i = 0; i <= iters; ++i) {
+    reset();
+    CK(cudaEventRecord(e0, st));
+    timed();
+    CK(cudaEventRecord(e1, st));
+    CK(cudaEventSynchronize(e1));
+    float t = 0;
+    CK(cudaEventElapsedTime(&t, e0, e1));
+    if (i > 0) ms.push_back(t);
+  }
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
 }
 
 // The device the persistent launches run on; false (and a line on stderr) without one.

@@ -464,21 +464,8 @@ std::vector<double> HostChain(const std::vector<Layer>& layers, int L, int T, co
 int Main(int argc, char** argv) {
   int L = 48, iters = 20, check_layers = 2;
   std::vector<int> tokens = {1, 2};
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i];
-    if (k == "--layers") {
-      L = std::atoi(argv[i + 1]);
-    } else if (k == "--tokens") {
-      tokens = Ints(argv[i + 1]);
-    } else if (k == "--iters") {
-      iters = std::atoi(argv[i + 1]);
-    } else if (k == "--check-layers") {
-      check_layers = std::atoi(argv[i + 1]);
-    } else {
-      std::fprintf(stderr, "unknown flag %s\n", k.c_str());
-      return 2;
-    }
-  }
+  if (!ParseFlags(argc, argv, {{"--layers", &L}, {"--iters", &iters}, {"--check-layers", &check_layers}}, &tokens))
+    return 2;
   if (L < 1 || iters < 1 || check_layers < 1 || check_layers > L)
     return std::fprintf(stderr, "--layers, --iters positive; --check-layers in [1, --layers]\n"), 2;
   for (int T : tokens)
@@ -552,15 +539,16 @@ int Main(int argc, char** argv) {
     CK(cudaMemcpy(norm, hn.data(), hn.size() * 4, cudaMemcpyHostToDevice));
     auto kernel = T == 1 ? PersistentLayer<1> : PersistentLayer<2>;
     CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(sm.total)));
-    auto launch = [&](int layers_run) {
-      CK(cudaMemsetAsync(counters, 0, static_cast<size_t>(L) * kPhases * 4, st));
+    auto reset = [&] { CK(cudaMemsetAsync(counters, 0, static_cast<size_t>(L) * kPhases * 4, st)); };
+    auto run = [&](int layers_run) {
       LayerArgs a{d_layers, layers_run, T, s, norm, y1, y2, y3, h, counters};
       Smem ss = sm;
       void* args[] = {&a, &ss};
       CK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(kernel), dim3(sms), dim3(kThreads), args, sm.total, st));
     };
     // The check first.
-    launch(check_layers);
+    reset();
+    run(check_layers);
     CK(cudaStreamSynchronize(st));
     const std::vector<float> got = Down(s + static_cast<size_t>(check_layers) * T * kD, static_cast<size_t>(T) * kD);
     const std::vector<double> want = HostChain(layers, check_layers, T, hs, hn);
@@ -572,32 +560,14 @@ int Main(int argc, char** argv) {
     const bool same = std::isfinite(d) && m > 0 && d <= 1e-2 * m;
     ok = ok && same;
     // Then the timing.
-    std::vector<float> ms;
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    for (int i = 0; i <= iters; ++i) {
-      CK(cudaMemsetAsync(counters, 0, static_cast<size_t>(L) * kPhases * 4, st));
-      CK(cudaEventRecord(e0, st));
-      LayerArgs a{d_layers, L, T, s, norm, y1, y2, y3, h, counters};
-      Smem ss = sm;
-      void* args[] = {&a, &ss};
-      CK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(kernel), dim3(sms), dim3(kThreads), args, sm.total, st));
-      CK(cudaEventRecord(e1, st));
-      CK(cudaEventSynchronize(e1));
-      float t = 0;
-      CK(cudaEventElapsedTime(&t, e0, e1));
-      if (i > 0) ms.push_back(t);
-    }
-    std::sort(ms.begin(), ms.end());
-    const double per_layer_s = ms[ms.size() / 2] * 1e-3 / L;
+    const double per_layer_s = TimeMs(
+                                   reset, [&] { run(L); }, iters, st) *
+                               1e-3 / L;
     const double bytes = dense_bytes + T * kTopK * pair_bytes;
     std::printf("| %d | %.2f us | %.1f MB | %.0f %% |\n", T, per_layer_s * 1e6, bytes / 1e6,
                 100.0 * bytes / per_layer_s / 1e9 / copy);
     std::printf("  check T=%d, %d layers against the host: the residual's increment max |diff| %.3g of max %.3g: %s\n",
                 T, check_layers, d, m, same ? "ok" : "MISMATCH");
-    CK(cudaEventDestroy(e0));
-    CK(cudaEventDestroy(e1));
     for (void* p : {static_cast<void*>(s), static_cast<void*>(norm), static_cast<void*>(y1), static_cast<void*>(y2),
                     static_cast<void*>(y3), static_cast<void*>(h), static_cast<void*>(counters)})
       CK(cudaFree(p));
