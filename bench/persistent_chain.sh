@@ -4,8 +4,8 @@
 # launch; its own check against the production chain) at 1, 2 and 4 tokens, twice, around
 # bench-model's decode step on the same shape (MXFP4 and Q8_0 experts, 1 and 4 streams), so the
 # chain's figures sit beside the whole step's of the same machine; then bench/persistent_layer_bench
-# (the layer without its attention — dense, routing, Q8_0 experts — as one persistent launch, checked
-# against a host reference) at 1 and 2 tokens, to set beside bench-model's Q8_0 step less its
+# (the layer without its attention — dense, routing, Q8_0 and MXFP4 experts — as one persistent launch,
+# checked against a host reference) at 1 and 2 tokens, to set beside bench-model's Q8_0 step less its
 # attention (the chain table's 9.85 µs a layer at one stream).
 #   bench/persistent_chain.sh BIN_DIR OUT_DIR
 #   (BIN_DIR: persistent_chain_bench, persistent_layer_bench and moeshard)

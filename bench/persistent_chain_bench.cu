@@ -277,11 +277,7 @@ int Main(int argc, char** argv) {
     // Activations.
     std::vector<float> hs(static_cast<size_t>(T) * kD), hn(kD);
     std::vector<uint16_t> hx(static_cast<size_t>(T) * kD);
-    uint32_t r = 12345u + T;
-    auto rnd = [&] {
-      r = r * 1664525u + 1013904223u;
-      return (static_cast<float>(r >> 8) / 16777216.f) * 2.f - 1.f;
-    };
+    Lcg rnd{12345u + T};
     for (auto& v : hs) v = 1.7f * rnd();
     for (auto& v : hn) v = 1.f + 0.2f * rnd();
     for (auto& v : hx) {

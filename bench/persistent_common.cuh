@@ -125,6 +125,15 @@ static __global__ void FillScales(uint16_t* p, size_t n, float base, uint32_t se
   }
 }
 
+// Uniform floats in [-1, 1) from a linear congruential sequence: the benches' activations.
+struct Lcg {
+  uint32_t r;
+  float operator()() {
+    r = r * 1664525u + 1013904223u;
+    return (static_cast<float>(r >> 8) / 16777216.f) * 2.f - 1.f;
+  }
+};
+
 // Integer flags (`--name N`, and `--tokens A,B,...` into *tokens when given) from argv: false with a
 // line on stderr for an unknown flag, a missing value or one that is not a whole number (no silent 0).
 struct IntFlag {
