@@ -35,13 +35,12 @@ __device__ __forceinline__ unsigned LoadAcquire(const unsigned* c) {
   return v;
 }
 
-// Every block's stores of a phase done: count this block (thread 0, after the block's barrier).
+// Every block's stores of a phase done: count this block (thread 0, after the block's barrier). No
+// fence: the block barrier orders the block's stores before thread 0's add, and a release at gpu
+// scope is cumulative over them (the PTX memory model; cooperative groups' grid sync does the same).
 __device__ __forceinline__ void Arrive(unsigned* c) {
   __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    RedRelease(c);
-  }
+  if (threadIdx.x == 0) RedRelease(c);
 }
 // A barrier that never completes (a bug in a phase's bookkeeping) traps after 2^24 polls (~10 s of L2 round trips)
 // instead of hanging the GPU lane: the launch then fails with an illegal-instruction error.
@@ -54,9 +53,8 @@ __device__ __forceinline__ void AwaitAll(const unsigned* c) {
         __trap();
       }
     }
-    __threadfence();
   }
-  __syncthreads();
+  __syncthreads();  // the acquire's order passes to the block through its barrier
 }
 
 // x rows [T][K] of bf16 (row stride `stride`) into the swizzled fp32 pieces, through L2.
