@@ -153,17 +153,20 @@ __global__ void __launch_bounds__(kThreads, 1) PersistentChain(ChainArgs a, Smem
   for (int l = 0; l < a.L; ++l) {
     const uint32_t parity = l & 1;
     unsigned* cnt = a.counters + 3 * l;
+    // Matrix p's rows of this layer, once their copies have landed, into `store`.
+    auto dense = [&](int p, auto store) {
+      MbarrierWait(&bars[p], parity);
+      ComputeRows<T>(reinterpret_cast<const int8_t*>(base + sm.codes[p]),
+                     reinterpret_cast<const uint16_t*>(base + sm.scales[p]), nr[p], Cols(p), xs, store);
+    };
     // Q/K/V on xn[l] (the router phase of layer l - 1 wrote it).
     if (l > 0) AwaitAll(cnt - 1);
     issue(phase_ahead, 1, l);
     StageBf16(xs, a.xn + static_cast<size_t>(l) * T * kD, kD, kD, T);
     __syncthreads();
     if (a.with_weights && nr[0] > 0) {
-      MbarrierWait(&bars[0], parity);
       uint16_t* y1 = a.y1 + static_cast<size_t>(l) * T * kN1;
-      ComputeRows<T>(reinterpret_cast<const int8_t*>(base + sm.codes[0]),
-                     reinterpret_cast<const uint16_t*>(base + sm.scales[0]), nr[0], kD, xs,
-                     [&](int t, int r, float v) { y1[t * kN1 + rb[0] + r] = gpu::DevF32ToBf16(v); });
+      dense(0, [&](int t, int r, float v) { y1[t * kN1 + rb[0] + r] = gpu::DevF32ToBf16(v); });
     }
     Arrive(cnt + 0);
     issue(ahead, 0, l + 1);
@@ -173,11 +176,8 @@ __global__ void __launch_bounds__(kThreads, 1) PersistentChain(ChainArgs a, Smem
     StageBf16(xs, a.y1 + static_cast<size_t>(l) * T * kN1, kN1, kK2, T);
     __syncthreads();
     if (a.with_weights && nr[1] > 0) {
-      MbarrierWait(&bars[1], parity);
       float* y2 = a.y2 + static_cast<size_t>(l) * T * kD;
-      ComputeRows<T>(reinterpret_cast<const int8_t*>(base + sm.codes[1]),
-                     reinterpret_cast<const uint16_t*>(base + sm.scales[1]), nr[1], kK2, xs,
-                     [&](int t, int r, float v) { y2[t * kD + rb[1] + r] = v; });
+      dense(1, [&](int t, int r, float v) { y2[t * kD + rb[1] + r] = v; });
     }
     Arrive(cnt + 1);
     issue(ahead, 1, l + 1);
@@ -185,35 +185,14 @@ __global__ void __launch_bounds__(kThreads, 1) PersistentChain(ChainArgs a, Smem
     AwaitAll(cnt + 1);
     issue(phase_ahead, 0, l + 1);
     if (nr[2] > 0 || b == 0) {
-      const float* y2 = a.y2 + static_cast<size_t>(l) * T * kD;
-      constexpr int n4 = kD / 4;
-      for (int t = 0; t < T; ++t) {
-        float ss = 0.f;
-        for (int q = threadIdx.x; q < n4; q += blockDim.x) {
-          float4 v = reinterpret_cast<const float4*>(a.s + t * kD)[q];
-          const float4 d = __ldcg(reinterpret_cast<const float4*>(y2 + t * kD) + q);
-          v = make_float4(v.x + d.x, v.y + d.y, v.z + d.z, v.w + d.w);
-          ss += gpu::Sq4(v);
-          xs[t * n4 + XsSlot(q / 4, q % 4)] = v;
-        }
-        ss = gpu::BlockSum(ss, scratch);
-        const float inv = rsqrtf(ss / kD + 1e-6f);
-        for (int q = threadIdx.x; q < n4; q += blockDim.x) {
-          float4& v = xs[t * n4 + XsSlot(q / 4, q % 4)];
-          const float4 nn = reinterpret_cast<const float4*>(a.norm)[q];
-          v = make_float4(v.x * inv * nn.x, v.y * inv * nn.y, v.z * inv * nn.z, v.w * inv * nn.w);
-          if (b == 0)
-            reinterpret_cast<uint2*>(a.xn + (static_cast<size_t>(l + 1) * T + t) * kD)[q] = gpu::PackBf16x4(v);
-        }
-      }
+      for (int t = 0; t < T; ++t)
+        NormInto(xs, t, kD, a.s, a.y2 + static_cast<size_t>(l) * T * kD, a.norm, false,
+                 b == 0 ? a.xn + static_cast<size_t>(l + 1) * T * kD : nullptr, scratch);
       __syncthreads();
     }
     if (a.with_weights && nr[2] > 0) {
-      MbarrierWait(&bars[2], parity);
       float* y3 = a.y3 + static_cast<size_t>(l) * T * kN3;
-      ComputeRows<T>(reinterpret_cast<const int8_t*>(base + sm.codes[2]),
-                     reinterpret_cast<const uint16_t*>(base + sm.scales[2]), nr[2], kD, xs,
-                     [&](int t, int r, float v) { y3[t * kN3 + rb[2] + r] = v; });
+      dense(2, [&](int t, int r, float v) { y3[t * kN3 + rb[2] + r] = v; });
     }
     Arrive(cnt + 2);
     issue(ahead, 2, l + 1);
@@ -305,29 +284,24 @@ int Main(int argc, char** argv) {
     for (int pass = 0; pass < 2; ++pass) {  // pass 0 eager (the launchers' one-time set-up), pass 1 captured
       if (pass == 1) CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
       for (int l = 0; l < L; ++l) {
-        gpu::GemvParams q;
-        q.wtype = gpu::GemvWeight::kQ8;
-        q.x = xn + static_cast<size_t>(l) * T * kD;
-        q.x_dtype = gpu::ActDType::kBF16;
-        q.cols = kD;
-        q.num_tokens = T;
-        q.y_dtype = gpu::ActDType::kBF16;
-        q.m[0] = {layers[l].w[0], layers[l].sc[0], kN1, nullptr, y1 + static_cast<size_t>(l) * T * kN1, 0};
-        gpu::GemvParams o;
-        o.wtype = gpu::GemvWeight::kQ8;
-        o.x = y1 + static_cast<size_t>(l) * T * kN1;
-        o.x_dtype = gpu::ActDType::kBF16;
-        o.x_stride = kN1;
-        o.cols = kK2;
-        o.num_tokens = T;
-        o.y_dtype = gpu::ActDType::kF32;
-        o.m[0] = {layers[l].w[1], layers[l].sc[1], kD, nullptr, y2 + static_cast<size_t>(l) * T * kD, 0};
-        gpu::GemvParams rt;
-        rt.wtype = gpu::GemvWeight::kQ8;
-        rt.cols = kD;
-        rt.num_tokens = T;
-        rt.y_dtype = gpu::ActDType::kF32;
-        rt.m[0] = {layers[l].w[2], layers[l].sc[2], kN3, nullptr, y3 + static_cast<size_t>(l) * T * kN3, 0};
+        // Matrix p of layer l on x (bf16, row stride `stride`, 0: its columns) into y.
+        auto q8 = [&](int p, const void* x, int64_t stride, gpu::ActDType y_dtype, void* y) {
+          gpu::GemvParams g;
+          g.wtype = gpu::GemvWeight::kQ8;
+          g.x = x;
+          g.x_dtype = gpu::ActDType::kBF16;
+          g.x_stride = stride;
+          g.cols = Cols(p);
+          g.num_tokens = T;
+          g.y_dtype = y_dtype;
+          g.m[0] = {layers[l].w[p], layers[l].sc[p], Rows(p), nullptr, y, 0};
+          return g;
+        };
+        gpu::GemvParams q =
+            q8(0, xn + static_cast<size_t>(l) * T * kD, 0, gpu::ActDType::kBF16, y1 + static_cast<size_t>(l) * T * kN1);
+        gpu::GemvParams o = q8(1, y1 + static_cast<size_t>(l) * T * kN1, kN1, gpu::ActDType::kF32,
+                               y2 + static_cast<size_t>(l) * T * kD);
+        gpu::GemvParams rt = q8(2, nullptr, 0, gpu::ActDType::kF32, y3 + static_cast<size_t>(l) * T * kN3);
         rt.res.s = s;
         rt.res.add = y2 + static_cast<size_t>(l) * T * kD;
         rt.res.norm = norm;

@@ -68,6 +68,35 @@ __device__ inline void StageBf16(float4* xs, const uint16_t* x, int64_t stride, 
   }
 }
 
+// Token t's rmsnorm(v0 + v1) ⊙ norm (v0, v1: [T][K] fp32 read through L2, v1 may be null) into xs's
+// pieces; rounded to bf16 if `round`; its bf16 also to xn[t] if xn is given. Every thread of the block.
+__device__ inline void NormInto(float4* xs, int t, int K, const float* v0, const float* v1, const float* norm,
+                                bool round, uint16_t* xn, float* scratch /* [32] */) {
+  const int n4 = K / 4;
+  float ss = 0.f;
+  for (int q = threadIdx.x; q < n4; q += blockDim.x) {
+    float4 v = __ldcg(reinterpret_cast<const float4*>(v0 + t * K) + q);
+    if (v1) {
+      const float4 d = __ldcg(reinterpret_cast<const float4*>(v1 + t * K) + q);
+      v = make_float4(v.x + d.x, v.y + d.y, v.z + d.z, v.w + d.w);
+    }
+    ss += gpu::Sq4(v);
+    xs[t * n4 + XsSlot(q / 4, q % 4)] = v;
+  }
+  ss = gpu::BlockSum(ss, scratch);
+  const float inv = rsqrtf(ss / K + 1e-6f);
+  for (int q = threadIdx.x; q < n4; q += blockDim.x) {
+    float4& v = xs[t * n4 + XsSlot(q / 4, q % 4)];
+    const float4 nn = reinterpret_cast<const float4*>(norm)[q];
+    v = make_float4(v.x * inv * nn.x, v.y * inv * nn.y, v.z * inv * nn.z, v.w * inv * nn.w);
+    const uint2 p = gpu::PackBf16x4(v);
+    if (xn) reinterpret_cast<uint2*>(xn + t * K)[q] = p;
+    if (round)
+      v = make_float4(__uint_as_float(p.x << 16), __uint_as_float(p.x & 0xffff0000u), __uint_as_float(p.y << 16),
+                      __uint_as_float(p.y & 0xffff0000u));
+  }
+}
+
 // y[t][r0 + i] = Σ_k code[i][k] · scale[i][k / 32] · x[t][k] for the block's rows (a warp a row).
 template <int T, typename Store>
 __device__ void ComputeRows(const int8_t* codes, const uint16_t* scales, int nrows, int K, const float4* xs,

@@ -189,35 +189,9 @@ __global__ void __launch_bounds__(kThreads, 1) PersistentLayer(LayerArgs a, Smem
     gpu::FenceMbarrierInit();
   }
   __syncthreads();
-  uint32_t uses[kRing > mx::kSlots ? kRing : mx::kSlots] =
-      {};  // completed waits a ring stage (its next parity); the same in every thread
+  // Completed waits a ring stage (its next parity); the same in every thread.
+  uint32_t uses[kRing > mx::kSlots ? kRing : mx::kSlots] = {};
   if (tid == 0) IssueDense(a, sm, base, 0, 0);
-  // rmsnorm(v) ⊙ norm of token t's row v (fp32, through L2) into xs's K = kD layout; bf16-rounded if asked.
-  auto norm_into_xs = [&](int t, const float* v0, const float* v1, bool round) {
-    constexpr int n4 = kD / 4;
-    float ss = 0.f;
-    for (int q = tid; q < n4; q += kThreads) {
-      float4 v = __ldcg(reinterpret_cast<const float4*>(v0 + t * kD) + q);
-      if (v1) {
-        const float4 d = __ldcg(reinterpret_cast<const float4*>(v1 + t * kD) + q);
-        v = make_float4(v.x + d.x, v.y + d.y, v.z + d.z, v.w + d.w);
-      }
-      ss += gpu::Sq4(v);
-      xs[t * n4 + XsSlot(q / 4, q % 4)] = v;
-    }
-    ss = gpu::BlockSum(ss, scratch);
-    const float inv = rsqrtf(ss / kD + 1e-6f);
-    for (int q = tid; q < n4; q += kThreads) {
-      float4& v = xs[t * n4 + XsSlot(q / 4, q % 4)];
-      const float4 nn = reinterpret_cast<const float4*>(a.norm)[q];
-      v = make_float4(v.x * inv * nn.x, v.y * inv * nn.y, v.z * inv * nn.z, v.w * inv * nn.w);
-      if (round) {
-        const uint2 p = gpu::PackBf16x4(v);
-        v = make_float4(__uint_as_float(p.x << 16), __uint_as_float(p.x & 0xffff0000u), __uint_as_float(p.y << 16),
-                        __uint_as_float(p.y & 0xffff0000u));
-      }
-    }
-  };
   for (int l = 0; l < a.L; ++l) {
     const uint32_t parity = l & 1;
     unsigned* cnt = a.counters + kPhases * l;
@@ -227,37 +201,32 @@ __global__ void __launch_bounds__(kThreads, 1) PersistentLayer(LayerArgs a, Smem
     float* y3 = a.y3 + static_cast<size_t>(l) * T * kE;
     float* h = a.h + static_cast<size_t>(l) * T * kTopK * kI;
     const Layer& ly = a.layers[l];
+    // Dense matrix p's rows of this layer, once their copies have landed, into `store`.
+    auto dense = [&](int p, auto store) {
+      MbarrierWait(&bars[p], parity);
+      ComputeRows<T>(reinterpret_cast<const int8_t*>(base + sm.codes[p]),
+                     reinterpret_cast<const uint16_t*>(base + sm.scales[p]), nr[p], Cols(p), xs, store);
+    };
     // 1. Q/K/V on bf16(rmsnorm(s)).
     if (l > 0) AwaitAll(cnt - 1);
     if (tid == 0) IssueDense(a, sm, base, 1, l);  // the ring's region: the down phase before is over
-    for (int t = 0; t < T; ++t) norm_into_xs(t, s, nullptr, true);
+    for (int t = 0; t < T; ++t) NormInto(xs, t, kD, s, nullptr, a.norm, true, nullptr, scratch);
     __syncthreads();
-    MbarrierWait(&bars[0], parity);
-    ComputeRows<T>(reinterpret_cast<const int8_t*>(base + sm.codes[0]),
-                   reinterpret_cast<const uint16_t*>(base + sm.scales[0]), nr[0], kD, xs,
-                   [&](int t, int r, float v) { y1[t * kN1 + rb[0] + r] = gpu::DevF32ToBf16(v); });
+    dense(0, [&](int t, int r, float v) { y1[t * kN1 + rb[0] + r] = gpu::DevF32ToBf16(v); });
     Arrive(cnt + 0);
     // 2. O.
     AwaitAll(cnt + 0);
     if (tid == 0) IssueDense(a, sm, base, 2, l);
     StageBf16(xs, y1, kN1, kK2, T);
     __syncthreads();
-    MbarrierWait(&bars[1], parity);
-    ComputeRows<T>(reinterpret_cast<const int8_t*>(base + sm.codes[1]),
-                   reinterpret_cast<const uint16_t*>(base + sm.scales[1]), nr[1], kK2, xs,
-                   [&](int t, int r, float v) { y2[t * kD + rb[1] + r] = v; });
+    dense(1, [&](int t, int r, float v) { y2[t * kD + rb[1] + r] = v; });
     Arrive(cnt + 1);
     // 3. Router on rmsnorm(s + O's output), which every block keeps in xs for gate/up.
     AwaitAll(cnt + 1);
     if (tid == 0) IssueDense(a, sm, base, 0, l + 1);
-    for (int t = 0; t < T; ++t) norm_into_xs(t, s, y2, false);
+    for (int t = 0; t < T; ++t) NormInto(xs, t, kD, s, y2, a.norm, false, nullptr, scratch);
     __syncthreads();
-    if (nr[2] > 0) {
-      MbarrierWait(&bars[2], parity);
-      ComputeRows<T>(reinterpret_cast<const int8_t*>(base + sm.codes[2]),
-                     reinterpret_cast<const uint16_t*>(base + sm.scales[2]), nr[2], kD, xs,
-                     [&](int t, int r, float v) { y3[t * kE + rb[2] + r] = v; });
-    }
+    if (nr[2] > 0) dense(2, [&](int t, int r, float v) { y3[t * kE + rb[2] + r] = v; });
     Arrive(cnt + 2);
     // 4. Routing (every block, warp t token t), then gate/up through a two-stage ring.
     AwaitAll(cnt + 2);
@@ -424,18 +393,11 @@ std::vector<T> Down(const T* p, size_t n) {
   return v;
 }
 
-// y[r] = Σ_k code · scale · x[k] over rows [0, rows) of a split-Q8 matrix (host copies).
-std::vector<double> HostRows(const std::vector<int8_t>& w, const std::vector<uint16_t>& sc, int rows, int K,
-                             const std::vector<double>& x) {
-  std::vector<double> y(rows);
-  for (int r = 0; r < rows; ++r) {
-    double acc = 0;
-    for (int k = 0; k < K; ++k)
-      acc += static_cast<double>(w[static_cast<size_t>(r) * K + k]) *
-             HalfToFloat(sc[(static_cast<size_t>(r) * K + k) / 32]) * x[k];
-    y[r] = acc;
-  }
-  return y;
+// A split-Q8 matrix (host copies) as floats code · scale: exact (8 and 11 significant bits).
+std::vector<float> HostQ8(const std::vector<int8_t>& w, const std::vector<uint16_t>& sc) {
+  std::vector<float> f(w.size());
+  for (size_t i = 0; i < w.size(); ++i) f[i] = static_cast<float>(w[i]) * HalfToFloat(sc[i / 32]);
+  return f;
 }
 
 std::vector<double> HostNorm(const std::vector<double>& v, const std::vector<float>& norm, bool round) {
@@ -467,7 +429,8 @@ std::vector<float> HostMx(const Layer& ly, int e, int g) {
     }
   return w;
 }
-std::vector<double> HostRowsF(const std::vector<float>& w, int rows, int K, const std::vector<double>& x) {
+// y[r] = Σ_k w[r][k] · x[k] in double.
+std::vector<double> HostRows(const std::vector<float>& w, int rows, int K, const std::vector<double>& x) {
   std::vector<double> y(rows);
   for (int r = 0; r < rows; ++r) {
     double acc = 0;
@@ -493,13 +456,14 @@ std::vector<double> HostChain(const std::vector<Layer>& layers, int L, int T, co
     for (int t = 0; t < T; ++t) {
       std::vector<double> st(s.begin() + t * kD, s.begin() + (t + 1) * kD);
       const std::vector<double> xn = HostNorm(st, norm, true);
-      std::vector<double> y1 = HostRows(w[0], sc[0], kN1, kD, xn);
+      std::vector<double> y1 = HostRows(HostQ8(w[0], sc[0]), kN1, kD, xn);
       for (double& e : y1) e = Bf16Round(static_cast<float>(e));
-      const std::vector<double> y2 = HostRows(w[1], sc[1], kD, kK2, std::vector<double>(y1.begin(), y1.begin() + kK2));
+      const std::vector<double> y2 =
+          HostRows(HostQ8(w[1], sc[1]), kD, kK2, std::vector<double>(y1.begin(), y1.begin() + kK2));
       std::vector<double> v(kD);
       for (int k = 0; k < kD; ++k) v[k] = st[k] + static_cast<float>(y2[k]);
       const std::vector<double> xr = HostNorm(v, norm, false);
-      const std::vector<double> logits = HostRows(w[2], sc[2], kE, kD, xr);
+      const std::vector<double> logits = HostRows(HostQ8(w[2], sc[2]), kE, kD, xr);
       std::vector<int> order(kE);
       std::iota(order.begin(), order.end(), 0);
       std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return logits[x] > logits[y]; });
@@ -512,13 +476,13 @@ std::vector<double> HostChain(const std::vector<Layer>& layers, int L, int T, co
         if (mx_experts) {  // bf16 activations, bf16 gate and up into silu, bf16 h (as the kernel)
           std::vector<double> xb(kD), hh(kI);
           for (int k = 0; k < kD; ++k) xb[k] = Bf16Round(static_cast<float>(xr[k]));
-          const std::vector<double> g = HostRowsF(HostMx(ly, e, 0), kI, kD, xb),
-                                    u = HostRowsF(HostMx(ly, e, 1), kI, kD, xb);
+          const std::vector<double> g = HostRows(HostMx(ly, e, 0), kI, kD, xb),
+                                    u = HostRows(HostMx(ly, e, 1), kI, kD, xb);
           for (int i = 0; i < kI; ++i) {
             const double gr = Bf16Round(static_cast<float>(g[i]));
             hh[i] = Bf16Round(static_cast<float>(gr / (1.0 + std::exp(-gr)) * Bf16Round(static_cast<float>(u[i]))));
           }
-          d = HostRowsF(HostMx(ly, e, 2), kD, kI, hh);
+          d = HostRows(HostMx(ly, e, 2), kD, kI, hh);
         } else {
           const std::vector<int8_t> gu =
               Down(ly.gu + static_cast<size_t>(e) * 2 * kI * kD, static_cast<size_t>(2) * kI * kD);
@@ -527,10 +491,10 @@ std::vector<double> HostChain(const std::vector<Layer>& layers, int L, int T, co
           const std::vector<int8_t> dw = Down(ly.dn + static_cast<size_t>(e) * kD * kI, static_cast<size_t>(kD) * kI);
           const std::vector<uint16_t> ds =
               Down(ly.dn_sc + static_cast<size_t>(e) * kD * (kI / 32), static_cast<size_t>(kD) * (kI / 32));
-          const std::vector<double> g = HostRows(gu, gs, 2 * kI, kD, xr);
+          const std::vector<double> g = HostRows(HostQ8(gu, gs), 2 * kI, kD, xr);
           std::vector<double> hh(kI);
           for (int i = 0; i < kI; ++i) hh[i] = g[i] / (1.0 + std::exp(-g[i])) * g[kI + i];
-          d = HostRows(dw, ds, kD, kI, hh);
+          d = HostRows(HostQ8(dw, ds), kD, kI, hh);
         }
         const double wk = std::exp(logits[e] - logits[order[0]]) / sum;
         for (int r = 0; r < kD; ++r) mix[r] += wk * d[r];
