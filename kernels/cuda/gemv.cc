@@ -55,9 +55,10 @@ absl::Status Gemv(const GemvParams& p, GpuStream stream) {
   const int64_t x_stride = res ? p.cols : (p.x_stride ? p.x_stride : p.cols);
   const size_t x_elem = res || p.x_dtype == ActDType::kF32 ? 4 : 2;
   if (res) {
-    if (!p.res.add || !p.res.norm || !Aligned16(p.res.s) || !Aligned16(p.res.add) || !Aligned16(p.res.norm) ||
+    if (!p.res.norm || !Aligned16(p.res.s) || (p.res.add && !Aligned16(p.res.add)) || !Aligned16(p.res.norm) ||
         (p.res.xn && !Aligned16(p.res.xn)) || p.cols % 4 != 0) {
-      return absl::InvalidArgumentError("Gemv: the residual input needs s, add and norm, 16-byte aligned, K % 4 == 0");
+      return absl::InvalidArgumentError(
+          "Gemv: the residual input needs s and norm (and add when given), 16-byte aligned, K % 4 == 0");
     }
   } else if (!p.x || !Aligned16(p.x) || (x_stride * x_elem) % 16 != 0 || x_stride < p.cols) {
     return absl::InvalidArgumentError("Gemv: x must be 16-byte aligned with a 16-byte row stride >= K");
@@ -97,7 +98,7 @@ absl::Status Gemv(const GemvParams& p, GpuStream stream) {
     if (res) {
       g.res = p.res;
       g.res.s += t0 * p.cols;
-      g.res.add += t0 * p.cols;
+      if (g.res.add) g.res.add += t0 * p.cols;
       if (g.res.xn) g.res.xn = static_cast<char*>(g.res.xn) + t0 * p.cols * (p.res.xn_dtype == ActDType::kF32 ? 4 : 2);
     }
     for (int i = 0; i < p.num_matrices; ++i) g.m[i].y = static_cast<char*>(a.m[i].y) + t0 * a.m[i].y_stride * y_elem;

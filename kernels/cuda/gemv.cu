@@ -93,27 +93,30 @@ __device__ __forceinline__ void ResidualPrologue(const GemvLaunch& a, int nchunk
       continue;
     }
     const float4* s4 = reinterpret_cast<const float4*>(r.s + t * a.cols);
-    const float4* a4 = reinterpret_cast<const float4*>(r.add + t * a.cols);
-    float ss = 0.f;
-    for (int q = tid; q < D4; q += kThreads) {
+    const float4* a4 = r.add ? reinterpret_cast<const float4*>(r.add + t * a.cols) : nullptr;
+    // v = s + add, or s alone: the update a kernel before stored.
+    auto value = [&](int q) {
       float4 v = s4[q];
-      const float4 ad = a4[q];
-      v.x += ad.x;
-      v.y += ad.y;
-      v.z += ad.z;
-      v.w += ad.w;
-      ss += Sq4(v);
-    }
+      if (a4) {
+        const float4 ad = a4[q];
+        v.x += ad.x;
+        v.y += ad.y;
+        v.z += ad.z;
+        v.w += ad.w;
+      }
+      return v;
+    };
+    float ss = 0.f;
+    for (int q = tid; q < D4; q += kThreads) ss += Sq4(value(q));
     ss = BlockSum(ss, scratch);
     const float inv = rsqrtf(ss / static_cast<float>(a.cols) + r.eps);
     for (int q = tid; q < D4; q += kThreads) {
-      float4 v = s4[q];
-      const float4 ad = a4[q], nn = reinterpret_cast<const float4*>(r.norm)[q];
-      v.x += ad.x;
-      v.y += ad.y;
-      v.z += ad.z;
-      v.w += ad.w;
-      const float4 y = make_float4(v.x * inv * nn.x, v.y * inv * nn.y, v.z * inv * nn.z, v.w * inv * nn.w);
+      const float4 v = value(q), nn = reinterpret_cast<const float4*>(r.norm)[q];
+      float4 y = make_float4(v.x * inv * nn.x, v.y * inv * nn.y, v.z * inv * nn.z, v.w * inv * nn.w);
+      if (r.round_x) {
+        const auto rb = [](float f) { return DevBf16ToF32(DevF32ToBf16(f)); };
+        y = make_float4(rb(y.x), rb(y.y), rb(y.z), rb(y.w));
+      }
       xt[XsSlot(q / 4, q % 4)] = y;
       if (blockIdx.x == 0 && r.xn) {
         if (r.xn_dtype == ActDType::kF32) {

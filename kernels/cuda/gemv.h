@@ -28,7 +28,7 @@ inline constexpr int64_t kGemvWideMaxTokens = 64;
 enum class GemvWeight : uint8_t { kF32, kBF16, kQ8 };
 
 struct GemvMatrix {
-  const void* w = nullptr;          // [rows, K]: float, bf16 bits, or int8 codes (kQ8)
+  const void* w = nullptr;           // [rows, K]: float, bf16 bits, or int8 codes (kQ8)
   const uint16_t* scales = nullptr;  // kQ8 only: f16 bits [rows, K / 32]
   int64_t rows = 0;
   const float* bias = nullptr;  // optional [rows]
@@ -42,14 +42,18 @@ struct GemvMatrix {
 // 1,024-thread form, whose sums group otherwise and which plain rows past 4,096 take only under
 // MOESHARD_RESIDUAL_WIDE=1). Every block computes the rows itself; block 0 also writes x as `xn`
 // (act dtype) for the kernels after it. s is not written: the next residual update adds `add`
-// first (ResidualParams::pre_add).
+// first (ResidualParams::pre_add). Without `add`, x = rmsnorm(s) ⊙ norm: the next block's norm of an
+// update that a kernel before already stored in s (moe_expert.h MoeExpertStepResidual).
 struct GemvResidualIn {
-  const float* s = nullptr;  // [T, K] fp32; null: x as given
-  const float* add = nullptr;
+  const float* s = nullptr;     // [T, K] fp32; null: x as given
+  const float* add = nullptr;   // optional [T, K]
   const float* norm = nullptr;  // [K]
   float eps = 1e-6f;
   void* xn = nullptr;  // optional [T, K]
   ActDType xn_dtype = ActDType::kBF16;
+  // x rounded to bf16 before the products, as the GEMV reads a bf16 xn (the Q/K/V projections),
+  // where the router reads its fp32 copy.
+  bool round_x = false;
 };
 
 struct GemvParams {

@@ -269,7 +269,7 @@ bool GemvEnabled() {
 }
 
 std::atomic<uint64_t> g_steps{0}, g_stream{0}, g_stream_direct{0}, g_direct{0}, g_wgmma{0}, g_wgmma_repacked{0},
-    g_stream_wgmma{0}, g_stream_split{0}, g_stream_wgmma_pair{0}, g_generic{0};
+    g_stream_wgmma{0}, g_stream_split{0}, g_stream_wgmma_pair{0}, g_generic{0}, g_down_residual{0};
 
 void CountPaths(const MoeWork& w, bool repacked, bool need_generic) {
   constexpr auto kRelaxed = std::memory_order_relaxed;
@@ -283,6 +283,17 @@ void CountPaths(const MoeWork& w, bool repacked, bool need_generic) {
   if (w.stream_split) g_stream_split.fetch_add(1, kRelaxed);
   if (w.sw_pair) g_stream_wgmma_pair.fetch_add(1, kRelaxed);
   if (need_generic) g_generic.fetch_add(1, kRelaxed);
+  if (w.res_s) g_down_residual.fetch_add(1, kRelaxed);
+}
+
+// MoeExpertStepResidual's down kernel with the residual update inside; MOESHARD_MOE_DOWN_RESIDUAL=0
+// turns it off (the caller then takes MoeExpertStepRows and the residual kernel).
+bool DownResidualEnabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("MOESHARD_MOE_DOWN_RESIDUAL");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return on;
 }
 
 }  // namespace
@@ -292,7 +303,7 @@ MoePathCounts MoeExpertPathCounts() {
   return {g_steps.load(kRelaxed),        g_stream.load(kRelaxed),       g_stream_direct.load(kRelaxed),
           g_direct.load(kRelaxed),       g_wgmma.load(kRelaxed),        g_wgmma_repacked.load(kRelaxed),
           g_stream_wgmma.load(kRelaxed), g_stream_split.load(kRelaxed), g_stream_wgmma_pair.load(kRelaxed),
-          g_generic.load(kRelaxed)};
+          g_generic.load(kRelaxed),      g_down_residual.load(kRelaxed)};
 }
 
 void SetMoeDirectWarpFormForTest(int mask, int max_blocks) {
@@ -324,6 +335,12 @@ size_t MoeExpertWorkspaceBytes(int num_local_experts, int64_t width, int64_t int
 }
 
 cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStream_t stream) {
+  return MoeExpertStepStagesRes(p, mask, nullptr, nullptr, nullptr, stream);
+}
+
+cudaError_t MoeExpertStepStagesRes(const MoeExpertParams& p, unsigned mask, float* res_s, const float* res_pre,
+                                   bool* res_taken, cudaStream_t stream) {
+  if (res_taken) *res_taken = false;
   const int num_sms = DeviceSmCount();
   if (num_sms == 0) return cudaErrorNoDevice;
   const Layout l = MakeLayout(p.num_local_experts, p.width, p.inter, p.num_tokens, p.top_k);
@@ -398,6 +415,12 @@ cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStr
     w.sw_min_rows = plan.split_rows;
     if (w.stream_wgmma) StreamWgmmaPairFor(w.capacity, total_experts, w);
   }
+  if (res_s) {  // the residual update inside down, or nothing launched
+    if (!w.stream_direct || !MoeDownResidualShape(p) || !DownResidualEnabled()) return cudaSuccess;
+    w.res_s = res_s;
+    w.res_pre = res_pre;
+    *res_taken = true;
+  }
   CountPaths(w, repacked, need_generic);
   using Launch = cudaError_t (*)(const MoeExpertParams&, const MoeWork&, cudaStream_t);
   enum Need { kAlways, kFast, kFastOld, kGemv, kGeneric };
@@ -417,17 +440,18 @@ cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStr
       {kMoeStageGemvGateUp, kGemv, w.wgmma ? LaunchMoeWgmmaGateUp : LaunchMoeGemvGateUp},
       {kMoeStageGenericGateUp, kGeneric, LaunchMoeGenericGateUp},
       {kMoeStageFastDown, kFast,
-       w.stream_direct  ? LaunchMoeStreamDirectDown
-       : w.stream_wgmma ? LaunchMoeStreamWgmmaDown
-       : w.stream_split ? LaunchSplitDown
-       : repacked       ? LaunchMoeStreamDown
-                        : LaunchMoeFastDown},
+       w.res_s           ? LaunchMoeStreamDirectDownResidual
+       : w.stream_direct ? LaunchMoeStreamDirectDown
+       : w.stream_wgmma  ? LaunchMoeStreamWgmmaDown
+       : w.stream_split  ? LaunchSplitDown
+       : repacked        ? LaunchMoeStreamDown
+                         : LaunchMoeFastDown},
       {kMoeStageGemvDown, kGemv, w.wgmma ? LaunchMoeWgmmaDown : LaunchMoeGemvDown},
       {kMoeStageGenericDown, kGeneric, LaunchMoeGenericDown},
       {kMoeStageCombine, kAlways, LaunchMoeCombine},
   };
   for (const auto& s : stages) {
-    if (!(mask & s.stage)) continue;
+    if (!(mask & s.stage) || (w.res_s && s.stage == kMoeStageCombine)) continue;
     if (w.direct && (s.stage == kMoeStageRoute || s.need == kFastOld || (s.need == kFast && !w.stream_direct))) {
       continue;
     }
@@ -525,6 +549,23 @@ absl::Status MoeExpertStep(const MoeExpertParams& p, GpuStream stream) {
   return CudaStatus(MoeExpertStepStages(p, kMoeStageAll, stream), "MoeExpertStep launch");
 }
 
+absl::StatusOr<bool> MoeExpertStepResidual(const MoeExpertParams& p, float* s, const float* pre_add, GpuStream stream) {
+  if (p.out_act) return absl::InvalidArgumentError("MoeExpertStepResidual: out_act needs the combine (MoeExpertStep)");
+  if (absl::Status st = Validate(p); !st.ok()) return st;
+  if (!s || reinterpret_cast<uintptr_t>(s) % 4 != 0 || (pre_add && reinterpret_cast<uintptr_t>(pre_add) % 4 != 0)) {
+    return absl::InvalidArgumentError("MoeExpertStepResidual: s (and pre_add) must be 4-byte aligned device rows");
+  }
+  if (p.num_tokens != 1) return false;
+  bool taken = false;
+  if (absl::Status st =
+          CudaStatus(MoeExpertStepStagesRes(p, kMoeStageAll & ~kMoeStageCombine, s, pre_add, &taken, stream),
+                     "MoeExpertStep launch");
+      !st.ok()) {
+    return st;
+  }
+  return taken;
+}
+
 absl::StatusOr<MoeExpertRows> MoeExpertStepRows(const MoeExpertParams& p, GpuStream stream) {
   if (p.out_act) return absl::InvalidArgumentError("MoeExpertStepRows: out_act needs the combine (MoeExpertStep)");
   if (absl::Status s = Validate(p); !s.ok()) return s;
@@ -533,7 +574,8 @@ absl::StatusOr<MoeExpertRows> MoeExpertStepRows(const MoeExpertParams& p, GpuStr
   uint8_t* ws = static_cast<uint8_t*>(p.workspace);
   MoeExpertRows r{reinterpret_cast<const float*>(ws + l.y), reinterpret_cast<const int32_t*>(ws + l.pos)};
   if (p.num_tokens == 0) return r;
-  if (absl::Status s = CudaStatus(MoeExpertStepStages(p, kMoeStageAll & ~kMoeStageCombine, stream), "MoeExpertStep launch");
+  if (absl::Status s =
+          CudaStatus(MoeExpertStepStages(p, kMoeStageAll & ~kMoeStageCombine, stream), "MoeExpertStep launch");
       !s.ok()) {
     return s;
   }

@@ -100,6 +100,17 @@ struct MoeExpertRows {
 };
 absl::StatusOr<MoeExpertRows> MoeExpertStepRows(const MoeExpertParams& p, GpuStream stream);
 
+// The step with the MLP block's residual update inside its down kernel, for one token whose experts
+// are all on this GPU (a one-stream decode step on one GPU): s[0, L) = (s + pre_add) + Σ_j
+// weights[j] · row_j, summed in slot order — the bits of ResidualParams' ungated update (pre_add,
+// mix_*) over MoeExpertStepRows' rows; pre_add may be null. s and pre_add are device fp32 rows;
+// nothing else is written but the workspace. Returns false, with nothing enqueued, where the step
+// does not take it: more than one token, more than 8 slots, experts on other GPUs, the output
+// norm, experts not repacked for the direct GEMV (moe_stream_direct_res.cu), or
+// MOESHARD_MOE_DOWN_RESIDUAL=0; the caller then runs MoeExpertStepRows and the update.
+absl::StatusOr<bool> MoeExpertStepResidual(const MoeExpertParams& p, float* s, const float* pre_add,
+                                            GpuStream stream);
+
 // How many steps each expert path has enqueued in this process: host-side counts (relaxed
 // atomics, one add a step), for tests and diagnostics — a test run with a path's switch on
 // asserts that the path ran. A captured CUDA graph counts once, at capture.
@@ -114,6 +125,7 @@ struct MoePathCounts {
   uint64_t stream_split = 0;    // those GEMMs for the experts with many rows, streamed the rest
   uint64_t stream_wgmma_pair = 0;  // of stream_wgmma, the two-CTA 32-token kernel beside the 128-token one
   uint64_t generic = 0;            // the generic kernels (some expert on no fast path)
+  uint64_t down_residual = 0;      // MoeExpertStepResidual's steps that took the update inside down
 };
 MoePathCounts MoeExpertPathCounts();
 

@@ -85,6 +85,10 @@ struct MoeWork {
   // (MoeExpertStepStages: moe_expert_bench --stages; its stage times then include the memset).
   int32_t* sw_next = nullptr;
   int32_t sw_min_rows = 0;   // with stream_split or sw_pair; 0 otherwise
+  // With stream_direct, one token and every expert local (MoeExpertStepResidual): down updates the
+  // residual stream itself, res_s = (res_s + res_pre) + the mix (moe_stream_direct_res.cu); no combine.
+  float* res_s = nullptr;
+  const float* res_pre = nullptr;  // optional
   uint16_t* wexp = nullptr;  // [E][2I][L] gate/up interleaved, then [E][L][I] down (bf16)
   int num_sms = 0;
 };
@@ -113,6 +117,10 @@ bool MoeRepackQ8Eligible(const WeightRef& w);
 cudaError_t LaunchMoeRepackQ8(const WeightRef& src, void* dst_data, void* dst_scale, cudaStream_t stream);
 cudaError_t LaunchMoeStreamDirectGateUp(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
 cudaError_t LaunchMoeStreamDirectDown(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
+// Down with the residual update inside (moe_stream_direct_res.cu), and the steps it takes: one
+// token, at most 8 slots, every expert on this GPU, no output norm, L % 16 == 0.
+bool MoeDownResidualShape(const MoeExpertParams& p);
+cudaError_t LaunchMoeStreamDirectDownResidual(const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
 // Their warp form (moe_stream_direct_warp.cu; moe_env.h StreamDirectWarpForm says when).
 cudaError_t LaunchMoeStreamDirectWarp(bool gate_up, const MoeExpertParams& p, const MoeWork& w, cudaStream_t stream);
 // The wgmma path (moe_wgmma.cu): whether this build and GPU run it (sm_90a), and its launches in
@@ -143,5 +151,10 @@ enum MoeStage : unsigned {
   kMoeStageAll = 511,
 };
 cudaError_t MoeExpertStepStages(const MoeExpertParams& p, unsigned mask, cudaStream_t stream);
+// The same with the residual update inside down (MoeExpertStepResidual; res_s null: as above). Where
+// the step cannot take it (MoeDownResidualShape, the direct GEMV over repacked experts, the switch),
+// nothing is launched and *res_taken is false.
+cudaError_t MoeExpertStepStagesRes(const MoeExpertParams& p, unsigned mask, float* res_s, const float* res_pre,
+                                   bool* res_taken, cudaStream_t stream);
 
 }  // namespace moeshard::gpu

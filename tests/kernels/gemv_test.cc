@@ -348,6 +348,35 @@ TEST_F(GemvQ8, GemmExpandsSplitQ8InChunks) {
   EXPECT_LE(MaxRelErr(y.Host<float>(T * N), RefMatMul(x, T, wb, N, K, nullptr)), 1e-5);
 }
 
+// The plain residual update s += out of T rows of K, with the next block's norm (eps 1e-6) into xn.
+gpu::ResidualParams UpdateWithNorm(void* s, const void* out, int64_t T, int64_t K, const void* norm, void* xn,
+                                   ActDType xn_dtype) {
+  gpu::ResidualParams r;
+  r.s = static_cast<float*>(s);
+  r.out = static_cast<const float*>(out);
+  r.rows = T;
+  r.dim = K;
+  r.eps = 1e-6f;
+  r.next_norm = static_cast<const float*>(norm);
+  r.next_out = xn;
+  r.next_dtype = xn_dtype;
+  return r;
+}
+
+// One matrix's GEMV of T tokens of x into fp32 y.
+gpu::GemvParams OneMatrix(GemvWeight wt, const Matrix& m, int64_t N, int64_t K, int64_t T, const void* x,
+                          ActDType x_dtype, void* y) {
+  gpu::GemvParams p;
+  p.wtype = wt;
+  p.x = x;
+  p.x_dtype = x_dtype;
+  p.y_dtype = ActDType::kF32;
+  p.cols = K;
+  p.num_tokens = T;
+  p.m[0] = {m.w->p, m.scales ? static_cast<const uint16_t*>(m.scales->p) : nullptr, N, nullptr, y, 0};
+  return p;
+}
+
 // The residual update folded into a GEMV (GemvResidualIn, the router of an MoE block after its
 // attention block): the GEMV's outputs and its xn must be, bit for bit, those of the residual
 // kernel (s += add, the next block's norm into xn and an fp32 copy) followed by the GEMV on that
@@ -375,25 +404,10 @@ TEST_F(GemvQ8, ResidualFoldedInEqualsResidualThenGemv) {
             dn(norm.data(), K * 4), dn2(norm2.data(), K * 4), o2(out2.data(), out2.size() * 4), xna(T * K * xe),
             xnb(T * K * xe), x32(T * K * 4), ya(T * N * 4), yb(T * N * 4), nxa(T * K * 2), nxb(T * K * 2);
         // A: the residual kernel, then the GEMV on its fp32 copy.
-        gpu::ResidualParams r;
-        r.s = static_cast<float*>(sa.p);
-        r.out = static_cast<const float*>(da.p);
-        r.rows = T;
-        r.dim = K;
-        r.eps = 1e-6f;
-        r.next_norm = static_cast<const float*>(dn.p);
-        r.next_out = xna.p;
-        r.next_dtype = xn_dtype;
+        gpu::ResidualParams r = UpdateWithNorm(sa.p, da.p, T, K, dn.p, xna.p, xn_dtype);
         r.next_out_f32 = static_cast<float*>(x32.p);
         ASSERT_TRUE(gpu::Residual(r, nullptr).ok());
-        gpu::GemvParams p;
-        p.wtype = wt;
-        p.x = x32.p;
-        p.x_dtype = ActDType::kF32;
-        p.y_dtype = ActDType::kF32;
-        p.cols = K;
-        p.num_tokens = T;
-        p.m[0] = {m.w->p, m.scales ? static_cast<const uint16_t*>(m.scales->p) : nullptr, N, nullptr, ya.p, 0};
+        const gpu::GemvParams p = OneMatrix(wt, m, N, K, T, x32.p, ActDType::kF32, ya.p);
         ASSERT_TRUE(gpu::Gemv(p, nullptr).ok());
         // B: the GEMV with the update folded in.
         gpu::GemvParams q = p;
@@ -430,8 +444,52 @@ TEST_F(GemvQ8, ResidualFoldedInEqualsResidualThenGemv) {
   bad.cols = 256;
   bad.num_tokens = 1;
   float dummy[4];
-  bad.res.s = dummy;  // no add, no norm
+  bad.res.s = dummy;  // no norm
   EXPECT_EQ(gpu::Gemv(bad, nullptr).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The next block's norm of an update a kernel before stored in s (GemvResidualIn without add: the
+// Q/K/V GEMV after the experts' down kernel updated s, moe_expert.h MoeExpertStepResidual): the
+// GEMV's outputs and its xn must be, bit for bit, those of the residual kernel's fused norm (xn in
+// the activation dtype) followed by the GEMV on that xn — bf16 xn with x rounded to bf16
+// (round_x), fp32 xn without. Split-Q8 rows at one token (from two, bf16 x takes the tensor-core
+// kernel, which the folded form does not), fp32 rows at 1 and 3.
+TEST_F(GemvQ8, ResidualNormOfStoredUpdateEqualsResidualThenGemv) {
+  std::mt19937 rng(23);
+  std::normal_distribution<float> d(0.f, 1.f);
+  for (const auto& [wt, K, N] : {std::tuple{GemvWeight::kQ8, int64_t{2048}, int64_t{96}},
+                                 std::tuple{GemvWeight::kF32, int64_t{768}, int64_t{40}}}) {
+    Matrix m = MakeMatrix(wt, N, K, rng);
+    for (int64_t T : {1, 3}) {
+      if (wt == GemvWeight::kQ8 && T > 1) continue;
+      for (ActDType xn_dtype : {ActDType::kBF16, ActDType::kF32}) {
+        SCOPED_TRACE(testing::Message() << "K " << K << " T " << T << (xn_dtype == ActDType::kF32 ? " f32" : " bf16"));
+        std::vector<float> s(T * K), out(T * K), norm(K);
+        for (auto& v : s) v = 3.f * d(rng);
+        for (auto& v : out) v = d(rng);
+        for (auto& v : norm) v = 1.f + 0.2f * d(rng);
+        const size_t xe = xn_dtype == ActDType::kF32 ? 4 : 2;
+        DevBuf ds(s.data(), s.size() * 4), dout(out.data(), out.size() * 4), dn(norm.data(), K * 4), xna(T * K * xe),
+            xnb(T * K * xe), ya(T * N * 4), yb(T * N * 4);
+        // A: the residual kernel (s += out, the next norm into xn), then the GEMV on xn.
+        const gpu::ResidualParams r = UpdateWithNorm(ds.p, dout.p, T, K, dn.p, xna.p, xn_dtype);
+        ASSERT_TRUE(gpu::Residual(r, nullptr).ok());
+        const std::vector<uint32_t> s_after = ds.Host<uint32_t>(T * K);
+        const gpu::GemvParams p = OneMatrix(wt, m, N, K, T, xna.p, xn_dtype, ya.p);
+        ASSERT_TRUE(gpu::Gemv(p, nullptr).ok());
+        // B: the GEMV computing the norm from the updated s.
+        gpu::GemvParams q = p;
+        q.x = nullptr;
+        q.res = {static_cast<const float*>(ds.p), nullptr, static_cast<const float*>(dn.p), 1e-6f, xnb.p, xn_dtype,
+                 xn_dtype == ActDType::kBF16};
+        q.m[0].y = yb.p;
+        ASSERT_TRUE(gpu::Gemv(q, nullptr).ok());
+        EXPECT_EQ(ya.Host<uint32_t>(T * N), yb.Host<uint32_t>(T * N)) << "GEMV outputs";
+        EXPECT_EQ(xna.Host<uint16_t>(T * K * xe / 2), xnb.Host<uint16_t>(T * K * xe / 2)) << "xn";
+        EXPECT_EQ(ds.Host<uint32_t>(T * K), s_after) << "s must stay as it was";
+      }
+    }
+  }
 }
 
 }  // namespace

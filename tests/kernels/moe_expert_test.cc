@@ -35,6 +35,7 @@
 #include "kernels/cpu/moe_ref.h"
 #include "kernels/cpu/quantize.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/gpu_ops.h"
 #include "tests/kernels/gpu_test_util.h"
 
 namespace moeshard {
@@ -187,10 +188,73 @@ constexpr Shape kShapes[] = {
     // A 4,096-wide latent (Muse Spark's): gate/up's K sixteen chunks, four a quarter (the warp
     // form's four-stage ring wraps four times within one row of K); down's K two chunks.
     {"latent decode", 1, 8, 4, 8, 4096, 512, 0, -1, true},
+    // One token of Qwen3-30B's expert size on a GPU holding every expert: the residual update
+    // inside the direct GEMV's down kernel (MoeExpertStepResidual), eight slots.
+    {"qwen one token", 1, 8, 8, 8, 2048, 768, 0, -1, true},
 };
 
 // The shapes whose repacked steps took the direct GEMV and compared its two forms (RunCase).
 std::set<std::string> g_direct_forms_compared;
+// The shapes whose repacked steps compared the residual update inside down (CompareDownResidual).
+std::set<std::string> g_down_residual_compared;
+
+bool DownResidualOff() {
+  const char* v = std::getenv("MOESHARD_MOE_DOWN_RESIDUAL");
+  return v != nullptr && v[0] == '0';
+}
+
+// One token with every expert on this GPU (MoeExpertStepResidual): the residual update inside the
+// down kernel must leave s, bit for bit, as MoeExpertStepRows' rows and the residual kernel's ungated
+// update leave it (ResidualParams::mix_*), with the attention block's pre_add and without; and it must
+// be taken unless MOESHARD_MOE_DOWN_RESIDUAL=0 (then nothing may be enqueued: s unchanged).
+void CompareDownResidual(const gpu::MoeExpertParams& p, std::mt19937& rng) {
+  const int64_t L = p.width;
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<float> s0(L), pre(L);
+  for (auto& v : s0) v = 3.f * d(rng);
+  for (auto& v : pre) v = d(rng);
+  DeviceMem d_sa(L * 4), d_sb(L * 4), d_pre(L * 4);
+  CUDA_OK(cudaMemcpy(d_pre.ptr, pre.data(), L * 4, cudaMemcpyHostToDevice));
+  for (bool with_pre : {true, false}) {
+    SCOPED_TRACE(with_pre ? "with pre_add" : "without pre_add");
+    const float* pre_dev = with_pre ? static_cast<const float*>(d_pre.ptr) : nullptr;
+    CUDA_OK(cudaMemcpy(d_sa.ptr, s0.data(), L * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_sb.ptr, s0.data(), L * 4, cudaMemcpyHostToDevice));
+    absl::StatusOr<gpu::MoeExpertRows> rows = gpu::MoeExpertStepRows(p, nullptr);
+    ASSERT_TRUE(rows.ok()) << rows.status();
+    gpu::ResidualParams r;
+    r.s = static_cast<float*>(d_sa.ptr);
+    r.rows = 1;
+    r.dim = L;
+    r.pre_add = pre_dev;
+    r.mix_rows = rows->rows;
+    r.mix_pos = rows->pos;
+    r.mix_weights = p.weights;
+    r.mix_k = p.top_k;
+    absl::Status st = gpu::Residual(r, nullptr);
+    ASSERT_TRUE(st.ok()) << st;
+    CUDA_OK(cudaDeviceSynchronize());
+    const uint64_t before = gpu::MoeExpertPathCounts().down_residual;
+    absl::StatusOr<bool> taken = gpu::MoeExpertStepResidual(p, static_cast<float*>(d_sb.ptr), pre_dev, nullptr);
+    ASSERT_TRUE(taken.ok()) << taken.status();
+    CUDA_OK(cudaDeviceSynchronize());
+    std::vector<uint32_t> a(L), b(L);
+    CUDA_OK(cudaMemcpy(a.data(), d_sa.ptr, L * 4, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(b.data(), d_sb.ptr, L * 4, cudaMemcpyDeviceToHost));
+    if (DownResidualOff()) {
+      EXPECT_FALSE(*taken) << "MOESHARD_MOE_DOWN_RESIDUAL=0, yet the update ran inside down";
+      EXPECT_EQ(std::memcmp(b.data(), s0.data(), L * 4), 0) << "not taken, yet s changed";
+      continue;
+    }
+    ASSERT_TRUE(*taken) << "one token, every expert local, repacked: the update must go inside down";
+    EXPECT_EQ(gpu::MoeExpertPathCounts().down_residual, before + 1);
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < L; ++i) {
+      if (a[i] != b[i] && wrong++ < 3) ADD_FAILURE() << "s[" << i << "] differs from the residual kernel's";
+    }
+    EXPECT_EQ(wrong, 0);
+  }
+}
 
 void RunCase(const Shape& s, WeightFormat f, ActDType act, bool norm, std::mt19937& rng) {
   const int64_t T = s.T, L = s.L, I = s.I;
@@ -372,6 +436,10 @@ void RunCase(const Shape& s, WeightFormat f, ActDType act, bool norm, std::mt199
             << ")";
       }
       g_direct_forms_compared.insert(s.name);
+      if (T == 1 && s.E == s.E_total && !norm) {
+        CompareDownResidual(pr, rng);
+        g_down_residual_compared.insert(s.name);
+      }
     }
     results.push_back(got);
   }
@@ -524,6 +592,13 @@ TEST_F(MoeExpertTest, MatchesCpuReference) {
     for (const char* name : {"repacked decode", "qwen decode", "crowded decode", "crowded part", "latent decode"}) {
       EXPECT_EQ(g_direct_forms_compared.count(name), 1u)
           << "\"" << name << "\" did not compare the direct GEMV's forms";
+    }
+    for (const char* name : {"one token", "qwen one token"}) {
+      EXPECT_EQ(g_down_residual_compared.count(name), 1u)
+          << "\"" << name << "\" did not compare the residual update inside down";
+    }
+    if (!DownResidualOff()) {
+      EXPECT_GT(n.down_residual, 0u) << "no step took the residual update inside down";
     }
   }
 }

@@ -57,7 +57,12 @@ class RecordingOps : public LayerOps {
   }
   absl::Status LatentIn(int64_t li) override { return Rec(absl::StrCat("LatentIn ", li)); }
   absl::Status Experts(int64_t li, const ExpertsOpts& o) override {
-    return Rec(absl::StrCat("Experts ", li, " output_norm=", o.output_norm));
+    std::string then;  // the residual update the experts announce (a fusion hint)
+    if (o.residual_next) {
+      then = absl::StrCat(" then gated=", o.residual.gated, " next=", NextName(o.residual.next.kind),
+                          " f32=", o.residual.next.f32_copy);
+    }
+    return Rec(absl::StrCat("Experts ", li, " output_norm=", o.output_norm, then));
   }
   absl::Status LatentOut(int64_t li) override { return Rec(absl::StrCat("LatentOut ", li)); }
 
@@ -172,7 +177,9 @@ std::vector<std::string> Qwen3Layers(int64_t begin, int64_t end, bool renormaliz
       want.push_back(absl::StrCat("DenseMlp ", li));
     } else {
       want.push_back(absl::StrCat("Route ", li, " topk_only=0 renormalize=", renormalize, " latent=0"));
-      want.push_back(absl::StrCat("Experts ", li, " output_norm=0"));
+      // The hint: the very update that follows.
+      want.push_back(absl::StrCat("Experts ", li,
+                                  " output_norm=0 then gated=0 next=", i + 1 < end ? "attention" : "none", " f32=0"));
     }
     want.push_back(absl::StrCat("Residual ", li, " mlp gated=0 next=", i + 1 < end ? "attention" : "none", " f32=0"));
   }

@@ -182,10 +182,33 @@ bool GpuModelRunner::FoldsAttentionResidual(int64_t li, const ResidualOpts& opts
          router.cols == config_.hidden_size && config_.hidden_size % 4 == 0;
 }
 
+// Whether the MLP block's residual update goes into the experts' down kernel (MoeExpertStepResidual;
+// fold_moe_residual_), its norm into the next layer's Q/K/V GEMV (GemvResidualIn without add): one
+// token, one GPU holding every expert, the plain update straight after the experts, a next layer on
+// this shard whose Q/K/V take one Gemv launch, no trace and no repeated ops.
+bool GpuModelRunner::FoldsMoeResidual(int64_t li, const ExpertsOpts& opts) const {
+  const int64_t H = config_.hidden_size;
+  if (!fold_moe_residual_ || T_ != 1 || !fuse_norms_ || shard_.tp_size > 1 || trace_row_ >= 0 || repeat_ops_ != 0 ||
+      opts.output_norm || !opts.residual_next || opts.residual.gated ||
+      opts.residual.next.kind != NextInput::Kind::kAttention || opts.residual.next.f32_copy || mix_ != f_ ||
+      li + 1 >= static_cast<int64_t>(w_->layers.size()) || H % 4 != 0 ||
+      host_w_->num_local_experts != config_.num_experts) {
+    return false;
+  }
+  const GpuLayerWeights& next = w_->layers[li + 1];
+  if (!next.attn_norm) return false;
+  for (const DenseWeight* w : {&next.q, &next.k, &next.v}) {
+    if (!w->data || !UseGemv(*w, T_) || GemvTypeOf(*w) != GemvTypeOf(next.q) || w->cols != H) return false;
+  }
+  return true;
+}
+
 // The model file's layer sequence (worker/model) over this runner's ops, below.
 absl::Status GpuModelRunner::LayersDevice() {
   prenormed_ = false;
   moe_mix_pending_ = false;
+  moe_residual_done_ = false;
+  qkv_res_ = {};
   return RunLayerSequence(config_, shard_.layer_begin, shard_.layer_end, *this);
 }
 
@@ -203,10 +226,13 @@ absl::Status GpuModelRunner::AttentionInput(int64_t li, const AttentionInputOpts
   void* v = v_ = Act(T * nkv_ * hd);
   o_ = Act(T * nq_ * hd);
   RETURN_IF_ERROR(arena_error_);
-  if (!prenormed_) RETURN_IF_ERROR(Norm(s_, ActDType::kF32, T, H, lw.attn_norm, x));
+  const gpu::GemvResidualIn res = qkv_res_;  // the input norm of an update the experts stored (FoldsMoeResidual)
+  qkv_res_ = {};
+  if (!prenormed_ && !res.s) RETURN_IF_ERROR(Norm(s_, ActDType::kF32, T, H, lw.attn_norm, x));
   prenormed_ = false;
   for (int rep = 0; rep < Reps(kRepeatQkv); ++rep) {
-    RETURN_IF_ERROR(ProjectMany({{&lw.q, q, lw.q_bias}, {&lw.k, k, lw.k_bias}, {&lw.v, v, lw.v_bias}}, x, act_, T));
+    RETURN_IF_ERROR(ProjectMany({{&lw.q, q, lw.q_bias}, {&lw.k, k, lw.k_bias}, {&lw.v, v, lw.v_bias}}, x, act_, T,
+                                "dense projections", res));
   }
   // One kernel for q/k norm, RoPE and the KV write; else each its own, and the KV write at
   // the start of Attention.
@@ -320,6 +346,10 @@ absl::Status GpuModelRunner::OutputProjection(int64_t li) {
 
 // With a next block (opts.next), its input norm rides on the update.
 absl::Status GpuModelRunner::Residual(int64_t li, Block block, const ResidualOpts& opts) {
+  if (block == Block::kMlp && moe_residual_done_) {  // the experts' down kernel did it (FoldsMoeResidual)
+    moe_residual_done_ = false;
+    return absl::OkStatus();
+  }
   const GpuLayerWeights& lw = w_->layers[li];
   const float* next_norm = nullptr;
   if (opts.next.kind == NextInput::Kind::kMlp) {
@@ -450,6 +480,20 @@ absl::Status GpuModelRunner::Experts(int64_t li, const ExpertsOpts& opts) {
   mp.workspace = moe_ws_;
   mp.workspace_bytes = moe_ws_bytes_;
   mp.expert_formats = lw.expert_formats;
+  // One token on one GPU: the update inside the experts' down kernel, its norm in the next Q/K/V GEMV.
+  if (FoldsMoeResidual(li, opts)) {
+    bool taken = false;
+    {
+      auto region = prof_.Region("expert step", stream_);
+      ASSIGN_OR_RETURN(taken, MoeExpertStepResidual(mp, s_, pre_add_, stream_));
+    }
+    if (taken) {
+      pre_add_ = nullptr;
+      moe_residual_done_ = true;
+      qkv_res_ = {s_, nullptr, w_->layers[li + 1].attn_norm, config_.rms_eps, xn_, act_, act_ == ActDType::kBF16};
+      return absl::OkStatus();
+    }
+  }
   // On one GPU the MLP block's residual update mixes the experts' rows itself (one kernel less).
   if (fuse_moe_residual_ && shard_.tp_size <= 1 && !opts.output_norm && mix_ == f_ && K <= 64) {
     auto region = prof_.Region("expert step", stream_);

@@ -170,6 +170,7 @@ class GpuModelRunner : public ModelRunner, private LayerOps {
   bool UseGemv(const DenseWeight& w, int64_t rows) const;
   int64_t GemvChunk(const DenseWeight& w, int64_t rows) const;
   bool FoldsAttentionResidual(int64_t li, const ResidualOpts& opts) const;
+  bool FoldsMoeResidual(int64_t li, const ExpertsOpts& opts) const;
   absl::Status UploadHidden(const std::vector<float>& h);
   absl::Status Download(const float* dev, int64_t n, std::vector<float>* out);
   // The traced row of s after a residual update (SetResidualTrace), outside graph capture.
@@ -217,6 +218,13 @@ class GpuModelRunner : public ModelRunner, private LayerOps {
   bool fold_residual_ = true;
   gpu::GemvResidualIn router_res_;  // set by Residual, taken by Route's router projection
   const float* pre_add_ = nullptr;  // set by Residual, taken by the MLP block's residual update
+  // MOESHARD_FOLD_MOE_RESIDUAL=1: on (off by default until measured on a GPU). Then, at one token on
+  // one GPU holding every expert, the MLP block's residual update runs inside the experts' down
+  // kernel (moe_expert.h MoeExpertStepResidual) and the next layer's Q/K/V GEMV computes its input
+  // norm from s (qkv_res_) — the residual kernel's launch gone (FoldsMoeResidual says when).
+  bool fold_moe_residual_ = false;
+  bool moe_residual_done_ = false;  // set by Experts, taken by Residual(kMlp)
+  gpu::GemvResidualIn qkv_res_;     // set by Experts, taken by the next AttentionInput
   int Reps(uint32_t op) const { return (repeat_ops_ & op) ? 2 : 1; }
   MoeExpertRows moe_rows_;
   std::unique_ptr<ModelWeights> host_w_;

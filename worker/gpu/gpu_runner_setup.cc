@@ -32,6 +32,8 @@ absl::Status GpuModelRunner::StartDevice() {
   mix_in_combine_ = !(mix_in && std::string(mix_in) == "0");
   const char* fold = std::getenv("MOESHARD_FOLD_RESIDUAL");
   fold_residual_ = !(fold && std::string(fold) == "0");
+  const char* fold_moe = std::getenv("MOESHARD_FOLD_MOE_RESIDUAL");
+  fold_moe_residual_ = fold_moe && std::string(fold_moe) == "1";  // off until measured on a GPU
   if (const char* rep = std::getenv("MOESHARD_REPEAT_OPS")) {
     ASSIGN_OR_RETURN(repeat_ops_, ParseRepeatOps(rep));
   }

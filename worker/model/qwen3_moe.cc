@@ -17,14 +17,15 @@ absl::Status RunQwen3MoeLayers(const ModelConfig& config, int64_t layer_begin, i
     RETURN_IF_ERROR(ops.OutputProjection(li));
     RETURN_IF_ERROR(ops.Residual(li, Block::kAttention, {.gated = false, .next = NextMlp(spec)}));
 
+    const ResidualOpts mlp_residual{.gated = false, .next = NextAttention(li, num_layers)};
     RETURN_IF_ERROR(ops.MlpInput(li, {.f32_copy = spec.moe}));
     if (spec.moe) {
       RETURN_IF_ERROR(ops.Route(li, {.softmax_topk_only = false, .renormalize = config.norm_topk_prob, .latent = false}));
-      RETURN_IF_ERROR(ops.Experts(li, {.output_norm = false}));
+      RETURN_IF_ERROR(ops.Experts(li, {.output_norm = false, .residual_next = true, .residual = mlp_residual}));
     } else {
       RETURN_IF_ERROR(ops.DenseMlp(li));
     }
-    RETURN_IF_ERROR(ops.Residual(li, Block::kMlp, {.gated = false, .next = NextAttention(li, num_layers)}));
+    RETURN_IF_ERROR(ops.Residual(li, Block::kMlp, mlp_residual));
   }
   return absl::OkStatus();
 }
