@@ -19,6 +19,7 @@
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gpu_ops.h"
 #include "kernels/cuda/probe.h"
+#include "kernels/moe/moe_expert.h"
 #include "worker/gpu/device_memory.h"
 #include "worker/kv_cache.h"
 #include "worker/model_bench.h"
@@ -225,6 +226,11 @@ absl::StatusOr<std::string> RunModelBench(const ModelConfig& c, const ModelBench
         S, S == 1 ? "" : "s", S, 1e3 * step_s, S / step_s, 1e3 * read_floor_s, bytes / 1e9, step_s / read_floor_s,
         100.0 * read_floor_s / step_s));
   }
+  // Which expert kernels the run's steps took (host-side counts; a replayed graph counts at capture).
+  const gpu::MoePathCounts paths = gpu::MoeExpertPathCounts();
+  absl::StrAppend(&rep, absl::StrFormat("\nExpert steps enqueued: %llu (%llu direct GEMV over repacked experts, %llu of them "
+                                        "with the MLP residual update inside down)\n",
+                                        paths.steps, paths.stream_direct, paths.down_residual));
   absl::StrAppend(&rep, "\nDevice time by region (CUDA events, in separate runs; the rest of a step is host work and launches):\n");
   for (const auto& p : profiles) absl::StrAppend(&rep, "  ", p, "\n");
   return rep;
