@@ -79,14 +79,17 @@ __device__ __forceinline__ uint4 LoadStream(const void* p) {
 // x from GemvResidualIn: per token, v = s + add and rmsnorm(v) ⊙ norm into the staged x (fp32),
 // the sum of squares as norm_rope.cu's ResidualRegKernel forms it (each of the 256 threads adds
 // its float4 pieces tid, tid + 256, ... in order, then BlockSum), so the values are that
-// kernel's; block 0 also stores them as xn. Tokens past num_tokens stage zeros.
+// kernel's; block 0 also stores them as xn. Tokens past num_tokens stage zeros. With norm_early,
+// token 0's slots hold the norm's weights on entry (GemvKernel staged them before its wait): the
+// tokens go last to first, each thread reading the weights of the pieces it then writes.
 template <int TB>
 __device__ __forceinline__ void ResidualPrologue(const GemvLaunch& a, int nchunks, float4* xs) {
   static_assert(kThreads == 256, "the residual kernel's block size, for the same sums");
   __shared__ float scratch[32];
   const int tid = threadIdx.x, D4 = nchunks * 4;
   const GemvResidualIn& r = a.res;
-  for (int t = 0; t < TB; ++t) {
+  for (int ti = 0; ti < TB; ++ti) {
+    const int t = r.norm_early ? TB - 1 - ti : ti;
     float4* xt = xs + t * D4;
     if (t >= a.num_tokens) {
       for (int q = tid; q < D4; q += kThreads) xt[XsSlot(q / 4, q % 4)] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -111,7 +114,8 @@ __device__ __forceinline__ void ResidualPrologue(const GemvLaunch& a, int nchunk
     ss = BlockSum(ss, scratch);
     const float inv = rsqrtf(ss / static_cast<float>(a.cols) + r.eps);
     for (int q = tid; q < D4; q += kThreads) {
-      const float4 v = value(q), nn = reinterpret_cast<const float4*>(r.norm)[q];
+      const float4 v = value(q),
+                   nn = r.norm_early ? xs[XsSlot(q / 4, q % 4)] : reinterpret_cast<const float4*>(r.norm)[q];
       float4 y = make_float4(v.x * inv * nn.x, v.y * inv * nn.y, v.z * inv * nn.z, v.w * inv * nn.w);
       if (r.round_x) {
         const auto rb = [](float f) { return DevBf16ToF32(DevF32ToBf16(f)); };
@@ -207,6 +211,11 @@ __global__ void __launch_bounds__(kThreads, GemvMinBlocks<W, TB>()) GemvKernel(G
   // The first weights are in flight while the kernel before finishes (pdl.cuh) and while the
   // block stages x.
   if (active) load(cbeg + lane);
+  if (a.res.s && a.res.norm_early) {  // ResidualPrologue reads them from token 0's slots
+    for (int q = tid; q < nchunks * 4; q += kThreads) {
+      xs[XsSlot(q / 4, q % 4)] = reinterpret_cast<const float4*>(a.res.norm)[q];
+    }
+  }
   PdlWait();
   PdlTrigger();
   if (a.res.s) {

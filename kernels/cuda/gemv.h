@@ -54,6 +54,9 @@ struct GemvResidualIn {
   // x rounded to bf16 before the products, as the GEMV reads a bf16 xn (the Q/K/V projections),
   // where the router reads its fp32 copy.
   bool round_x = false;
+  // The norm's weights staged into x's shared memory before the kernel's wait (weights: pdl.cuh rule
+  // 1), so that the prologue's second pass waits on no load; else loaded after the norm's block sum.
+  bool norm_early = false;
 };
 
 struct GemvParams {

@@ -42,7 +42,9 @@ constexpr int kRowsOffset = kViewOffset<kQ8> + kWarps* static_cast<int>(sizeof(V
 template <bool kQ8>
 constexpr int kIdsOffset = kRowsOffset<kQ8> + kWarps * 16 * 4;
 template <bool kQ8>
-constexpr int kSmem = kIdsOffset<kQ8> + kWarps * 4;
+constexpr int kWeightsOffset = kIdsOffset<kQ8> + kWarps * 4;
+template <bool kQ8>
+constexpr int kSmem = kWeightsOffset<kQ8> + kWarps * 4;
 
 extern __shared__ __align__(128) uint8_t smem[];
 
@@ -51,18 +53,32 @@ __global__ void __launch_bounds__(kThreads) DownResidualKernel(MoeExpertParams p
   constexpr int kS = kSlots<kQ8>;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int32_t* const ids = reinterpret_cast<int32_t*>(smem + kIdsOffset<kQ8>);
+  float* const wts = reinterpret_cast<float*>(smem + kWeightsOffset<kQ8>);
   uint8_t* const ring = smem + warp * kS * kStage<kQ8>;
   uint64_t* const bar = reinterpret_cast<uint64_t*>(smem + kBarOffset<kQ8>) + kS * warp;
   Views* const view = reinterpret_cast<Views*>(smem + kViewOffset<kQ8>) + warp;
   float* const rows = reinterpret_cast<float*>(smem + kRowsOffset<kQ8>);  // [slot][16]
   const int nk = static_cast<int>(p.inter / kCols);
-  const int64_t first_row = 16 * int64_t{blockIdx.x};
   // Slot `warp`'s expert: written by the routing kernel, two launches back (pdl.cuh rule 1, through
   // L2); the weights are fixed. So the first chunks go out before the wait, while gate/up ends. A
   // slot without a local expert (-1; not with every expert here) adds nothing, as in the update.
   const int32_t id = warp < p.top_k ? __ldcg(p.expert_ids + warp) : -1;
   const bool active = id >= 0;
-  if (lane == 0) ids[warp] = id;
+  if (lane == 0) {
+    ids[warp] = id;
+    wts[warp] = id >= 0 ? __ldcg(p.weights + warp) : 0.f;  // the routing kernel's too
+  }
+  // This block's 16 elements of s and pre, read before the wait too (pdl.cuh rule 1): s was last
+  // written by the update before (a residual kernel, or this kernel in the layer before), pre by the
+  // O projection, both launches back. Read after the wait, one at a time behind the mix's eight
+  // weight loads, they were ~9 dependent L2 round trips at the end of the kernel (the first run,
+  // H100, 2026-12-08: the step 7 % slower than the residual kernel it replaced).
+  const int64_t first_row = 16 * int64_t{blockIdx.x};
+  float s_in = 0.f, pre_in = 0.f;
+  if (threadIdx.x < 16) {
+    s_in = __ldcg(w.res_s + first_row + threadIdx.x);
+    if (w.res_pre) pre_in = __ldcg(w.res_pre + first_row + threadIdx.x);
+  }
   if (active && lane == 0) {
     const MoeExpertWeights& ew = p.experts[id];
     *view = Views{{ew.down.data, ew.down.data},
@@ -112,14 +128,11 @@ __global__ void __launch_bounds__(kThreads) DownResidualKernel(MoeExpertParams p
   }
   __syncthreads();
   if (threadIdx.x < 16) {
-    const int64_t r = first_row + threadIdx.x;
     float acc = 0.f;
     for (int j = 0; j < p.top_k; ++j) {
-      if (ids[j] >= 0) acc = fmaf(__ldcg(p.weights + j), rows[j * 16 + threadIdx.x], acc);
+      if (ids[j] >= 0) acc = fmaf(wts[j], rows[j * 16 + threadIdx.x], acc);
     }
-    float s = w.res_s[r];
-    if (w.res_pre) s += w.res_pre[r];
-    w.res_s[r] = s + acc;
+    w.res_s[first_row + threadIdx.x] = (w.res_pre ? s_in + pre_in : s_in) + acc;
   }
 }
 

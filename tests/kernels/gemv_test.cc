@@ -478,15 +478,20 @@ TEST_F(GemvQ8, ResidualNormOfStoredUpdateEqualsResidualThenGemv) {
         const gpu::GemvParams p = OneMatrix(wt, m, N, K, T, xna.p, xn_dtype, ya.p);
         ASSERT_TRUE(gpu::Gemv(p, nullptr).ok());
         // B: the GEMV computing the norm from the updated s.
-        gpu::GemvParams q = p;
-        q.x = nullptr;
-        q.res = {static_cast<const float*>(ds.p), nullptr, static_cast<const float*>(dn.p), 1e-6f, xnb.p, xn_dtype,
-                 xn_dtype == ActDType::kBF16};
-        q.m[0].y = yb.p;
-        ASSERT_TRUE(gpu::Gemv(q, nullptr).ok());
-        EXPECT_EQ(ya.Host<uint32_t>(T * N), yb.Host<uint32_t>(T * N)) << "GEMV outputs";
-        EXPECT_EQ(xna.Host<uint16_t>(T * K * xe / 2), xnb.Host<uint16_t>(T * K * xe / 2)) << "xn";
-        EXPECT_EQ(ds.Host<uint32_t>(T * K), s_after) << "s must stay as it was";
+        for (bool early : {false, true}) {  // the norm's weights loaded after the block sum, or staged first
+          SCOPED_TRACE(early ? "norm weights staged early" : "norm weights loaded late");
+          ASSERT_EQ(cudaMemset(xnb.p, 0xff, T * K * xe), cudaSuccess);
+          ASSERT_EQ(cudaMemset(yb.p, 0xff, T * N * 4), cudaSuccess);
+          gpu::GemvParams q = p;
+          q.x = nullptr;
+          q.res = {static_cast<const float*>(ds.p), nullptr, static_cast<const float*>(dn.p), 1e-6f, xnb.p, xn_dtype,
+                   xn_dtype == ActDType::kBF16, early};
+          q.m[0].y = yb.p;
+          ASSERT_TRUE(gpu::Gemv(q, nullptr).ok());
+          EXPECT_EQ(ya.Host<uint32_t>(T * N), yb.Host<uint32_t>(T * N)) << "GEMV outputs";
+          EXPECT_EQ(xna.Host<uint16_t>(T * K * xe / 2), xnb.Host<uint16_t>(T * K * xe / 2)) << "xn";
+          EXPECT_EQ(ds.Host<uint32_t>(T * K), s_after) << "s must stay as it was";
+        }
       }
     }
   }

@@ -490,7 +490,8 @@ absl::Status GpuModelRunner::Experts(int64_t li, const ExpertsOpts& opts) {
     if (taken) {
       pre_add_ = nullptr;
       moe_residual_done_ = true;
-      qkv_res_ = {s_, nullptr, w_->layers[li + 1].attn_norm, config_.rms_eps, xn_, act_, act_ == ActDType::kBF16};
+      qkv_res_ = {s_, nullptr, w_->layers[li + 1].attn_norm, config_.rms_eps, xn_, act_, act_ == ActDType::kBF16,
+                  /*norm_early=*/true};
       return absl::OkStatus();
     }
   }
