@@ -98,6 +98,13 @@ __global__ void __launch_bounds__(kThreads) DownResidualKernel(MoeExpertParams p
   PdlWait();
   PdlTrigger();
   if (active) {
+    // The slot's h (gate/up's output, readable only now) into L1 at once: each chunk's activations are
+    // read inside its computation, so a warp's chunks in sequence would wait on one L2 round trip each
+    // (the block form's warps compute one chunk each).
+    const char* hrow = reinterpret_cast<const char*>(static_cast<const uint16_t*>(w.h) + int64_t{warp} * p.inter);
+    for (int64_t b = int64_t{lane} * 128; b < 2 * p.inter; b += 32 * 128) {
+      asm volatile("prefetch.global.L1 [%0];" ::"l"(hrow + b));
+    }
     float sum[4] = {0.f, 0.f, 0.f, 0.f}, part[4] = {0.f, 0.f, 0.f, 0.f};
     int q = 0;  // the quarter of K that `part` holds
 #pragma unroll 1
