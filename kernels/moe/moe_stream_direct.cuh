@@ -23,6 +23,21 @@ constexpr int kData = kQ8 ? kQ8StreamSliceBytes : 2048;
 template <bool kQ8>
 constexpr int kStage = kData<kQ8> + kScale;
 
+// A warp's own ring of bulk-copy stages (the warp form, moe_stream_direct_warp.cu, and down with the
+// residual update, moe_stream_direct_res.cu): e2m1's 2,304-byte stages four deep, Q8_0's 4,352-byte
+// ones three. A block of W warps holds the rings, then the rings' mbarriers (8 bytes a stage), then
+// its own arrays from RingsEnd.
+template <bool kQ8>
+constexpr int kRingSlots = kQ8 ? 3 : 4;
+template <bool kQ8>
+constexpr int RingBarOffset(int warps) {
+  return warps * kRingSlots<kQ8> * kStage<kQ8>;
+}
+template <bool kQ8>
+constexpr int RingsEnd(int warps) {
+  return RingBarOffset<kQ8>(warps) + warps * kRingSlots<kQ8> * 8;
+}
+
 // One expert's two views of this launch (gate and up; down twice), repacked and dense.
 struct Views {
   const uint8_t* data[2];

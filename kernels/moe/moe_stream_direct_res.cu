@@ -30,13 +30,14 @@ using stream_direct::Views;
 
 constexpr int kWarps = 8;  // a warp a slot: top_k <= 8
 constexpr int kThreads = 32 * kWarps;
-// Chunks in flight a warp: Qwen3-30B's down K (768) is three chunks, all of them at once.
+// Chunks in flight a warp (stream_direct::kRingSlots): Qwen3-30B's down K (768) is three chunks, all
+// of them at once. Then the rings' barriers, and the block's arrays.
 template <bool kQ8>
-constexpr int kSlots = kQ8 ? 3 : 4;
+constexpr int kSlots = stream_direct::kRingSlots<kQ8>;
 template <bool kQ8>
-constexpr int kBarOffset = kWarps* kSlots<kQ8>* kStage<kQ8>;
+constexpr int kBarOffset = stream_direct::RingBarOffset<kQ8>(kWarps);
 template <bool kQ8>
-constexpr int kViewOffset = kBarOffset<kQ8> + kWarps* kSlots<kQ8> * 8;
+constexpr int kViewOffset = stream_direct::RingsEnd<kQ8>(kWarps);
 template <bool kQ8>
 constexpr int kRowsOffset = kViewOffset<kQ8> + kWarps* static_cast<int>(sizeof(Views));
 template <bool kQ8>

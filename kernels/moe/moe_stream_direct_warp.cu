@@ -35,13 +35,13 @@ using stream_direct::Views;
 
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
-// Chunks in flight a warp: e2m1's 2,304-byte stages four deep, Q8_0's 4,352-byte ones three.
+// Chunks in flight a warp (stream_direct::kRingSlots), the rings' barriers, then the tables.
 template <bool kQ8>
-constexpr int kSlots = kQ8 ? 3 : 4;
+constexpr int kSlots = stream_direct::kRingSlots<kQ8>;
 template <bool kQ8>
-constexpr int kBarOffset = kWarps* kSlots<kQ8>* kStage<kQ8>;
+constexpr int kBarOffset = stream_direct::RingBarOffset<kQ8>(kWarps);
 template <bool kQ8>
-constexpr int kTableOffset = kBarOffset<kQ8> + kWarps* kSlots<kQ8> * 8;
+constexpr int kTableOffset = stream_direct::RingsEnd<kQ8>(kWarps);
 
 extern __shared__ __align__(128) uint8_t smem[];
 

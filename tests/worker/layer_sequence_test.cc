@@ -58,9 +58,9 @@ class RecordingOps : public LayerOps {
   absl::Status LatentIn(int64_t li) override { return Rec(absl::StrCat("LatentIn ", li)); }
   absl::Status Experts(int64_t li, const ExpertsOpts& o) override {
     std::string then;  // the residual update the experts announce (a fusion hint)
-    if (o.residual_next) {
-      then = absl::StrCat(" then gated=", o.residual.gated, " next=", NextName(o.residual.next.kind),
-                          " f32=", o.residual.next.f32_copy);
+    if (o.residual) {
+      then = absl::StrCat(" then gated=", o.residual->gated, " next=", NextName(o.residual->next.kind),
+                          " f32=", o.residual->next.f32_copy);
     }
     return Rec(absl::StrCat("Experts ", li, " output_norm=", o.output_norm, then));
   }

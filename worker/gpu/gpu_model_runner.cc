@@ -189,8 +189,8 @@ bool GpuModelRunner::FoldsAttentionResidual(int64_t li, const ResidualOpts& opts
 bool GpuModelRunner::FoldsMoeResidual(int64_t li, const ExpertsOpts& opts) const {
   const int64_t H = config_.hidden_size;
   if (!fold_moe_residual_ || T_ != 1 || !fuse_norms_ || shard_.tp_size > 1 || trace_row_ >= 0 || repeat_ops_ != 0 ||
-      opts.output_norm || !opts.residual_next || opts.residual.gated ||
-      opts.residual.next.kind != NextInput::Kind::kAttention || opts.residual.next.f32_copy || mix_ != f_ ||
+      opts.output_norm || !opts.residual || opts.residual->gated ||
+      opts.residual->next.kind != NextInput::Kind::kAttention || opts.residual->next.f32_copy || mix_ != f_ ||
       li + 1 >= static_cast<int64_t>(w_->layers.size()) || H % 4 != 0 ||
       host_w_->num_local_experts != config_.num_experts) {
     return false;

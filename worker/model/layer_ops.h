@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "absl/status/status.h"
 
@@ -55,11 +56,10 @@ struct RouteOpts {
 
 struct ExpertsOpts {
   bool output_norm = false;  // weight-free RMS norm of each expert's output before the mix
-  // The MLP block's residual update that follows the experts (no LatentOut between), so that a
+  // The MLP block's residual update, when it follows the experts (no LatentOut between), so that a
   // backend may run it inside the experts' last kernel: a fusion hint only, as ResidualOpts::next.
   // Residual(kMlp) is still called, with the same options.
-  bool residual_next = false;
-  ResidualOpts residual;
+  std::optional<ResidualOpts> residual;
 };
 
 class LayerOps {

@@ -26,7 +26,7 @@ absl::Status RunMuseSparkLayers(const ModelConfig& config, int64_t layer_begin, 
     } else {
       RETURN_IF_ERROR(ops.Route(li, {.softmax_topk_only = true, .renormalize = true, .latent = true}));
       RETURN_IF_ERROR(ops.LatentIn(li));
-      RETURN_IF_ERROR(ops.Experts(li, {.output_norm = true, .residual_next = false, .residual = {}}));
+      RETURN_IF_ERROR(ops.Experts(li, {.output_norm = true, .residual = std::nullopt}));
       RETURN_IF_ERROR(ops.LatentOut(li));
     }
     RETURN_IF_ERROR(ops.Residual(li, Block::kMlp, {.gated = true, .next = NextAttention(li, num_layers)}));

@@ -21,7 +21,7 @@ absl::Status RunQwen3MoeLayers(const ModelConfig& config, int64_t layer_begin, i
     RETURN_IF_ERROR(ops.MlpInput(li, {.f32_copy = spec.moe}));
     if (spec.moe) {
       RETURN_IF_ERROR(ops.Route(li, {.softmax_topk_only = false, .renormalize = config.norm_topk_prob, .latent = false}));
-      RETURN_IF_ERROR(ops.Experts(li, {.output_norm = false, .residual_next = true, .residual = mlp_residual}));
+      RETURN_IF_ERROR(ops.Experts(li, {.output_norm = false, .residual = mlp_residual}));
     } else {
       RETURN_IF_ERROR(ops.DenseMlp(li));
     }
